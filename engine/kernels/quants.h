@@ -1,0 +1,102 @@
+/* Quantized weight formats, the int8 activation format, and the dot/matmul kernels.
+ *
+ * Weight blocks are GGUF's (ggml's) on-disk layouts, read in place from the mapped file.
+ * Every fast kernel (AVX-512 VNNI, AVX2) has a scalar reference twin; the path is chosen once
+ * at start-up from CPU flags (RQLLM_KERNEL=scalar|avx2|avx512 forces one) and can be switched
+ * at run time by tests with rq_set_kernel_path().
+ *
+ * Activations for quantized weights are quantized once per matmul to rq_act: int8 values in
+ * blocks of 32 with one f32 scale per block and the int sum of every 16 values. One format
+ * serves every weight type: per-32 scales line up with the sub-blocks of the K types, and the
+ * 16-sums let kernels use unsigned x signed products (vpdpbusd) and correct for weight offsets
+ * and mins afterwards.
+ */
+#ifndef RQLLM_QUANTS_H
+#define RQLLM_QUANTS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Type ids are ggml's (GGMLQuantizationType), so a tensor's GGUF type maps directly. */
+typedef enum {
+    RQ_F32 = 0,
+    RQ_F16 = 1,
+    RQ_Q4_0 = 2,
+    RQ_Q4_1 = 3,
+    RQ_Q5_0 = 6,
+    RQ_Q5_1 = 7,
+    RQ_Q8_0 = 8,
+    RQ_Q2_K = 10,
+    RQ_Q3_K = 11,
+    RQ_Q4_K = 12,
+    RQ_Q5_K = 13,
+    RQ_Q6_K = 14,
+    RQ_BF16 = 30,
+} rq_type;
+
+#define RQ_ACT_BLOCK 32
+
+/* A quantized activation vector (or ntok of them, one after another with the same n).
+ * n is a multiple of 32 (of 256 when used with K-type weights).
+ * x[i] ~= d[i/32] * qs[i]; sum16[j] = sum of qs[16j .. 16j+15]. */
+typedef struct {
+    int n;
+    int8_t *qs;      /* n values, 64-byte aligned */
+    float *d;        /* n/32 scales */
+    int32_t *sum16;  /* n/16 sums */
+    const float *f;  /* the original f32 values (n): used by F32/F16/BF16 weights */
+} rq_act;
+
+/* Kernel paths. */
+enum { RQ_PATH_SCALAR = 0, RQ_PATH_AVX2 = 1, RQ_PATH_AVX512 = 2 };
+
+/* Pick the best path for this CPU (honours RQLLM_KERNEL). Idempotent; called by everything below. */
+void rq_kernels_init(void);
+int rq_kernel_path(void);
+/* Force a path; returns 0, or -1 if this CPU cannot run it. */
+int rq_set_kernel_path(int path);
+int rq_cpu_supports_path(int path);
+
+/* 1 if type t is supported. */
+int rq_type_supported(int t);
+/* Elements per block and bytes per block of type t (1 and 4/2 for F32/F16/BF16). */
+int rq_block_elems(int t);
+int rq_block_bytes(int t);
+/* Bytes of one row of n elements (n a multiple of the block size). */
+size_t rq_row_bytes(int t, int n);
+
+/* Reference dequantization of one row of n elements (scalar, the ground truth twin). */
+void rq_dequant_row(int t, const void *row, float *out, int n);
+
+/* Quantize n floats into act (buffers preallocated by the caller: qs n, d n/32, sum16 n/16).
+ * Sets act->f = x. */
+void rq_quantize_act(const float *x, int n, rq_act *act);
+
+/* Dot product of one weight row (type t, n elements) with one activation vector:
+ * reference (always scalar) and dispatched (current path). */
+float rq_vec_dot_ref(int t, int n, const void *row, const rq_act *x);
+float rq_vec_dot(int t, int n, const void *row, const rq_act *x);
+
+/* out[k * ldo + r] = dot(W row r, activation k) for r in [r0, r1), k in [0, ntok).
+ * W: rows of `cols` elements of type t, contiguous (row r at W + r * rq_row_bytes(t, cols)).
+ * acts: ntok activation vectors of length cols, each a separate rq_act.
+ * Single-threaded: the caller splits rows across threads (see rq_matmul). */
+void rq_matmul_rows(int t, const void *W, int cols, int r0, int r1,
+                    const rq_act *acts, int ntok, float *out, int ldo);
+
+/* Same over all rows, split across OpenMP threads (nthreads <= 0: OpenMP default).
+ * Safe to call from inside an existing parallel region? No: call from serial code. */
+void rq_matmul(int t, const void *W, int rows, int cols,
+               const rq_act *acts, int ntok, float *out, int ldo, int nthreads);
+
+/* Reference twin of rq_matmul: dequantizes rows and multiplies in f32 with the float
+ * activations (acts[k].f). Slow; for tests. */
+void rq_matmul_ref(int t, const void *W, int rows, int cols,
+                   const rq_act *acts, int ntok, float *out, int ldo);
+
+/* f16 / bf16 <-> f32 scalar conversions. */
+float rq_f16_to_f32(uint16_t h);
+uint16_t rq_f32_to_f16(float f);
+float rq_bf16_to_f32(uint16_t h);
+
+#endif

@@ -1,0 +1,49 @@
+"""What a caller asks of one generation, and what it gets back."""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+MAX_TOKENS_LIMIT = 1 << 20
+
+
+class SamplingParams(BaseModel):
+    """Sampling knobs. temperature 0 means greedy."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_tokens: int = Field(256, ge=1, le=MAX_TOKENS_LIMIT)
+    temperature: float = Field(0.0, ge=0.0, le=10.0)
+    top_k: int = Field(0, ge=0, description="0 disables")
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    min_p: float = Field(0.0, ge=0.0, le=1.0)
+    repetition_penalty: float = Field(1.0, gt=0.0, le=10.0)
+    seed: int | None = Field(None, ge=0, le=2**63 - 1)
+    stop: list[str] = Field(default_factory=list, max_length=16)
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_strings_not_empty(cls, v: list[str]) -> list[str]:
+        if any(s == "" for s in v):
+            raise ValueError("stop strings must not be empty")
+        return v
+
+
+FinishReason = Literal["stop", "length"]
+
+
+class Generation(BaseModel):
+    """The outcome of one generation."""
+
+    text: str
+    prompt_ids: list[int]
+    ids: list[int]
+    finish_reason: FinishReason
+    prompt_tokens: int
+    completion_tokens: int
+    prefill_seconds: float
+    decode_seconds: float
+    prefill_tps: float
+    decode_tps: float
+    prefix_hit_tokens: int = 0

@@ -1,0 +1,24 @@
+"""The `rqllm` command. Subcommands live in small modules and register themselves here."""
+from __future__ import annotations
+
+import click
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="rqllm")
+def main() -> None:
+    """Batch LLM inference on CPUs: jobs in Redis (rq), workers running a GGUF engine."""
+
+
+def _register() -> None:
+    # Engine-side commands: models, generate, tokenize.
+    from pipeline import cli_engine
+    # Queue-side commands: submit, worker, collect, watch, status.
+    from pipeline import cli_jobs
+
+    for module in (cli_engine, cli_jobs):
+        for command in module.COMMANDS:
+            main.add_command(command)
+
+
+_register()
