@@ -15,8 +15,10 @@ def _register() -> None:
     from pipeline import cli_engine
     # Queue-side commands: submit, worker, collect, watch, status.
     from pipeline import cli_jobs
+    # Bulk summarisation: summarize.
+    from pipeline import cli_summarize
 
-    for module in (cli_engine, cli_jobs):
+    for module in (cli_engine, cli_jobs, cli_summarize):
         for command in module.COMMANDS:
             main.add_command(command)
 
