@@ -338,7 +338,7 @@ class GGUFFile:
                 pos += 8
                 starts[i] = pos
                 pos += n
-        except struct.error:
+        except (struct.error, OverflowError):
             raise self._err(
                 f"string array {key!r}: length of item {i} of {count} runs past the end of the file", pos
             ) from None
