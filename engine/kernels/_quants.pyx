@@ -1,1 +1,322 @@
-# placeholder
+# cython: language_level=3
+"""numpy-friendly wrappers around the quantized kernels (quants.h), mainly for tests and benchmarks."""
+import numpy as np
+cimport numpy as cnp
+from libc.stdint cimport int8_t, int32_t, uint8_t, uint16_t
+from libc.stdlib cimport malloc, free
+
+cnp.import_array()
+
+cdef extern from "quants.h":
+    ctypedef struct rq_act:
+        int n
+        int8_t *qs
+        float *d
+        int32_t *sum16
+        const float *f
+
+    int RQ_PATH_SCALAR, RQ_PATH_AVX2, RQ_PATH_AVX512
+
+    void rq_kernels_init() nogil
+    int rq_kernel_path() nogil
+    int rq_set_kernel_path(int path) nogil
+    int rq_cpu_supports_path(int path) nogil
+    int rq_type_supported(int t) nogil
+    int rq_block_elems(int t) nogil
+    int rq_block_bytes(int t) nogil
+    size_t rq_row_bytes(int t, int n) nogil
+    void rq_dequant_row(int t, const void *row, float *out, int n) nogil
+    void rq_quantize_act(const float *x, int n, rq_act *act) nogil
+    float rq_vec_dot_ref(int t, int n, const void *row, const rq_act *x) nogil
+    float rq_vec_dot(int t, int n, const void *row, const rq_act *x) nogil
+    void rq_matmul_rows(int t, const void *W, int cols, int r0, int r1,
+                        const rq_act *acts, int ntok, float *out, int ldo) nogil
+    void rq_matmul(int t, const void *W, int rows, int cols,
+                   const rq_act *acts, int ntok, float *out, int ldo, int nthreads) nogil
+    void rq_matmul_ref(int t, const void *W, int rows, int cols,
+                       const rq_act *acts, int ntok, float *out, int ldo) nogil
+    float rq_f16_to_f32(uint16_t h) nogil
+    uint16_t rq_f32_to_f16(float f) nogil
+    float rq_bf16_to_f32(uint16_t h) nogil
+
+PATH_SCALAR = RQ_PATH_SCALAR
+PATH_AVX2 = RQ_PATH_AVX2
+PATH_AVX512 = RQ_PATH_AVX512
+_PATH_NAMES = {"scalar": RQ_PATH_SCALAR, "avx2": RQ_PATH_AVX2, "avx512": RQ_PATH_AVX512}
+_ALL_TYPES = (0, 1, 2, 3, 6, 7, 8, 10, 11, 12, 13, 14, 30)
+
+
+def path_id(path):
+    """'scalar' | 'avx2' | 'avx512' | int -> int path id."""
+    if isinstance(path, str):
+        try:
+            return _PATH_NAMES[path]
+        except KeyError:
+            raise ValueError(f"unknown kernel path {path!r}") from None
+    return int(path)
+
+
+def path_name(int path):
+    for k, v in _PATH_NAMES.items():
+        if v == path:
+            return k
+    return str(path)
+
+
+def kernel_path():
+    """Name of the current kernel path."""
+    return path_name(rq_kernel_path())
+
+
+def set_path(path):
+    """Force a kernel path; raises if this CPU cannot run it."""
+    cdef int p = path_id(path)
+    if rq_set_kernel_path(p) != 0:
+        raise RuntimeError(f"this CPU cannot run kernel path {path!r}")
+
+
+def cpu_supports(path):
+    return bool(rq_cpu_supports_path(path_id(path)))
+
+
+def supported_types():
+    return [t for t in _ALL_TYPES if rq_type_supported(t)]
+
+
+def block_elems(int t):
+    return rq_block_elems(t)
+
+
+def block_bytes(int t):
+    return rq_block_bytes(t)
+
+
+def row_bytes(int t, int n):
+    return rq_row_bytes(t, n)
+
+
+def f16_to_f32(uint16_t h):
+    return rq_f16_to_f32(h)
+
+
+def f32_to_f16(float f):
+    return rq_f32_to_f16(f)
+
+
+def bf16_to_f32(uint16_t h):
+    return rq_bf16_to_f32(h)
+
+
+cdef class _PathGuard:
+    """Temporarily switch the kernel path (None: leave as is)."""
+    cdef int old
+    cdef bint active
+
+    def __init__(self, path):
+        self.active = path is not None
+        if self.active:
+            self.old = rq_kernel_path()
+            set_path(path)
+
+    def restore(self):
+        if self.active:
+            rq_set_kernel_path(self.old)
+            self.active = False
+
+
+def _check_type(int t, int n):
+    if not rq_type_supported(t):
+        raise ValueError(f"unsupported type {t}")
+    be = rq_block_elems(t)
+    if n <= 0 or n % be:
+        raise ValueError(f"n={n} is not a positive multiple of the block size {be}")
+    if t not in (0, 1, 30) and n % 32:
+        raise ValueError("n must be a multiple of 32")
+
+
+def _bytes_array(w):
+    a = np.ascontiguousarray(np.asarray(w).view(np.uint8).reshape(-1))
+    return a
+
+
+cdef class Act:
+    """Quantized activations for ntok vectors of length n (owns its buffers)."""
+    cdef rq_act *acts
+    cdef public int ntok, n
+    cdef public object x, qs, d, sum16
+
+    def __cinit__(self):
+        self.acts = NULL
+
+    def __init__(self, X):
+        X = np.ascontiguousarray(X, dtype=np.float32)
+        if X.ndim == 1:
+            X = X.reshape(1, -1)
+        if X.ndim != 2:
+            raise ValueError("X must be 1-D or 2-D")
+        self.x = X
+        self.ntok, self.n = X.shape[0], X.shape[1]
+        if self.n % 32:
+            raise ValueError("activation length must be a multiple of 32")
+        # 64-byte aligned int8 storage
+        raw = np.empty(self.ntok * self.n + 64, dtype=np.int8)
+        off = (-raw.ctypes.data) % 64
+        self.qs = raw[off:off + self.ntok * self.n].reshape(self.ntok, self.n)
+        self.d = np.empty((self.ntok, self.n // 32), dtype=np.float32)
+        self.sum16 = np.empty((self.ntok, self.n // 16), dtype=np.int32)
+        self.acts = <rq_act *>malloc(max(1, self.ntok) * sizeof(rq_act))
+        if self.acts == NULL:
+            raise MemoryError()
+        cdef cnp.int8_t[:, ::1] qs = self.qs
+        cdef float[:, ::1] d = self.d
+        cdef cnp.int32_t[:, ::1] s16 = self.sum16
+        cdef float[:, ::1] xv = self.x
+        cdef int k, n = self.n
+        with nogil:
+            for k in range(self.ntok):
+                self.acts[k].qs = <int8_t *>&qs[k, 0]
+                self.acts[k].d = &d[k, 0]
+                self.acts[k].sum16 = <int32_t *>&s16[k, 0]
+                rq_quantize_act(&xv[k, 0], n, &self.acts[k])
+
+    def __dealloc__(self):
+        if self.acts != NULL:
+            free(self.acts)
+
+
+def quantize_act(x):
+    """float32 vector (n multiple of 32) -> (qs int8[n], d float32[n/32], sum16 int32[n/16])."""
+    a = Act(np.asarray(x, dtype=np.float32).reshape(-1))
+    return a.qs[0].copy(), a.d[0].copy(), a.sum16[0].copy()
+
+
+def dequant_row(int t, w, int n):
+    """Dequantize n elements of type t from raw bytes -> float32[n]."""
+    _check_type(t, n)
+    cdef cnp.uint8_t[::1] wb = _bytes_array(w)
+    cdef Py_ssize_t need = <Py_ssize_t>rq_row_bytes(t, n)
+    if wb.shape[0] < need:
+        raise ValueError(f"need {need} bytes, got {wb.shape[0]}")
+    out = np.empty(n, dtype=np.float32)
+    cdef float[::1] ov = out
+    with nogil:
+        rq_dequant_row(t, &wb[0], &ov[0], n)
+    return out
+
+
+def _dot(int t, w, x, path, bint ref):
+    x = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
+    cdef int n = x.shape[0]
+    _check_type(t, n)
+    if t not in (0, 1, 30) and rq_block_elems(t) == 256 and n % 256:
+        raise ValueError("n must be a multiple of 256 for K types")
+    cdef cnp.uint8_t[::1] wb = _bytes_array(w)
+    if wb.shape[0] < <Py_ssize_t>rq_row_bytes(t, n):
+        raise ValueError("row too short")
+    cdef Act a = Act(x)
+    cdef float r
+    g = _PathGuard(path)
+    try:
+        with nogil:
+            if ref:
+                r = rq_vec_dot_ref(t, n, &wb[0], &a.acts[0])
+            else:
+                r = rq_vec_dot(t, n, &wb[0], &a.acts[0])
+    finally:
+        g.restore()
+    return r
+
+
+def vec_dot(int t, w, x, path=None):
+    """Dispatched dot of one weight row (raw bytes, type t) with float32 x (quantized inside)."""
+    return _dot(t, w, x, path, False)
+
+
+def vec_dot_ref(int t, w, x):
+    """Scalar reference twin of vec_dot."""
+    return _dot(t, w, x, None, True)
+
+
+def _mm_prep(int t, W, int rows, int cols, X):
+    _check_type(t, cols)
+    wb = _bytes_array(W)
+    if wb.shape[0] < rows * rq_row_bytes(t, cols):
+        raise ValueError(f"W has {wb.shape[0]} bytes, need {rows * rq_row_bytes(t, cols)}")
+    X = np.ascontiguousarray(X, dtype=np.float32)
+    if X.ndim == 1:
+        X = X.reshape(1, -1)
+    if X.shape[1] != cols:
+        raise ValueError("X must be ntok x cols")
+    return wb, Act(X)
+
+
+def matmul(int t, W, int rows, int cols, X, int nthreads=1, path=None):
+    """out[k, r] = dot(W row r, X[k]) via rq_matmul; returns float32 (ntok x rows)."""
+    wb, act = _mm_prep(t, W, rows, cols, X)
+    cdef cnp.uint8_t[::1] wv = wb
+    cdef Act a = act
+    out = np.empty((a.ntok, rows), dtype=np.float32)
+    cdef float[:, ::1] ov = out
+    cdef int ntok = a.ntok
+    g = _PathGuard(path)
+    try:
+        with nogil:
+            rq_matmul(t, &wv[0], rows, cols, a.acts, ntok, &ov[0, 0], rows, nthreads)
+    finally:
+        g.restore()
+    return out
+
+
+def matmul_rows(int t, W, int rows, int cols, X, int r0, int r1, path=None):
+    """rq_matmul_rows over [r0, r1); other entries of the (ntok x rows) result are NaN."""
+    wb, act = _mm_prep(t, W, rows, cols, X)
+    if not (0 <= r0 <= r1 <= rows):
+        raise ValueError("bad row range")
+    cdef cnp.uint8_t[::1] wv = wb
+    cdef Act a = act
+    out = np.full((a.ntok, rows), np.nan, dtype=np.float32)
+    cdef float[:, ::1] ov = out
+    cdef int ntok = a.ntok
+    g = _PathGuard(path)
+    try:
+        with nogil:
+            rq_matmul_rows(t, &wv[0], cols, r0, r1, a.acts, ntok, &ov[0, 0], rows)
+    finally:
+        g.restore()
+    return out
+
+
+def matmul_ref(int t, W, int rows, int cols, X):
+    """Reference: dequantized rows x float X (f64 accumulation)."""
+    wb, act = _mm_prep(t, W, rows, cols, X)
+    cdef cnp.uint8_t[::1] wv = wb
+    cdef Act a = act
+    out = np.empty((a.ntok, rows), dtype=np.float32)
+    cdef float[:, ::1] ov = out
+    cdef int ntok = a.ntok
+    with nogil:
+        rq_matmul_ref(t, &wv[0], rows, cols, a.acts, ntok, &ov[0, 0], rows)
+    return out
+
+
+def bench_matmul(int t, W, int rows, int cols, X, int nthreads=1, int reps=10, path=None):
+    """Time rq_matmul (activations quantized once, outside the timing); returns seconds per call."""
+    import time
+    wb, act = _mm_prep(t, W, rows, cols, X)
+    cdef cnp.uint8_t[::1] wv = wb
+    cdef Act a = act
+    out = np.empty((a.ntok, rows), dtype=np.float32)
+    cdef float[:, ::1] ov = out
+    cdef int ntok = a.ntok, i
+    g = _PathGuard(path)
+    try:
+        with nogil:
+            rq_matmul(t, &wv[0], rows, cols, a.acts, ntok, &ov[0, 0], rows, nthreads)
+        t0 = time.perf_counter()
+        with nogil:
+            for i in range(reps):
+                rq_matmul(t, &wv[0], rows, cols, a.acts, ntok, &ov[0, 0], rows, nthreads)
+        t1 = time.perf_counter()
+    finally:
+        g.restore()
+    return (t1 - t0) / reps

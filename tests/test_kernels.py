@@ -1,0 +1,344 @@
+"""Quantized kernels (engine/kernels/quants.c via engine.kernels._quants).
+
+Ground truth comes from outside the code under test: `gguf.quants` (dequantization, legacy
+quantization), numpy (activation format, float dot products) and provable error bounds for
+int8 activation rounding. Every kernel path this CPU can run is forced and checked.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as T
+
+from tests import quant_pack as qp
+
+q = pytest.importorskip("engine.kernels._quants", reason="build the kernels: python setup.py build_ext --inplace")
+
+PATHS = ["scalar", "avx2", "avx512"]
+FAST_PATHS = ["avx2", "avx512"]
+TYPES = qp.ALL_TYPES
+REAL_TYPES = [T.Q4_1, T.Q8_0, T.Q5_0, T.Q4_K, T.Q6_K, T.F32, T.F16]
+
+
+def _need(path):
+    if not q.cpu_supports(path):
+        pytest.skip(f"this CPU cannot run the {path} path")
+
+
+def _ids(ts):
+    return [T(t).name for t in ts]
+
+
+def _x(rng, ntok, n, kind="normal"):
+    x = rng.standard_normal((ntok, n)).astype(np.float32)
+    if kind == "outliers":
+        # a few large values per token (like real activations), and one all-zero block
+        idx = rng.integers(0, n, size=(ntok, max(1, n // 64)))
+        for k in range(ntok):
+            x[k, idx[k]] *= 40.0
+        x[:, 32:64] = 0.0
+    return x
+
+
+def _n_for(t, nblk_legacy=18, nblk_k=3):
+    return 256 * nblk_k if T(t) in qp.K_TYPES else 32 * nblk_legacy
+
+
+# --------------------------------------------------------------------------------------------
+# tables and conversions
+
+
+def test_supported_types_and_sizes():
+    assert sorted(q.supported_types()) == sorted(int(t) for t in TYPES)
+    for t in TYPES:
+        be, bb = qp.block_size(t)
+        assert q.block_elems(int(t)) == be, T(t).name
+        assert q.block_bytes(int(t)) == bb, T(t).name
+        assert q.row_bytes(int(t), be * 7) == bb * 7
+
+
+def test_f16_to_f32_all_values():
+    h = np.arange(65536, dtype=np.uint16)
+    want = h.view(np.float16).astype(np.float32)
+    got = np.array([q.f16_to_f32(int(v)) for v in h], dtype=np.float32)
+    nan = np.isnan(want)
+    assert np.array_equal(np.isnan(got), nan)
+    assert np.array_equal(got[~nan].view(np.uint32), want[~nan].view(np.uint32))
+
+
+def test_f32_to_f16_rounding():
+    rng = np.random.default_rng(1)
+    f = np.concatenate([
+        rng.standard_normal(3000).astype(np.float32) * 10.0 ** rng.integers(-9, 6, 3000),
+        np.array([0.0, -0.0, 65504.0, 65519.0, 65520.0, 1e-8, -6.1e-5, 2.0 ** -25, 2.0 ** -24, np.inf, -np.inf]),
+        # exact ties between two f16 values
+        (np.arange(1, 200, dtype=np.float32) * 2.0 ** -11 + 2.0 ** -12 + 1.0),
+    ]).astype(np.float32)
+    with np.errstate(over="ignore"):
+        want = f.astype(np.float16).view(np.uint16)
+    got = np.array([q.f32_to_f16(float(v)) for v in f], dtype=np.uint16)
+    assert np.array_equal(got, want), f[got != want][:5]
+    assert np.isnan(np.array([q.f32_to_f16(float("nan"))], dtype=np.uint16).view(np.float16)[0])
+
+
+def test_bf16_to_f32():
+    rng = np.random.default_rng(2)
+    h = rng.integers(0, 65536, 2000, dtype=np.uint16)
+    want = (h.astype(np.uint32) << 16).view(np.float32)
+    got = np.array([q.bf16_to_f32(int(v)) for v in h], dtype=np.float32)
+    nan = np.isnan(want)
+    assert np.array_equal(got[~nan].view(np.uint32), want[~nan].view(np.uint32))
+
+
+def test_quantize_act_matches_numpy():
+    rng = np.random.default_rng(3)
+    x = _x(rng, 1, 1024, "outliers")[0]
+    x[100:132] = 1e-30  # tiny but non-zero block
+    qs, d, s16 = q.quantize_act(x)
+    wq, wd, ws = qp.quantize_act_np(x)
+    assert np.array_equal(d, wd)
+    assert np.array_equal(qs, wq)
+    assert np.array_equal(s16, ws)
+    assert np.abs(qs.astype(np.int32)).max() <= 127
+    assert np.all(d[1] == 0) and np.all(qs[32:64] == 0)
+
+
+def test_path_selection():
+    assert q.kernel_path() in PATHS
+    assert q.cpu_supports("scalar")
+    with pytest.raises(ValueError):
+        q.set_path("bogus")
+    old = q.kernel_path()
+    for p in PATHS:
+        if q.cpu_supports(p):
+            q.set_path(p)
+            assert q.kernel_path() == p
+    q.set_path(old)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_env_forces_path(path):
+    _need(path)
+    code = "from engine.kernels import _quants as q; print(q.kernel_path())"
+    env = dict(os.environ, RQLLM_KERNEL=path)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), check=True)
+    assert out.stdout.strip() == path
+
+
+def test_default_path_is_best():
+    code = "from engine.kernels import _quants as q; print(q.kernel_path())"
+    env = {k: v for k, v in os.environ.items() if k != "RQLLM_KERNEL"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), check=True)
+    best = "avx512" if q.cpu_supports("avx512") else "avx2" if q.cpu_supports("avx2") else "scalar"
+    assert out.stdout.strip() == best
+
+
+# --------------------------------------------------------------------------------------------
+# dequantization vs gguf
+
+
+@pytest.mark.parametrize("t", TYPES, ids=_ids(TYPES))
+def test_dequant_random_blocks(t):
+    rng = np.random.default_rng(10 + int(t))
+    n = _n_for(t, 12, 4)
+    W = qp.random_rows(t, 6, n, rng)
+    want = qp.dequant_rows(t, W, n)
+    for r in range(W.shape[0]):
+        got = q.dequant_row(int(t), W[r], n)
+        np.testing.assert_allclose(got, want[r], rtol=1e-6, atol=1e-7 * np.abs(want[r]).max(),
+                                   err_msg=f"{T(t).name} row {r}")
+
+
+@pytest.mark.parametrize("t", [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.F16, T.BF16],
+                         ids=_ids([T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.F16, T.BF16]))
+def test_dequant_gguf_quantized(t):
+    rng = np.random.default_rng(20 + int(t))
+    W = rng.standard_normal((4, 320)).astype(np.float32)
+    Wq = qp.quantized_rows(t, W)
+    want = qp.dequant_rows(t, Wq, 320)
+    for r in range(4):
+        np.testing.assert_array_equal(q.dequant_row(int(t), Wq[r], 320), want[r])
+
+
+# --------------------------------------------------------------------------------------------
+# real model tensors
+
+
+def _load(path, wanted_types, per_type=3):
+    import gguf
+
+    reader = gguf.GGUFReader(path)
+    out = {}
+    for tensor in reader.tensors:
+        t = T(tensor.tensor_type)
+        if t in wanted_types and len(out.setdefault(t, [])) < per_type:
+            n = int(tensor.shape[0])
+            data = np.asarray(tensor.data)
+            rows = data.reshape(-1, qp.row_bytes(t, n)) if t not in qp.FLOAT_TYPES else \
+                data.reshape(-1, n).view(np.uint8)
+            # keep a bounded slice: first rows and a few spread-out rows
+            pick = np.unique(np.concatenate([np.arange(min(64, rows.shape[0])),
+                                             np.linspace(0, rows.shape[0] - 1, 16).astype(int)]))
+            out[t].append((tensor.name, n, np.ascontiguousarray(rows[pick])))
+    return out
+
+
+@pytest.fixture(scope="module")
+def smollm2_tensors(smollm2_path):
+    return _load(str(smollm2_path), {T.Q4_1, T.Q8_0, T.F32})
+
+
+@pytest.fixture(scope="module")
+def gemma3_tensors(gemma3_path):
+    return _load(str(gemma3_path), {T.Q5_0, T.Q4_K, T.Q6_K, T.Q8_0, T.F32})
+
+
+@pytest.fixture(params=["smollm2", "gemma3"])
+def real_tensors(request):
+    return request.getfixturevalue(f"{request.param}_tensors")
+
+
+def test_dequant_real_tensors(real_tensors):
+    assert real_tensors, "no tensors loaded"
+    for t, items in real_tensors.items():
+        for name, n, rows in items:
+            want = qp.dequant_rows(t, rows, n)
+            for r in range(rows.shape[0]):
+                got = q.dequant_row(int(t), rows[r], n)
+                np.testing.assert_allclose(got, want[r], rtol=1e-6, atol=1e-7 * np.abs(want[r]).max(),
+                                           err_msg=f"{name} ({t.name}) row {r}")
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_matmul_real_tensors(real_tensors, path):
+    _need(path)
+    rng = np.random.default_rng(5)
+    for t, items in real_tensors.items():
+        for name, n, rows in items:
+            if rows.ndim != 2 or rows.shape[0] < 8:
+                continue
+            if t in qp.FLOAT_TYPES and rows.shape[0] < 2:
+                continue
+            X = _x(rng, 3, n, "outliers")
+            _check_matmul(t, rows, n, X, path, nthreads=2, label=name)
+
+
+# --------------------------------------------------------------------------------------------
+# dot products: every path vs the scalar reference and vs the float dot
+
+
+def _check_dot(t, row, n, x, path, label=""):
+    w = qp.dequant_rows(t, row, n)[0].astype(np.float64)
+    exact = float(w @ x.astype(np.float64))
+    mass = float(np.abs(w) @ np.abs(x.astype(np.float64)))
+    ref = q.vec_dot_ref(int(t), row, x)
+    got = q.vec_dot(int(t), row, x, path=path)
+    # same integer math, different float summation order
+    assert abs(got - ref) <= 2e-6 * mass + 1e-30, f"{label} {path}: {got} vs ref {ref} (mass {mass})"
+    if T(t) in qp.FLOAT_TYPES:
+        bound = 0.0
+    else:
+        bound = float(qp.act_rounding_bound(w[None], x[None])[0, 0])
+    tol = bound * 1.001 + 2e-6 * mass + 1e-30
+    assert abs(got - exact) <= tol, f"{label} {path}: {got} vs float {exact}, bound {bound}"
+    assert abs(ref - exact) <= tol, f"{label} ref: {ref} vs float {exact}, bound {bound}"
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("t", TYPES, ids=_ids(TYPES))
+def test_vec_dot_random(t, path):
+    _need(path)
+    rng = np.random.default_rng(100 + int(t))
+    for nblk in ([1, 2, 5] if T(t) in qp.K_TYPES else [1, 3, 8, 18, 20, 33]):
+        n = nblk * (256 if T(t) in qp.K_TYPES else 32)
+        W = qp.random_rows(t, 3, n, rng)
+        for r in range(3):
+            x = _x(rng, 1, n, "outliers" if r == 1 and n >= 64 else "normal")[0]
+            _check_dot(t, W[r], n, x, path, label=f"{T(t).name} n={n} r={r}")
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("t", [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0],
+                         ids=_ids([T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0]))
+def test_vec_dot_gguf_quantized(t, path):
+    _need(path)
+    rng = np.random.default_rng(200 + int(t))
+    n = 640
+    W = qp.quantized_rows(t, rng.standard_normal((2, n)).astype(np.float32))
+    for r in range(2):
+        _check_dot(t, W[r], n, _x(rng, 1, n)[0], path, label=T(t).name)
+
+
+# --------------------------------------------------------------------------------------------
+# matmul
+
+
+def _check_matmul(t, W, n, X, path, nthreads, label=""):
+    rows = W.shape[0]
+    w = qp.dequant_rows(t, W, n).astype(np.float64)
+    exact = X.astype(np.float64) @ w.T                                   # ntok x rows
+    mass = qp.abs_mass(w, X)
+    bound = 0.0 if T(t) in qp.FLOAT_TYPES else qp.act_rounding_bound(w, X)
+    ref = q.matmul_ref(int(t), W, rows, n, X)
+    np.testing.assert_allclose(ref, exact, rtol=0, atol=float(np.max(1e-6 * mass)) + 1e-30,
+                               err_msg=f"{label} matmul_ref")
+    got = q.matmul(int(t), W, rows, n, X, nthreads=nthreads, path=path)
+    assert got.shape == (X.shape[0], rows)
+    err = np.abs(got - exact)
+    bad = err > bound * 1.001 + 2e-6 * mass + 1e-30
+    assert not bad.any(), f"{label} {path} threads={nthreads}: {int(bad.sum())} outputs out of bounds, " \
+                          f"first at {np.argwhere(bad)[0]}: {got[bad][0]} vs {exact[bad][0]}"
+    # tight agreement with the scalar reference dot on a few outputs
+    for k in {0, X.shape[0] - 1}:
+        for r in {0, rows // 2, rows - 1}:
+            ref_dot = q.vec_dot_ref(int(t), W[r], X[k])
+            assert abs(got[k, r] - ref_dot) <= 2e-6 * mass[k, r] + 1e-30, f"{label} {path} ({k},{r})"
+    return got
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("t", TYPES, ids=_ids(TYPES))
+def test_matmul(t, path):
+    _need(path)
+    rng = np.random.default_rng(300 + int(t))
+    n = _n_for(t, 18, 2)
+    rows = 37
+    W = qp.random_rows(t, rows, n, rng)
+    for ntok in (1, 3, 17):
+        X = _x(rng, ntok, n, "outliers" if ntok == 3 else "normal")
+        res = [_check_matmul(t, W, n, X, path, nthreads, label=f"{T(t).name} ntok={ntok}")
+               for nthreads in (1, 2)]
+        # threading must not change any result
+        np.testing.assert_array_equal(res[0], res[1])
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_matmul_rows_subrange(path):
+    _need(path)
+    rng = np.random.default_rng(7)
+    t, n, rows = T.Q4_K, 512, 20
+    W = qp.random_rows(t, rows, n, rng)
+    X = _x(rng, 5, n)
+    full = q.matmul(int(t), W, rows, n, X, nthreads=1, path=path)
+    part = q.matmul_rows(int(t), W, rows, n, X, 3, 11, path=path)
+    assert np.isnan(part[:, :3]).all() and np.isnan(part[:, 11:]).all()
+    np.testing.assert_array_equal(part[:, 3:11], full[:, 3:11])
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_matmul_many_tokens_and_rows(path):
+    """Larger shapes: many tokens (prefill-like) and row counts that do not divide into chunks."""
+    _need(path)
+    rng = np.random.default_rng(8)
+    for t in (T.Q4_1, T.Q6_K):
+        n = 512
+        rows = 131
+        W = qp.random_rows(t, rows, n, rng)
+        X = _x(rng, 40, n)
+        _check_matmul(t, W, n, X, path, nthreads=2, label=T(t).name)
