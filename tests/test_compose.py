@@ -1,0 +1,282 @@
+"""docker-compose.yml and deploy/Dockerfile, checked without Docker.
+
+Docker does not run where the tests run, so these check what can drift silently: the compose file
+parses, every service command is a real `rqllm` command line (introspected from the click CLI),
+the Redis password reaches every client URL, persistence is on, volumes are declared, and the
+image installs the project the way the README tells people to.
+"""
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import click
+import pytest
+
+yaml = pytest.importorskip("yaml")
+
+ROOT = Path(__file__).resolve().parent.parent
+COMPOSE = ROOT / "docker-compose.yml"
+DOCKERFILE = ROOT / "deploy" / "Dockerfile"
+ENV_EXAMPLE = ROOT / "deploy" / "rqllm.env.example"
+DOCKERIGNORE = ROOT / ".dockerignore"
+README = ROOT / "README.md"
+
+
+# --- compose variable interpolation (the subset compose documents) ------------------------------
+
+class MissingVariable(Exception):
+    pass
+
+
+_VAR = re.compile(r"\$(?:\$|\{(?P<braced>[^}]*)\}|(?P<plain>[A-Za-z_][A-Za-z0-9_]*))")
+
+
+def interpolate(value, env: dict[str, str]):
+    """Compose's interpolation: $$, $VAR, ${VAR}, ${VAR:-default}, ${VAR-default}, ${VAR:?err}, ${VAR?err}."""
+    if isinstance(value, dict):
+        return {k: interpolate(v, env) for k, v in value.items()}
+    if isinstance(value, list):
+        return [interpolate(v, env) for v in value]
+    if not isinstance(value, str):
+        return value
+
+    def sub(m: re.Match) -> str:
+        if m.group(0) == "$$":
+            return "$"
+        expr = m.group("braced") if m.group("braced") is not None else m.group("plain")
+        mm = re.fullmatch(r"([A-Za-z_][A-Za-z0-9_]*)(?:(:?)([-?])(.*))?", expr, re.S)
+        assert mm, f"unsupported interpolation {m.group(0)!r}"
+        name, colon, op, arg = mm.groups()
+        val = env.get(name)
+        unset = val is None or (colon == ":" and val == "")
+        if op == "-":
+            return arg if unset else val
+        if op == "?":
+            if unset:
+                raise MissingVariable(f"{name}: {arg}")
+            return val
+        return val or ""
+
+    return _VAR.sub(sub, value)
+
+
+def read_env_file(path: Path) -> dict[str, str]:
+    env = {}
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            key, _, val = line.partition("=")
+            env[key.strip()] = val.strip()
+    return env
+
+
+@pytest.fixture(scope="module")
+def raw():
+    return yaml.safe_load(COMPOSE.read_text())
+
+
+@pytest.fixture(scope="module")
+def env():
+    return read_env_file(ENV_EXAMPLE)
+
+
+@pytest.fixture(scope="module")
+def compose(raw, env):
+    return interpolate(raw, env)
+
+
+def as_argv(command) -> list[str]:
+    return list(command) if isinstance(command, list) else shlex.split(command)
+
+
+def service_env(service: dict) -> dict[str, str]:
+    envs = service.get("environment") or {}
+    if isinstance(envs, list):
+        envs = dict(item.partition("=")[::2] for item in envs)
+    return {k: str(v) for k, v in envs.items()}
+
+
+# --- the CLI, introspected ------------------------------------------------------------------------
+
+def resolve_rqllm_command(argv: list[str]) -> tuple[click.Command, list[str], list[str]]:
+    """Walk `rqllm sub sub ... --opts` down the click groups: (command, its args, the path)."""
+    from pipeline.cli import main
+
+    assert argv[0] == "rqllm", argv
+    cmd: click.Command = main
+    path = ["rqllm"]
+    rest = argv[1:]
+    while isinstance(cmd, click.Group):
+        assert rest and not rest[0].startswith("-"), f"{' '.join(path)} needs a subcommand: {argv}"
+        with click.Context(cmd, info_name=path[-1]) as ctx:
+            sub = cmd.get_command(ctx, rest[0])
+        assert sub is not None, (
+            f"`{' '.join(path)} {rest[0]}` is not a command; have {sorted(cmd.list_commands(ctx))}")
+        cmd, path, rest = sub, path + [rest[0]], rest[1:]
+    return cmd, rest, path
+
+
+def check_rqllm_argv(argv: list[str]) -> click.Context:
+    cmd, args, path = resolve_rqllm_command(argv)
+    known = {opt for p in cmd.params for opt in (*p.opts, *p.secondary_opts)}
+    for tok in args:
+        if tok.startswith("--"):
+            name = tok.split("=", 1)[0]
+            assert name in known, f"`{' '.join(path)}` has no option {name}; it has {sorted(known)}"
+    # Let click parse it for real: types, choices, required arguments.
+    return cmd.make_context(path[-1], list(args), resilient_parsing=False)
+
+
+# --- tests ----------------------------------------------------------------------------------------
+
+def test_compose_parses_and_has_the_services(raw):
+    assert set(raw["services"]) >= {"redis", "worker", "dashboard"}
+    assert raw["services"]["dashboard"].get("profiles"), "the dashboard sits behind a profile"
+    for name in ("redis", "worker"):
+        assert not raw["services"][name].get("profiles"), f"{name} must start by default"
+
+
+def test_redis_is_official_image_with_aof_and_password(compose, env):
+    redis = compose["services"]["redis"]
+    assert re.fullmatch(r"redis:[\w.\-]+", redis["image"]), redis["image"]
+    script = " ".join(as_argv(redis["command"]))
+    assert re.search(r"--appendonly\s+yes", script), "AOF persistence must be on"
+    m = re.search(r"--requirepass\s+(\"?)(\S+?)\1(\s|$)", script)
+    assert m, "redis must run with --requirepass"
+    password = m.group(2)
+    if password.startswith("$"):  # resolved inside the container from its environment
+        password = service_env(redis)[password.lstrip("${").rstrip("}")]
+    assert password == env["REDIS_PASSWORD"] and password
+    # AOF lands in /data, which is a named volume.
+    data = [v for v in redis["volumes"] if str(v).endswith(":/data")]
+    assert data, "redis /data must be on a volume"
+    assert data[0].split(":")[0] in compose["volumes"], "redis data must be a declared named volume"
+
+
+def test_never_without_a_password(raw, env):
+    for missing in ({k: v for k, v in env.items() if k != "REDIS_PASSWORD"}, {**env, "REDIS_PASSWORD": ""}):
+        for name in ("redis", "worker", "dashboard"):
+            with pytest.raises(MissingVariable, match="REDIS_PASSWORD"):
+                interpolate(raw["services"][name], missing)
+
+
+def test_client_urls_carry_the_redis_password(compose, env):
+    services = compose["services"]
+    urls = {
+        "worker": service_env(services["worker"])["REDIS_URL"],
+        "dashboard": service_env(services["dashboard"])["RQ_DASHBOARD_REDIS_URL"],
+    }
+    for name, url in urls.items():
+        parts = urlsplit(url)
+        assert parts.scheme == "redis", (name, url)
+        assert parts.hostname == "redis", f"{name} must reach the redis service by name"
+        assert parts.port in (None, 6379)
+        assert parts.password == env["REDIS_PASSWORD"], f"{name}'s REDIS_URL password differs from requirepass"
+    for name in ("worker", "dashboard"):
+        depends = services[name].get("depends_on") or {}
+        assert "redis" in depends
+
+
+def test_worker_command_is_a_real_rqllm_command(compose, env):
+    worker = compose["services"]["worker"]
+    argv = as_argv(worker["command"])
+    assert argv[:2] == ["rqllm", "worker"]
+    ctx = check_rqllm_argv(argv)
+    assert ctx.params.get("model") == env["RQLLM_MODEL"]
+    assert "--threads" in argv and argv[argv.index("--threads") + 1] == env["RQLLM_THREADS"]
+    # Scalable: nothing pins one container (name, host port).
+    assert "container_name" not in worker
+    assert not worker.get("ports"), "a published port would stop --scale worker=N"
+    assert "deploy/Dockerfile" in str(worker.get("build", {}).get("dockerfile", ""))
+
+
+def test_model_is_pulled_into_a_named_volume(compose, env):
+    services = compose["services"]
+    pull = [n for n, s in services.items()
+            if s.get("command") and as_argv(s["command"])[:3] == ["rqllm", "models", "pull"]]
+    assert pull, "a service must pull the model with `rqllm models pull`"
+    puller = services[pull[0]]
+    check_rqllm_argv(as_argv(puller["command"]))
+    assert as_argv(puller["command"])[3] == env["RQLLM_MODEL"]
+    cache = service_env(puller)["RQLLM_CACHE"]
+    assert service_env(services["worker"])["RQLLM_CACHE"] == cache
+    vols = [v for v in puller["volumes"] if str(v).endswith(":" + cache)]
+    assert vols and vols[0] in services["worker"]["volumes"], "worker must mount the pulled model volume"
+    assert vols[0].split(":")[0] in compose["volumes"]
+    cond = services["worker"]["depends_on"][pull[0]]["condition"]
+    assert cond == "service_completed_successfully"
+
+
+def test_every_named_volume_is_declared(compose):
+    declared = set(compose.get("volumes") or {})
+    for name, service in compose["services"].items():
+        for v in service.get("volumes") or []:
+            source = str(v).split(":")[0]
+            if not source.startswith((".", "/", "~")):
+                assert source in declared, f"{name} uses undeclared volume {source}"
+
+
+def test_dashboard_behind_profile_and_localhost(compose):
+    dash = compose["services"]["dashboard"]
+    assert "dashboard" in dash["profiles"]
+    for port in dash.get("ports") or []:
+        assert str(port).startswith("127.0.0.1:"), "the dashboard must not listen on every interface"
+    assert service_env(dash).get("RQ_DASHBOARD_PASSWORD"), "the dashboard needs basic auth"
+
+
+def test_env_example_covers_every_required_variable(raw, env):
+    text = COMPOSE.read_text()
+    required = set(re.findall(r"\$\{([A-Za-z_][A-Za-z0-9_]*):?\?", text))
+    assert "REDIS_PASSWORD" in required
+    assert required <= set(env), f"deploy/rqllm.env.example lacks {sorted(required - set(env))}"
+
+
+def test_dockerfile_base_and_install_line():
+    text = DOCKERFILE.read_text()
+    froms = re.findall(r"^FROM\s+(\S+)", text, re.M)
+    assert froms[0] == "python:3.11-slim"
+    assert dockerfile_install_commands(text), "the Dockerfile must pip install the project"
+    ignore = DOCKERIGNORE.read_text().splitlines()
+    assert ".env" in ignore, "the env file with the Redis password must stay out of the image"
+
+
+def test_dockerfile_installs_like_the_readme():
+    if not README.exists():
+        pytest.skip("README.md does not exist yet")
+    readme = README.read_text()
+    wanted = {normalise_pip(c) for c in re.findall(r"(?m)^\s*(?:\$\s*)?((?:python3? -m )?pip install [^\n#]+)", readme)}
+    wanted = {w for w in wanted if w and project_spec(w)}
+    assert wanted, "README.md has no `pip install` line for the project"
+    have = {normalise_pip(c) for c in dockerfile_install_commands(DOCKERFILE.read_text())}
+    assert have & wanted, f"Dockerfile installs with {sorted(have)}, README says {sorted(wanted)}"
+
+
+_COSMETIC = {"--no-cache-dir", "-q", "--quiet", "--disable-pip-version-check", "--root-user-action=ignore"}
+
+
+def normalise_pip(command: str) -> str:
+    argv = shlex.split(command.strip().rstrip("\\").strip())
+    if argv[:3] in (["python", "-m", "pip"], ["python3", "-m", "pip"]):
+        argv = argv[2:]
+    return " ".join(a for a in argv if a not in _COSMETIC)
+
+
+def project_spec(command: str) -> bool:
+    return any(a == "." or a.startswith(".[") or a.startswith("'.[") for a in command.split()[2:])
+
+
+def dockerfile_install_commands(text: str) -> list[str]:
+    joined = re.sub(r"\\\n", " ", text)
+    cmds = []
+    for line in joined.splitlines():
+        m = re.match(r"\s*RUN\s+(.*)", line)
+        if not m:
+            continue
+        for part in re.split(r"&&|;", m.group(1)):
+            part = part.strip()
+            if re.match(r"(python3? -m )?pip install ", part) and project_spec(normalise_pip(part)):
+                cmds.append(part)
+    return cmds
