@@ -1,2 +1,329 @@
-/* placeholder until the forward pass lands */
-int rq_forward_placeholder(void) { return 0; }
+/* The transformer forward pass. Read rq_forward() top to bottom; helpers come first. */
+#include "forward.h"
+
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define ALIGN 64
+
+struct rq_model {
+    rq_config cfg;
+    rq_weights w;
+    rq_kv kv;
+    int q_dim, kv_dim, max_cols, n_threads;
+
+    /* scratch for one pass of up to max_ubatch tokens */
+    float *x;       /* residual stream      [U][n_embd]  */
+    float *xb;      /* normed input / sublayer output [U][max(n_embd, q_dim)] */
+    float *q;       /* [U][q_dim] */
+    float *k, *v;   /* [U][kv_dim] */
+    float *att_out; /* [U][q_dim] */
+    float *hb, *hb2;/* [U][n_ff] */
+    float *scores;  /* [threads][capacity] */
+    rq_act *acts;   /* [U], each over max_cols */
+    int8_t *act_qs;
+    float *act_d;
+    int32_t *act_sum16;
+
+    float *record;  /* test hook: residual after each layer */
+    int record_max;
+};
+
+static void *alloc_aligned(size_t bytes) {
+    void *p = NULL;
+    if (posix_memalign(&p, ALIGN, bytes ? bytes : ALIGN) != 0) return NULL;
+    memset(p, 0, bytes);
+    return p;
+}
+
+/* ---------------------------------------------------------------- small float ops */
+
+/* Hot float loops get per-CPU clones; the binary stays portable. */
+#define RQ_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+
+RQ_CLONES static float dot_f32(const float *a, const float *b, int n) {
+    float s = 0.0f;
+    for (int i = 0; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+RQ_CLONES static void axpy_f32(float *y, float a, const float *x, int n) {
+    for (int i = 0; i < n; i++) y[i] += a * x[i];
+}
+
+/* out = x / sqrt(mean(x^2) + eps) * weight */
+RQ_CLONES static void rmsnorm(float *out, const float *x, const float *weight, int n, float eps) {
+    float ss = 0.0f;
+    for (int i = 0; i < n; i++) ss += x[i] * x[i];
+    float scale = 1.0f / sqrtf(ss / (float)n + eps);
+    for (int i = 0; i < n; i++) out[i] = x[i] * scale * weight[i];
+}
+
+static void add_inplace(float *y, const float *x, int n) {
+    for (int i = 0; i < n; i++) y[i] += x[i];
+}
+
+static float silu(float x) { return x / (1.0f + expf(-x)); }
+
+static float gelu_tanh(float x) {
+    const float sqrt_2_over_pi = 0.7978845608028654f;
+    return 0.5f * x * (1.0f + tanhf(sqrt_2_over_pi * (x + 0.044715f * x * x * x)));
+}
+
+/* Rotate each head of vec (n_heads x head_dim) for position pos.
+ * neox = 0: pairs (2i, 2i+1) (llama); neox = 1: pairs (i, i + d/2) (gemma3, qwen2). */
+static void rope(float *vec, int n_heads, int head_dim, int pos, float base, int neox) {
+    int half = head_dim / 2;
+    for (int i = 0; i < half; i++) {
+        float theta = (float)pos * powf(base, -2.0f * (float)i / (float)head_dim);
+        float c = cosf(theta), s = sinf(theta);
+        for (int h = 0; h < n_heads; h++) {
+            float *hv = vec + (size_t)h * head_dim;
+            int a = neox ? i : 2 * i;
+            int b = neox ? i + half : 2 * i + 1;
+            float x0 = hv[a], x1 = hv[b];
+            hv[a] = x0 * c - x1 * s;
+            hv[b] = x0 * s + x1 * c;
+        }
+    }
+}
+
+/* ---------------------------------------------------------------- weights helpers */
+
+static const float *f32_data(const rq_tensor *t) { return (const float *)t->data; }
+
+static void quantize_rows(rq_model *m, const float *x, int n, int cols, int ld) {
+    for (int t = 0; t < n; t++) {
+        m->acts[t].n = cols;
+        rq_quantize_act(x + (size_t)t * ld, cols, &m->acts[t]);
+    }
+}
+
+/* out[t][0..rows) = W x[t] for the n activations already quantized in m->acts. */
+static void matmul(rq_model *m, const rq_tensor *W, int n, float *out, int ldo) {
+    rq_matmul(W->type, W->data, W->rows, W->cols, m->acts, n, out, ldo, m->n_threads);
+}
+
+static void add_bias(float *y, const rq_tensor *b, int n, int ld) {
+    if (!b->data) return;
+    for (int t = 0; t < n; t++) add_inplace(y + (size_t)t * ld, f32_data(b), b->cols);
+}
+
+static int layer_is_local(const rq_config *c, int il) {
+    return c->sliding_window > 0 && c->swa_pattern > 0 && (il % c->swa_pattern) < c->swa_pattern - 1;
+}
+
+/* ---------------------------------------------------------------- model lifetime */
+
+rq_model *rq_model_create(const rq_config *cfg, const rq_weights *w, const rq_kv *kv) {
+    rq_kernels_init();
+    rq_model *m = calloc(1, sizeof(rq_model));
+    if (!m) return NULL;
+    m->cfg = *cfg;
+    m->w = *w;
+    m->kv = *kv;
+    const rq_config *c = &m->cfg;
+    int U = c->max_ubatch > 0 ? c->max_ubatch : 64;
+    m->cfg.max_ubatch = U;
+    m->n_threads = c->n_threads > 0 ? c->n_threads : omp_get_max_threads();
+    m->q_dim = c->n_head * c->head_dim;
+    m->kv_dim = c->n_head_kv * c->head_dim;
+    int cols = c->n_embd;
+    if (m->q_dim > cols) cols = m->q_dim;
+    if (c->n_ff > cols) cols = c->n_ff;
+    m->max_cols = cols;
+
+    size_t xb_dim = (size_t)(c->n_embd > m->q_dim ? c->n_embd : m->q_dim);
+    m->x = alloc_aligned(sizeof(float) * U * c->n_embd);
+    m->xb = alloc_aligned(sizeof(float) * U * xb_dim);
+    m->q = alloc_aligned(sizeof(float) * U * m->q_dim);
+    m->k = alloc_aligned(sizeof(float) * U * m->kv_dim);
+    m->v = alloc_aligned(sizeof(float) * U * m->kv_dim);
+    m->att_out = alloc_aligned(sizeof(float) * U * m->q_dim);
+    m->hb = alloc_aligned(sizeof(float) * U * c->n_ff);
+    m->hb2 = alloc_aligned(sizeof(float) * U * c->n_ff);
+    m->scores = alloc_aligned(sizeof(float) * (size_t)m->n_threads * (kv->capacity + 1));
+    m->acts = calloc(U, sizeof(rq_act));
+    m->act_qs = alloc_aligned((size_t)U * cols);
+    m->act_d = alloc_aligned(sizeof(float) * (size_t)U * (cols / 32));
+    m->act_sum16 = alloc_aligned(sizeof(int32_t) * (size_t)U * (cols / 16));
+    if (!m->x || !m->xb || !m->q || !m->k || !m->v || !m->att_out || !m->hb || !m->hb2 ||
+        !m->scores || !m->acts || !m->act_qs || !m->act_d || !m->act_sum16) {
+        rq_model_free(m);
+        return NULL;
+    }
+    for (int t = 0; t < U; t++) {
+        m->acts[t].qs = m->act_qs + (size_t)t * cols;
+        m->acts[t].d = m->act_d + (size_t)t * (cols / 32);
+        m->acts[t].sum16 = m->act_sum16 + (size_t)t * (cols / 16);
+    }
+    return m;
+}
+
+void rq_model_free(rq_model *m) {
+    if (!m) return;
+    free(m->x); free(m->xb); free(m->q); free(m->k); free(m->v); free(m->att_out);
+    free(m->hb); free(m->hb2); free(m->scores); free(m->acts);
+    free(m->act_qs); free(m->act_d); free(m->act_sum16);
+    free(m);
+}
+
+void rq_model_record_layers(rq_model *m, float *buf, int max_tokens) {
+    m->record = buf;
+    m->record_max = max_tokens;
+}
+
+static void record(rq_model *m, int l, int n) {
+    if (!m->record || n > m->record_max) return;
+    const int d = m->cfg.n_embd;
+    memcpy(m->record + ((size_t)l * m->record_max) * d, m->x, sizeof(float) * n * d);
+}
+
+/* ---------------------------------------------------------------- the layer passes */
+
+static void embed(rq_model *m, const int32_t *tokens, int n) {
+    const rq_config *c = &m->cfg;
+    const rq_tensor *E = &m->w.token_embd;
+    size_t row_bytes = rq_row_bytes(E->type, E->cols);
+    for (int t = 0; t < n; t++) {
+        float *xt = m->x + (size_t)t * c->n_embd;
+        rq_dequant_row(E->type, (const uint8_t *)E->data + row_bytes * tokens[t], xt, c->n_embd);
+        if (c->embd_scale != 1.0f)
+            for (int i = 0; i < c->n_embd; i++) xt[i] *= c->embd_scale;
+    }
+}
+
+/* Self-attention for n tokens at positions pos0..: writes K,V into the cache, attends, and
+ * leaves the projected output (before the residual add) in m->xb. */
+static void attention(rq_model *m, int il, int n, int pos0) {
+    const rq_config *c = &m->cfg;
+    const rq_layer_weights *L = &m->w.layers[il];
+    const int d = c->n_embd, hd = c->head_dim, q_dim = m->q_dim, kv_dim = m->kv_dim;
+    const int local = layer_is_local(c, il);
+    const float base = local ? c->rope_base_local : c->rope_base;
+
+    for (int t = 0; t < n; t++)
+        rmsnorm(m->xb + (size_t)t * d, m->x + (size_t)t * d, f32_data(&L->attn_norm), d, c->norm_eps);
+    quantize_rows(m, m->xb, n, d, d);
+    matmul(m, &L->wq, n, m->q, q_dim);
+    matmul(m, &L->wk, n, m->k, kv_dim);
+    matmul(m, &L->wv, n, m->v, kv_dim);
+    add_bias(m->q, &L->bq, n, q_dim);
+    add_bias(m->k, &L->bk, n, kv_dim);
+    add_bias(m->v, &L->bv, n, kv_dim);
+
+    const int slots = m->kv.slots[il];
+    for (int t = 0; t < n; t++) {
+        float *qt = m->q + (size_t)t * q_dim, *kt = m->k + (size_t)t * kv_dim;
+        if (L->attn_q_norm.data)
+            for (int h = 0; h < c->n_head; h++)
+                rmsnorm(qt + h * hd, qt + h * hd, f32_data(&L->attn_q_norm), hd, c->norm_eps);
+        if (L->attn_k_norm.data)
+            for (int h = 0; h < c->n_head_kv; h++)
+                rmsnorm(kt + h * hd, kt + h * hd, f32_data(&L->attn_k_norm), hd, c->norm_eps);
+        rope(qt, c->n_head, hd, pos0 + t, base, c->rope_neox);
+        rope(kt, c->n_head_kv, hd, pos0 + t, base, c->rope_neox);
+        size_t slot = (size_t)((pos0 + t) % slots);
+        memcpy(m->kv.k[il] + slot * kv_dim, kt, sizeof(float) * kv_dim);
+        memcpy(m->kv.v[il] + slot * kv_dim, m->v + (size_t)t * kv_dim, sizeof(float) * kv_dim);
+    }
+
+    const int group = c->n_head / c->n_head_kv;
+    const float *Kc = m->kv.k[il], *Vc = m->kv.v[il];
+    #pragma omp parallel for collapse(2) schedule(dynamic) num_threads(m->n_threads) if (n > 1 || pos0 > 256)
+    for (int t = 0; t < n; t++) {
+        for (int h = 0; h < c->n_head; h++) {
+            const int pos = pos0 + t;
+            const int lo = local && pos - c->sliding_window + 1 > 0 ? pos - c->sliding_window + 1 : 0;
+            const float *qh = m->q + (size_t)t * q_dim + h * hd;
+            const int kvh = (h / group) * hd;
+            float *sc = m->scores + (size_t)omp_get_thread_num() * (m->kv.capacity + 1);
+            float mx = -INFINITY;
+            for (int j = lo; j <= pos; j++) {
+                float s = dot_f32(qh, Kc + (size_t)(j % slots) * kv_dim + kvh, hd) * c->attn_scale;
+                sc[j - lo] = s;
+                if (s > mx) mx = s;
+            }
+            float sum = 0.0f;
+            for (int j = 0; j <= pos - lo; j++) {
+                sc[j] = expf(sc[j] - mx);
+                sum += sc[j];
+            }
+            float *out = m->att_out + (size_t)t * q_dim + h * hd;
+            memset(out, 0, sizeof(float) * hd);
+            for (int j = lo; j <= pos; j++)
+                axpy_f32(out, sc[j - lo] / sum, Vc + (size_t)(j % slots) * kv_dim + kvh, hd);
+        }
+    }
+
+    quantize_rows(m, m->att_out, n, q_dim, q_dim);
+    matmul(m, &L->wo, n, m->xb, d);
+    if (L->post_attn_norm.data)
+        for (int t = 0; t < n; t++)
+            rmsnorm(m->xb + (size_t)t * d, m->xb + (size_t)t * d, f32_data(&L->post_attn_norm), d, c->norm_eps);
+}
+
+/* Gated feed-forward: down(act(gate x) * up x), output (before the residual add) in m->xb. */
+static void feed_forward(rq_model *m, int il, int n) {
+    const rq_config *c = &m->cfg;
+    const rq_layer_weights *L = &m->w.layers[il];
+    const int d = c->n_embd, ff = c->n_ff;
+
+    for (int t = 0; t < n; t++)
+        rmsnorm(m->xb + (size_t)t * d, m->x + (size_t)t * d, f32_data(&L->ffn_norm), d, c->norm_eps);
+    quantize_rows(m, m->xb, n, d, d);
+    matmul(m, &L->ffn_gate, n, m->hb, ff);
+    matmul(m, &L->ffn_up, n, m->hb2, ff);
+    for (size_t i = 0; i < (size_t)n * ff; i++) {
+        float g = m->hb[i];
+        m->hb[i] = (c->ffn_gelu ? gelu_tanh(g) : silu(g)) * m->hb2[i];
+    }
+    quantize_rows(m, m->hb, n, ff, ff);
+    matmul(m, &L->ffn_down, n, m->xb, d);
+    if (L->post_ffw_norm.data)
+        for (int t = 0; t < n; t++)
+            rmsnorm(m->xb + (size_t)t * d, m->xb + (size_t)t * d, f32_data(&L->post_ffw_norm), d, c->norm_eps);
+}
+
+/* Final norm and output projection for tokens [t0, n) of the pass. */
+static void logits_for(rq_model *m, int t0, int n, float *logits) {
+    const rq_config *c = &m->cfg;
+    const int d = c->n_embd;
+    for (int t = t0; t < n; t++)
+        rmsnorm(m->xb + (size_t)(t - t0) * d, m->x + (size_t)t * d, f32_data(&m->w.output_norm), d, c->norm_eps);
+    quantize_rows(m, m->xb, n - t0, d, d);
+    matmul(m, &m->w.output, n - t0, logits, c->n_vocab);
+}
+
+/* One pass of n <= max_ubatch tokens. */
+static void forward_pass(rq_model *m, const int32_t *tokens, int n, int pos0, float *logits, int all_logits) {
+    const rq_config *c = &m->cfg;
+    const int d = c->n_embd;
+
+    embed(m, tokens, n);
+    record(m, 0, n);
+    for (int il = 0; il < c->n_layer; il++) {
+        attention(m, il, n, pos0);
+        for (int t = 0; t < n; t++) add_inplace(m->x + (size_t)t * d, m->xb + (size_t)t * d, d);
+        feed_forward(m, il, n);
+        for (int t = 0; t < n; t++) add_inplace(m->x + (size_t)t * d, m->xb + (size_t)t * d, d);
+        record(m, il + 1, n);
+    }
+    if (logits) logits_for(m, all_logits ? 0 : n - 1, n, logits);
+}
+
+int rq_forward(rq_model *m, const int32_t *tokens, int n, int pos0, float *logits, int all_logits) {
+    if (n <= 0 || pos0 < 0 || pos0 + n > m->kv.capacity) return -1;
+    const int U = m->cfg.max_ubatch;
+    for (int start = 0; start < n; start += U) {
+        int len = n - start < U ? n - start : U;
+        int last = start + len == n;
+        float *out = NULL;
+        if (all_logits) out = logits + (size_t)start * m->cfg.n_vocab;
+        else if (last) out = logits;
+        forward_pass(m, tokens + start, len, pos0 + start, out, all_logits);
+    }
+    return 0;
+}

@@ -1,0 +1,76 @@
+"""The KV cache: allocated once from a byte budget; the capacity in tokens follows from it."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 1000**2, "mb": 1000**2, "mib": 1024**2,
+          "g": 1000**3, "gb": 1000**3, "gib": 1024**3}
+
+
+def parse_bytes(text: str | int) -> int:
+    """'256MiB' -> 268435456. Plain integers are bytes."""
+    if isinstance(text, int):
+        if text <= 0:
+            raise ValueError(f"byte size must be positive, got {text}")
+        return text
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*", text)
+    if not m or m.group(2).lower() not in _UNITS:
+        raise ValueError(f"cannot read {text!r} as a byte size (examples: 64MiB, 1GiB, 500MB, 1048576)")
+    value = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    if value <= 0:
+        raise ValueError(f"byte size must be positive, got {text!r}")
+    return value
+
+
+def format_bytes(n: int) -> str:
+    for unit, size in (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
+
+
+@dataclass
+class KVCache:
+    """Per-layer K and V arrays [slots, kv_dim] (f32). Sliding-window layers hold a ring of
+    window + max_ubatch - 1 slots; global layers hold `capacity` slots."""
+
+    capacity: int
+    k: list[np.ndarray]
+    v: list[np.ndarray]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self.k) + sum(a.nbytes for a in self.v)
+
+    @classmethod
+    def from_budget(cls, budget_bytes: int, n_layer: int, kv_dim: int, local_slots: list[int | None],
+                    max_capacity: int) -> KVCache:
+        """Largest capacity whose arrays fit the budget. local_slots[l] is the ring size a
+        sliding-window layer needs at most (None for global layers)."""
+        row = 2 * kv_dim * 4  # K and V, f32
+
+        def cost(cap: int) -> int:
+            return sum(cap if s is None else min(cap, s) for s in local_slots) * row
+
+        if cost(1) > budget_bytes:
+            raise ValueError(
+                f"KV budget {format_bytes(budget_bytes)} cannot hold even one token "
+                f"(one token needs {format_bytes(cost(1))})")
+        lo, hi = 1, max_capacity
+        while lo < hi:  # cost is monotonic in capacity
+            mid = (lo + hi + 1) // 2
+            if cost(mid) <= budget_bytes:
+                lo = mid
+            else:
+                hi = mid - 1
+        cap = lo
+        k, v = [], []
+        for s in local_slots:
+            slots = cap if s is None else min(cap, s)
+            k.append(np.zeros((slots, kv_dim), dtype=np.float32))
+            v.append(np.zeros((slots, kv_dim), dtype=np.float32))
+        assert len(k) == n_layer
+        return cls(capacity=cap, k=k, v=v)
