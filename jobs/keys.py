@@ -1,0 +1,41 @@
+"""Redis key names used by rqllm (besides rq's own rq:* keys). Every value stored under them is JSON."""
+from __future__ import annotations
+
+PREFIX = "rqllm"
+
+BATCHES_INDEX = f"{PREFIX}:batches"  # zset: batch id -> created time
+
+
+def result_key(job_id: str) -> str:
+    """String: the JobResult JSON of a job's last outcome (done or failed)."""
+    return f"{PREFIX}:result:{job_id}"
+
+
+def job_batches_key(job_id: str) -> str:
+    """Set: ids of the batches waiting for this job (announced to and cleared when it ends)."""
+    return f"{PREFIX}:waiting:{job_id}"
+
+
+def token_stream_key(job_id: str) -> str:
+    """Stream: the job's text chunks while it generates, framed by start and end markers."""
+    return f"{PREFIX}:tokens:{job_id}"
+
+
+def batch_key(batch_id: str) -> str:
+    """Hash: batch metadata and counters (values JSON; counters plain integers, also JSON)."""
+    return f"{PREFIX}:batch:{batch_id}"
+
+
+def batch_entries_key(batch_id: str) -> str:
+    """List: one JSON [custom_id, job_id] per request line, in submission order."""
+    return f"{PREFIX}:batch:{batch_id}:entries"
+
+
+def batch_events_key(batch_id: str) -> str:
+    """Stream: one entry per job of the batch when it ends (collectors follow it)."""
+    return f"{PREFIX}:batch:{batch_id}:events"
+
+
+def doorbell_key(model_key: str) -> str:
+    """List: wake-up tokens for idle workers of a model (a hint only; losing one loses nothing)."""
+    return f"{PREFIX}:wake:{model_key}"

@@ -1,0 +1,149 @@
+"""The worker-side context tasks run in: the engine loaded once, the Redis connection, stop flags.
+
+pipeline.worker installs a WorkerContext before its first job; task functions (jobs.tasks.*, and the
+summariser's jobs.summarize_tasks.*) call `get_context()` for the engine and `run_generation()` to
+generate with streaming, cooperative timeout and result recording.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from jobs.ledger import DEFAULT_STREAM_MAXLEN, Ledger
+from jobs.schemas import GenerationJob, JobResult
+
+if TYPE_CHECKING:
+    from redis import Redis
+
+DEFAULT_RESULT_TTL = 7 * 24 * 3600
+DEFAULT_STREAM_TTL = 24 * 3600
+
+
+class TaskOptions(BaseModel):
+    """Per-submission options carried next to the job (not part of its content id)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    result_ttl: int = Field(DEFAULT_RESULT_TTL, ge=1)
+    stream_ttl: int = Field(DEFAULT_STREAM_TTL, ge=1)
+
+
+class JobInterrupted(Exception):
+    """The worker was told to stop right away (second SIGTERM/SIGINT); the job goes back to its queue."""
+
+
+class JobTimeout(Exception):
+    """The job ran past its timeout (checked between tokens; rq's SIGALRM timeout is not used)."""
+
+
+class TaskFailed(Exception):
+    """A job ended failed; its JobResult (with the reason) is already recorded."""
+
+    def __init__(self, result: JobResult):
+        super().__init__(f"{result.error.code}: {result.error.message}" if result.error else "failed")
+        self.result = result
+
+
+@dataclass
+class WorkerContext:
+    engine: Any
+    connection: Redis
+    worker_name: str
+    force_stop: Callable[[], bool] = lambda: False
+    flush_interval: float = 0.05
+    stream_maxlen: int = DEFAULT_STREAM_MAXLEN
+    ledger: Ledger | None = None
+    stats: dict[str, float] = field(default_factory=lambda: {"jobs": 0, "xadds": 0})
+
+    def __post_init__(self) -> None:
+        if self.ledger is None:
+            self.ledger = Ledger(self.connection)
+
+
+_context: WorkerContext | None = None
+
+
+def set_context(ctx: WorkerContext | None) -> None:
+    global _context
+    _context = ctx
+
+
+def get_context() -> WorkerContext:
+    if _context is None:
+        raise RuntimeError("rqllm tasks run only inside an rqllm worker (`rqllm worker --model ...`)")
+    return _context
+
+
+def run_generation(job: GenerationJob, options: TaskOptions, *, attempt: int = 1,
+                   timeout: float | None = None, retryable: Callable[[], bool] = lambda: False) -> JobResult:
+    """Generate one job with the worker's engine, streaming its text and recording its outcome.
+
+    Returns the done JobResult. Raises JobInterrupted on a forced stop (nothing recorded: the job will
+    run again), TaskFailed after recording a final failure, or the original exception unrecorded when
+    `retryable()` says rq will run the job again.
+    """
+    from engine.engine import EngineError, EngineInterrupted
+    from pipeline.streams import TokenStreamWriter
+
+    ctx = get_context()
+    writer = TokenStreamWriter(ctx.connection, job.id, ttl=options.stream_ttl, maxlen=ctx.stream_maxlen,
+                               interval=ctx.flush_interval)
+    started = time.time()
+    writer.start(attempt, ctx.worker_name)
+    deadline = time.monotonic() + timeout if timeout and timeout > 0 else None
+    timed_out = False
+
+    def should_stop() -> bool:
+        nonlocal timed_out
+        if ctx.force_stop():
+            return True
+        if deadline is not None and time.monotonic() > deadline:
+            timed_out = True
+            return True
+        return False
+
+    common = dict(model=job.model, endpoint=job.endpoint, worker=ctx.worker_name, attempt=attempt,
+                  started_at=started)
+
+    def fail(code: str, message: str) -> TaskFailed:
+        result = JobResult.failed(job.id, code, message, **common)
+        ctx.ledger.finish(result, result_ttl=options.result_ttl, stream_ttl=options.stream_ttl,
+                          last_text=writer.take(), stream_maxlen=ctx.stream_maxlen)
+        return TaskFailed(result)
+
+    try:
+        gen = ctx.engine.generate(
+            prompt=job.prompt,
+            messages=[m.model_dump(exclude_none=True) for m in job.messages] if job.messages is not None else None,
+            params=job.params,
+            on_text=writer.add,
+            should_stop=should_stop,
+        )
+    except EngineInterrupted:
+        if timed_out and not ctx.force_stop():
+            message = f"job exceeded its timeout of {timeout:g} s"
+            if retryable():
+                writer.mark({"type": "retry", "error": message})
+                raise JobTimeout(message) from None
+            raise fail("timeout", message) from None
+        writer.mark({"type": "interrupted"})
+        raise JobInterrupted(job.id) from None
+    except EngineError as e:
+        # A bad request fails the same way every time: no retry.
+        raise fail("invalid_request", str(e)) from None
+    except Exception as e:  # noqa: BLE001 - any engine/runtime failure is recorded with its reason
+        if retryable():
+            writer.mark({"type": "retry", "error": f"{type(e).__name__}: {e}"})
+            raise
+        raise fail("worker_error", f"{type(e).__name__}: {e}") from None
+
+    result = JobResult.from_generation(job, gen, **common)
+    ctx.ledger.finish(result, result_ttl=options.result_ttl, stream_ttl=options.stream_ttl,
+                      last_text=writer.take(), stream_maxlen=ctx.stream_maxlen)
+    ctx.stats["jobs"] += 1
+    ctx.stats["xadds"] += writer.xadds
+    return result

@@ -1,0 +1,217 @@
+"""What a producer submits (GenerationJob) and what a worker records (JobResult).
+
+Both are pydantic models that travel through Redis as JSON only. Sampling knobs and the engine's
+outcome reuse engine.params (SamplingParams, Generation, FinishReason); nothing here redefines them.
+
+Job ids are derived from the content (model + prompt/messages + sampling params incl. seed), so the
+same request submitted twice maps to the same rq job and its finished result is found instead of
+recomputed. One exception: a *sampled* request (temperature > 0) without a seed is not reproducible,
+so its custom_id is mixed into the hash: two such lines in one file give two independent samples,
+while resubmitting the same file still finds them.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import time
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from engine.params import FinishReason, Generation, SamplingParams
+
+ID_VERSION = "v1"
+ENDPOINT_CHAT = "/v1/chat/completions"
+ENDPOINT_COMPLETIONS = "/v1/completions"
+Endpoint = Literal["/v1/chat/completions", "/v1/completions"]
+Priority = Literal["high", "default", "low"]
+PRIORITIES: tuple[str, ...] = ("high", "default", "low")
+
+_MODEL_KEY_RE = re.compile(r"[^a-z0-9._-]+")
+
+
+class InvalidJob(ValueError):
+    """A job refused at submission; the message is pydantic's (or ours) naming the bad field."""
+
+
+class ChatMessage(BaseModel):
+    """One chat turn. OpenAI-style content parts ([{"type": "text", "text": ...}]) are joined to text."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    role: Literal["system", "user", "assistant"]
+    content: str
+    name: str | None = None
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _join_text_parts(cls, v: Any) -> Any:
+        if isinstance(v, list):
+            parts = []
+            for part in v:
+                if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                    raise ValueError("only text content parts are supported")
+                parts.append(part["text"])
+            return "".join(parts)
+        return v
+
+
+class GenerationJob(BaseModel):
+    """One generation request: a raw `prompt` (completions) or chat `messages`, never both."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str | None = Field(None, description="content-derived; computed when absent")
+    model: str = Field(..., min_length=1, max_length=512)
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = Field(None, min_length=1)
+    params: SamplingParams = Field(default_factory=SamplingParams)
+    custom_id: str | None = Field(None, max_length=512)
+    batch_id: str | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("prompt")
+    @classmethod
+    def _prompt_not_empty(cls, v: str | None) -> str | None:
+        if v is not None and v == "":
+            raise ValueError("prompt must not be empty")
+        return v
+
+    @field_validator("metadata")
+    @classmethod
+    def _metadata_is_json(cls, v: dict[str, Any]) -> dict[str, Any]:
+        try:
+            json.dumps(v)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"metadata must be JSON-serialisable: {e}") from None
+        return v
+
+    @model_validator(mode="after")
+    def _one_input_and_id(self) -> GenerationJob:
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("give exactly one of `prompt` or `messages`")
+        expected = self.content_id()
+        if self.id is None:
+            self.id = expected
+        elif self.id != expected:
+            raise ValueError(f"id {self.id!r} does not match the job's content (expected {expected!r})")
+        return self
+
+    @property
+    def endpoint(self) -> str:
+        return ENDPOINT_CHAT if self.messages is not None else ENDPOINT_COMPLETIONS
+
+    def content_key(self) -> dict[str, Any]:
+        """What the id hashes: everything that can change the generated text."""
+        key: dict[str, Any] = {
+            "v": ID_VERSION,
+            "model": model_key(self.model),
+            "params": self.params.model_dump(mode="json"),
+        }
+        if self.messages is not None:
+            key["messages"] = [m.model_dump(mode="json", exclude_none=True) for m in self.messages]
+        else:
+            key["prompt"] = self.prompt
+        if self.params.temperature > 0 and self.params.seed is None:
+            key["custom_id"] = self.custom_id
+        return key
+
+    def content_id(self) -> str:
+        blob = json.dumps(self.content_key(), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        return "g" + hashlib.sha256(blob.encode("utf-8")).hexdigest()[:40]
+
+    def to_payload(self) -> dict[str, Any]:
+        """The JSON dict that rq carries as the task argument."""
+        return self.model_dump(mode="json", exclude_none=True)
+
+
+class JobError(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    code: str
+    message: str
+
+
+class JobResult(BaseModel):
+    """What a worker records when a job ends (done or failed). Stored as JSON in Redis."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    job_id: str
+    status: Literal["done", "failed"]
+    model: str = ""
+    endpoint: str = ENDPOINT_COMPLETIONS
+    text: str = ""
+    finish_reason: FinishReason | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    prefill_seconds: float = 0.0
+    decode_seconds: float = 0.0
+    prefix_hit_tokens: int = 0
+    worker: str | None = None
+    attempt: int = 1
+    started_at: float | None = None
+    ended_at: float = Field(default_factory=time.time)
+    error: JobError | None = None
+
+    @classmethod
+    def from_generation(cls, job: GenerationJob, gen: Generation, **kw: Any) -> JobResult:
+        return cls(
+            job_id=job.id,
+            status="done",
+            model=job.model,
+            endpoint=job.endpoint,
+            text=gen.text,
+            finish_reason=gen.finish_reason,
+            prompt_tokens=gen.prompt_tokens,
+            completion_tokens=gen.completion_tokens,
+            prefill_seconds=gen.prefill_seconds,
+            decode_seconds=gen.decode_seconds,
+            prefix_hit_tokens=gen.prefix_hit_tokens,
+            **kw,
+        )
+
+    @classmethod
+    def failed(cls, job_id: str, code: str, message: str, **kw: Any) -> JobResult:
+        return cls(job_id=job_id, status="failed", error=JobError(code=code, message=message), **kw)
+
+
+def validate_job(data: GenerationJob | dict[str, Any]) -> GenerationJob:
+    """Parse a job, raising InvalidJob with pydantic's message when it is refused."""
+    if isinstance(data, GenerationJob):
+        # Re-validate: a model built with model_construct() or mutated afterwards is not trusted.
+        data = data.model_dump(mode="python")
+    try:
+        return GenerationJob.model_validate(data)
+    except ValidationError as e:
+        raise InvalidJob(str(e)) from None
+
+
+def model_key(model: str) -> str:
+    """The name a model's queues are keyed by: a registry name as is, a .gguf path by its file stem.
+
+    Producers and workers must name the model the same way (both derive the queue from this).
+    """
+    m = model.strip()
+    if "/" in m or m.lower().endswith(".gguf"):
+        m = Path(m).name
+        if m.lower().endswith(".gguf"):
+            m = m[: -len(".gguf")]
+    key = _MODEL_KEY_RE.sub("-", m.lower()).strip("-")
+    if not key:
+        raise InvalidJob(f"model name {model!r} gives an empty queue key")
+    return key
+
+
+def queue_name(model: str, priority: str = "default") -> str:
+    """rq queue name for a model and priority: rqllm:<model>:<priority> (rq key rq:queue:<name>)."""
+    if priority not in PRIORITIES:
+        raise InvalidJob(f"priority must be one of {', '.join(PRIORITIES)}, not {priority!r}")
+    return f"rqllm:{model_key(model)}:{priority}"
+
+
+def queue_names(model: str) -> list[str]:
+    """A worker's queues, highest priority first."""
+    return [queue_name(model, p) for p in PRIORITIES]
