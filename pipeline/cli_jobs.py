@@ -1,6 +1,270 @@
-"""CLI commands for the queue: submit, worker, collect, watch, status."""
+"""CLI commands for the queue: submit, worker, collect, watch, status.
+
+With REDIS_URL set, commands talk to that Redis (submit only submits; collect/--wait follow).
+Without it, `rqllm submit ... --wait` runs an embedded cluster (private redis-server + worker
+processes) for the duration of the command.
+"""
 from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
 
 import click
 
-COMMANDS: list[click.Command] = []
+from pipeline.worker import worker_command
+
+DEFAULT_MODEL = "smollm2-135m"
+
+
+def _echo_err(msg: str) -> None:
+    click.echo(msg, err=True)
+
+
+def _client(redis_url: str | None):
+    from pipeline.client import Client
+    from pipeline.redis_conn import redis_url_from_env
+
+    url = redis_url or redis_url_from_env()
+    if not url:
+        raise click.UsageError("set REDIS_URL (or --redis-url) to reach the queue")
+    return Client(url)
+
+
+def _gather_jobs(inputs: tuple[str, ...], *, model: str | None, literal: bool, raw: bool, system: str | None,
+                 params: dict[str, Any]) -> tuple[list[Any], list[str]]:
+    """Jobs from arguments: .jsonl files (OpenAI Batch input), other files (one prompt each), literals."""
+    from jobs.schemas import InvalidJob, validate_job
+    from pipeline.batch_file import read_batch_file
+
+    jobs: list[Any] = []
+    errors: list[str] = []
+    n_literal = 0
+
+    def prompt_job(text: str, custom_id: str) -> None:
+        data: dict[str, Any] = {"model": model or DEFAULT_MODEL, "custom_id": custom_id, "params": params}
+        if raw:
+            data["prompt"] = text
+        else:
+            msgs = [{"role": "system", "content": system}] if system else []
+            data["messages"] = msgs + [{"role": "user", "content": text}]
+        try:
+            jobs.append(validate_job(data))
+        except InvalidJob as e:
+            errors.append(f"{custom_id}: {e}")
+
+    for arg in inputs:
+        path = Path(arg)
+        if not literal and path.is_file():
+            if path.suffix.lower() == ".jsonl":
+                file_jobs, line_errors = read_batch_file(path, model=model, default_model=DEFAULT_MODEL)
+                for g in file_jobs:
+                    if params:
+                        merged = {**g.params.model_dump(exclude_unset=True), **params}
+                        try:
+                            g = validate_job({**g.model_dump(exclude={"id", "params"}), "params": merged})
+                        except InvalidJob as e:
+                            errors.append(f"{path}: {g.custom_id}: {e}")
+                            continue
+                    jobs.append(g)
+                errors.extend(f"{path}: {e}" for e in line_errors)
+            else:
+                prompt_job(path.read_text(encoding="utf-8"), str(path))
+        else:
+            n_literal += 1
+            prompt_job(arg, f"prompt-{n_literal}")
+    return jobs, errors
+
+
+@click.command("submit")
+@click.argument("inputs", nargs=-1, required=True)
+@click.option("--model", "-m", default=None, help=f"Model for every job (default: body.model, else {DEFAULT_MODEL}).")
+@click.option("--priority", type=click.Choice(["high", "default", "low"]), default="default", show_default=True)
+@click.option("--timeout", type=int, default=None, help="Per-job timeout in seconds (default 1800).")
+@click.option("--retries", type=int, default=0, show_default=True, help="Retries for jobs that fail in a worker.")
+@click.option("--recompute", is_flag=True, help="Generate again even when a finished result exists.")
+@click.option("--wait", "wait", is_flag=True, help="Collect the results in this command.")
+@click.option("-o", "--output", default=None, help="Write OpenAI Batch output JSONL here (implies --wait).")
+@click.option("--max-tokens", type=int, default=None)
+@click.option("--temperature", type=float, default=None)
+@click.option("--top-p", type=float, default=None)
+@click.option("--seed", type=int, default=None)
+@click.option("--stop", multiple=True, help="Stop string (repeatable).")
+@click.option("--raw", is_flag=True, help="Prompts are raw completions (no chat template).")
+@click.option("--system", default=None, help="System message for prompt arguments / text files.")
+@click.option("--literal", is_flag=True, help="Treat every argument as prompt text, even if a file exists.")
+@click.option("--workers", type=int, default=1, show_default=True, help="Embedded mode: worker processes.")
+@click.option("--threads", type=int, default=None, help="Embedded mode: engine threads per worker.")
+@click.option("--kv-budget", default=None, help="Embedded mode: KV budget per worker.")
+@click.option("--redis-url", envvar="REDIS_URL", default=None, help="Redis URL (default $REDIS_URL).")
+@click.option("--no-progress", is_flag=True, help="No progress bar.")
+def submit_command(inputs: tuple[str, ...], model: str | None, priority: str, timeout: int | None, retries: int,
+                   recompute: bool, wait: bool, output: str | None, max_tokens: int | None,
+                   temperature: float | None, top_p: float | None, seed: int | None, stop: tuple[str, ...],
+                   raw: bool, system: str | None, literal: bool, workers: int, threads: int | None,
+                   kv_budget: str | None, redis_url: str | None, no_progress: bool) -> None:
+    """Submit prompts (arguments), text files (one job each) or OpenAI Batch .jsonl files; print the batch id."""
+    from jobs.schemas import InvalidJob, model_key
+    from pipeline.client import Client
+    from pipeline.collector import collect
+
+    params: dict[str, Any] = {}
+    for k, v in (("max_tokens", max_tokens), ("temperature", temperature), ("top_p", top_p), ("seed", seed)):
+        if v is not None:
+            params[k] = v
+    if stop:
+        params["stop"] = list(stop)
+    jobs, errors = _gather_jobs(inputs, model=model, literal=literal, raw=raw, system=system, params=params)
+    for e in errors:
+        _echo_err(f"refused: {e}")
+    if not jobs:
+        raise click.ClickException("nothing to submit")
+    wait = wait or output is not None
+    if not redis_url and not wait:
+        raise click.UsageError("no REDIS_URL: use --wait/-o to run an embedded cluster for this command, "
+                               "or set REDIS_URL to submit to a running one")
+    out = output or "-"
+
+    def run(client: Client, health=None) -> None:
+        try:
+            batch_id = client.submit_batch(jobs, priority=priority, timeout=timeout, retries=retries,
+                                           recompute=recompute)
+        except InvalidJob as e:
+            raise click.ClickException(str(e)) from None
+        rep = client.last_report
+        click.echo(batch_id, err=(out == "-" and wait))
+        if rep is not None:
+            _echo_err(f"{batch_id}: {rep.requests} request(s), {rep.total} job(s): {rep.enqueued} enqueued, "
+                      f"{rep.joined} already queued, {rep.cached} finished earlier")
+        if wait:
+            s = collect(client, batch_id, out, progress=not no_progress, health=health)
+            _echo_err(f"{batch_id}: {s.done} done, {s.failed} failed, {s.written} line(s) written"
+                      + (f" to {output}" if output else "") + f" in {s.seconds:.1f} s")
+
+    if redis_url:
+        run(Client(redis_url))
+        return
+    from pipeline.embedded import embedded_cluster
+
+    models = {model_key(j.model) for j in jobs}
+    if len(models) != 1:
+        raise click.UsageError(f"embedded mode runs one model; these jobs name {', '.join(sorted(models))}")
+    with embedded_cluster(jobs[0].model, workers=workers, threads=threads, kv_budget=kv_budget) as cluster:
+        _echo_err(f"embedded cluster: redis {cluster.redis_url}, {workers} worker(s)")
+        run(Client(cluster.redis_url), health=cluster.check)
+
+
+@click.command("collect")
+@click.argument("batch_id")
+@click.option("-o", "--output", default="-", show_default=True, help="Output JSONL (resumable); - for stdout.")
+@click.option("--timeout", type=float, default=None, help="Give up after this many seconds.")
+@click.option("--redis-url", envvar="REDIS_URL", default=None)
+@click.option("--no-progress", is_flag=True)
+def collect_command(batch_id: str, output: str, timeout: float | None, redis_url: str | None,
+                    no_progress: bool) -> None:
+    """Follow BATCH_ID until every job has ended, writing one OpenAI Batch output line per request."""
+    from pipeline.collector import collect
+
+    client = _client(redis_url)
+    try:
+        s = collect(client, batch_id, output, progress=not no_progress, timeout=timeout)
+    except KeyError as e:
+        raise click.ClickException(str(e).strip("'\"")) from None
+    except TimeoutError as e:
+        raise click.ClickException(str(e)) from None
+    _echo_err(f"{batch_id}: {s.written} new line(s), {s.already} already written; "
+              f"{s.done} done, {s.failed} failed in {s.seconds:.1f} s")
+
+
+@click.command("watch")
+@click.argument("job_id")
+@click.option("--redis-url", envvar="REDIS_URL", default=None)
+@click.option("--timeout", type=float, default=None, help="Give up waiting after this many seconds.")
+def watch_command(job_id: str, redis_url: str | None, timeout: float | None) -> None:
+    """Print a job's tokens live (waits if it has not started; replays if it has finished)."""
+    from pipeline.streams import follow_tokens
+
+    client = _client(redis_url)
+    t0 = time.monotonic()
+
+    def idle() -> bool:
+        if timeout is not None and time.monotonic() - t0 > timeout:
+            raise click.ClickException(f"no end of job {job_id} after {timeout} s")
+        if client.job_status(job_id) is None and client.result(job_id) is None:
+            # Neither queued nor finished: unknown id, or the stream expired.
+            from jobs import keys
+
+            if not client.connection.exists(keys.token_stream_key(job_id)):
+                raise click.ClickException(f"unknown job {job_id}")
+        return True
+
+    res = None
+    started = False
+    for e in follow_tokens(client.connection, job_id, idle=idle):
+        if e.type == "start":
+            if started:
+                click.echo("\n[restarted: attempt %s on %s]" % (e.data.get("attempt"), e.data.get("worker")), err=True)
+            started = True
+        elif e.type == "text":
+            sys.stdout.write(str(e.data.get("text", "")))
+            sys.stdout.flush()
+        elif e.type == "interrupted":
+            click.echo("\n[interrupted: the job was put back on its queue]", err=True)
+        elif e.type == "end":
+            res = e.data
+    if not started:
+        # Stream expired but the result is kept longer.
+        r = client.result(job_id)
+        if r is not None:
+            sys.stdout.write(r.text)
+            res = {"status": r.status, "finish_reason": r.finish_reason,
+                   "error": r.error.model_dump() if r.error else None}
+    sys.stdout.write("\n")
+    if res is not None:
+        if res.get("status") == "failed":
+            err = res.get("error") or {}
+            click.echo(f"[failed: {err.get('code')}: {err.get('message')}]", err=True)
+            sys.exit(1)
+        click.echo(f"[done: {res.get('finish_reason')}]", err=True)
+
+
+@click.command("status")
+@click.option("--redis-url", envvar="REDIS_URL", default=None)
+@click.option("--limit", type=int, default=10, show_default=True, help="Most recent batches to show.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def status_command(redis_url: str | None, limit: int, as_json: bool) -> None:
+    """Queues (queued/started/failed), workers (model, current job), recent batches with counts."""
+    client = _client(redis_url)
+    queues = [{"name": q.name, "queued": q.count, "started": q.started_job_registry.count,
+               "failed": q.failed_job_registry.count} for q in client.queues()]
+    workers = client.workers()
+    batches = [{"batch_id": b.batch_id, "created": b.created, "requests": b.requests, "jobs": b.total,
+                "done": b.done, "failed": b.failed, "cached": b.cached, "pending": b.pending,
+                "models": b.models, "priority": b.priority} for b in client.list_batches(limit)]
+    if as_json:
+        click.echo(json.dumps({"queues": queues, "workers": workers, "batches": batches}, indent=2))
+        return
+    click.echo("QUEUES")
+    if not queues:
+        click.echo("  (none)")
+    for q in queues:
+        click.echo(f"  {q['name']:<40} queued {q['queued']:>6}  started {q['started']:>3}  failed {q['failed']:>5}")
+    click.echo("WORKERS")
+    if not workers:
+        click.echo("  (none)")
+    for w in workers:
+        click.echo(f"  {w['name']:<40} {w['state']:<8} model {w['model'] or '?':<16} "
+                   f"job {w['current_job'] or '-'}  ok {w['successful']} failed {w['failed']}")
+    click.echo("BATCHES")
+    if not batches:
+        click.echo("  (none)")
+    for b in batches:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(b["created"]))
+        click.echo(f"  {b['batch_id']}  {when}  {b['done']}/{b['jobs']} done, {b['failed']} failed, "
+                   f"{b['pending']} pending ({b['requests']} requests, {b['cached']} reused) "
+                   f"{','.join(b['models'])} [{b['priority']}]")
+
+
+COMMANDS: list[click.Command] = [submit_command, worker_command, collect_command, watch_command, status_command]

@@ -1,0 +1,210 @@
+"""OpenAI Batch files: input lines -> GenerationJob, JobResult -> output lines.
+
+Input line: {"custom_id": "...", "method": "POST", "url": "/v1/chat/completions" | "/v1/completions",
+             "body": {"model": ..., "messages": [...] | "prompt": ..., "max_tokens": ..., "temperature": ...,
+                      "top_p": ..., "seed": ..., "stop": ...}}
+Output line: {"id": "batch_req_...", "custom_id": ..., "response": {"status_code": 200, "request_id": ...,
+              "body": <chat.completion | text_completion>} | null, "error": {"code", "message"} | null}
+Output order is completion order; custom_id is the key.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from jobs.schemas import ENDPOINT_CHAT, ENDPOINT_COMPLETIONS, GenerationJob, InvalidJob, JobResult, validate_job
+
+DEFAULT_MODEL = "smollm2-135m"
+
+# body fields mapped onto SamplingParams (top_k/min_p/repetition_penalty as vLLM accepts them)
+_PARAM_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "seed")
+# accepted only with a value that changes nothing
+_NEUTRAL = {
+    "n": (1,),
+    "stream": (False,),
+    "logprobs": (False, None),
+    "echo": (False,),
+    "presence_penalty": (0, 0.0),
+    "frequency_penalty": (0, 0.0),
+    "best_of": (1,),
+}
+_IGNORED = {"user", "metadata", "store", "service_tier"}
+
+
+@dataclass
+class LineError:
+    lineno: int
+    custom_id: str | None
+    message: str
+
+    def __str__(self) -> str:
+        cid = f" ({self.custom_id})" if self.custom_id else ""
+        return f"line {self.lineno}{cid}: {self.message}"
+
+
+def request_to_job(obj: Any, *, model: str | None = None, default_model: str = DEFAULT_MODEL) -> GenerationJob:
+    """One parsed input line -> a validated GenerationJob (InvalidJob names what is wrong).
+
+    `model` overrides body.model; otherwise body.model, else `default_model`.
+    """
+    if not isinstance(obj, dict):
+        raise InvalidJob("a line must be a JSON object")
+    unknown = set(obj) - {"custom_id", "method", "url", "body"}
+    if unknown:
+        raise InvalidJob(f"unknown top-level field(s): {', '.join(sorted(unknown))}")
+    custom_id = obj.get("custom_id")
+    if not isinstance(custom_id, str) or not custom_id:
+        raise InvalidJob("custom_id must be a non-empty string")
+    method = obj.get("method", "POST")
+    if method != "POST":
+        raise InvalidJob(f"method must be POST, not {method!r}")
+    url = obj.get("url")
+    if url not in (ENDPOINT_CHAT, ENDPOINT_COMPLETIONS):
+        raise InvalidJob(f"url must be {ENDPOINT_CHAT} or {ENDPOINT_COMPLETIONS}, not {url!r}")
+    body = obj.get("body")
+    if not isinstance(body, dict):
+        raise InvalidJob("body must be a JSON object")
+
+    params: dict[str, Any] = {}
+    bad: list[str] = []
+    for k, v in body.items():
+        if k in ("model", "messages", "prompt"):
+            continue
+        if k in ("max_tokens", "max_completion_tokens"):
+            if v is not None:
+                params["max_tokens"] = v
+        elif k in _PARAM_FIELDS:
+            if v is not None:
+                params[k] = v
+        elif k == "stop":
+            if v is not None:
+                params["stop"] = [v] if isinstance(v, str) else v
+        elif k in _NEUTRAL:
+            if v not in _NEUTRAL[k]:
+                bad.append(f"{k}={v!r}")
+        elif k not in _IGNORED:
+            bad.append(k)
+    if bad:
+        raise InvalidJob(f"unsupported body field(s): {', '.join(bad)}")
+
+    job: dict[str, Any] = {
+        "model": model or body.get("model") or default_model,
+        "custom_id": custom_id,
+        "params": params,
+    }
+    if url == ENDPOINT_CHAT:
+        if "prompt" in body:
+            raise InvalidJob(f"{ENDPOINT_CHAT} takes `messages`, not `prompt`")
+        if "messages" not in body:
+            raise InvalidJob(f"{ENDPOINT_CHAT} needs `messages`")
+        job["messages"] = body["messages"]
+    else:
+        if "messages" in body:
+            raise InvalidJob(f"{ENDPOINT_COMPLETIONS} takes `prompt`, not `messages`")
+        prompt = body.get("prompt")
+        if isinstance(prompt, list):
+            if len(prompt) != 1 or not isinstance(prompt[0], str):
+                raise InvalidJob("prompt must be a string (or a list of exactly one string)")
+            prompt = prompt[0]
+        if prompt is None:
+            raise InvalidJob(f"{ENDPOINT_COMPLETIONS} needs `prompt`")
+        job["prompt"] = prompt
+    return validate_job(job)
+
+
+def parse_lines(lines: Iterable[str], *, model: str | None = None,
+                default_model: str = DEFAULT_MODEL) -> tuple[list[GenerationJob], list[LineError]]:
+    """Parse an input file's lines; bad lines are reported with their number, the others kept."""
+    jobs: list[GenerationJob] = []
+    errors: list[LineError] = []
+    seen: dict[str, int] = {}
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        cid = None
+        try:
+            obj = json.loads(line)
+            cid = obj.get("custom_id") if isinstance(obj, dict) else None
+            job = request_to_job(obj, model=model, default_model=default_model)
+        except json.JSONDecodeError as e:
+            errors.append(LineError(lineno, None, f"invalid JSON: {e}"))
+            continue
+        except (InvalidJob, ValidationError) as e:
+            errors.append(LineError(lineno, cid if isinstance(cid, str) else None, str(e)))
+            continue
+        if job.custom_id in seen:
+            errors.append(LineError(lineno, job.custom_id, f"custom_id already used on line {seen[job.custom_id]}"))
+            continue
+        seen[job.custom_id] = lineno
+        jobs.append(job)
+    return jobs, errors
+
+
+def read_batch_file(path: str | Path, *, model: str | None = None,
+                    default_model: str = DEFAULT_MODEL) -> tuple[list[GenerationJob], list[LineError]]:
+    with open(path, encoding="utf-8") as f:
+        return parse_lines(f, model=model, default_model=default_model)
+
+
+def _usage(r: JobResult) -> dict[str, int]:
+    return {"prompt_tokens": r.prompt_tokens, "completion_tokens": r.completion_tokens,
+            "total_tokens": r.prompt_tokens + r.completion_tokens}
+
+
+def response_body(result: JobResult) -> dict[str, Any]:
+    """The chat.completion / text_completion object for a done result."""
+    created = int(result.ended_at)
+    extra = {"job_id": result.job_id, "worker": result.worker, "attempt": result.attempt,
+             "prefill_seconds": result.prefill_seconds, "decode_seconds": result.decode_seconds,
+             "prefix_hit_tokens": result.prefix_hit_tokens}
+    if result.endpoint == ENDPOINT_CHAT:
+        return {
+            "id": f"chatcmpl-{result.job_id}",
+            "object": "chat.completion",
+            "created": created,
+            "model": result.model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": result.text},
+                         "logprobs": None, "finish_reason": result.finish_reason}],
+            "usage": _usage(result),
+            "rqllm": extra,
+        }
+    return {
+        "id": f"cmpl-{result.job_id}",
+        "object": "text_completion",
+        "created": created,
+        "model": result.model,
+        "choices": [{"index": 0, "text": result.text, "logprobs": None, "finish_reason": result.finish_reason}],
+        "usage": _usage(result),
+        "rqllm": extra,
+    }
+
+
+def output_line(batch_id: str, custom_id: str, result: JobResult | None, job_id: str | None = None) -> dict[str, Any]:
+    """One OpenAI Batch output line (a dict; json.dumps it)."""
+    rid = "batch_req_" + hashlib.sha256(f"{batch_id}\0{custom_id}".encode()).hexdigest()[:24]
+    if result is None:
+        return {"id": rid, "custom_id": custom_id, "response": None,
+                "error": {"code": "missing_result", "message": f"no result recorded for job {job_id}"}}
+    if result.status == "done":
+        return {"id": rid, "custom_id": custom_id,
+                "response": {"status_code": 200, "request_id": result.job_id, "body": response_body(result)},
+                "error": None}
+    err = result.error.model_dump() if result.error else {"code": "failed", "message": "failed"}
+    return {"id": rid, "custom_id": custom_id, "response": None, "error": err}
+
+
+def dump_line(obj: dict[str, Any]) -> str:
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+
+
+def iter_output(path: str | Path) -> Iterator[dict[str, Any]]:
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                yield json.loads(line)

@@ -1,0 +1,205 @@
+"""Collector: follow a batch until every job has ended, writing OpenAI Batch output lines as they end.
+
+Resume: the output file is the checkpoint. On start the collector reads the custom_ids already in it
+(a torn last line from a crash is cut off), writes every already-ended job it has not written (from
+the stored results, so nothing depends on the events stream still holding old entries), then follows
+the batch's events stream. Each line is written whole and flushed, so a restart never writes a
+custom_id twice and never misses one.
+
+A job that can no longer end by itself (its rq job deleted, canceled, failed outside a worker) is
+found by a periodic reconciliation and recorded failed, so the collector cannot wait forever.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from jobs.schemas import JobResult
+from pipeline.batch_file import dump_line, output_line
+from pipeline.client import Client
+
+
+@dataclass
+class CollectSummary:
+    batch_id: str
+    requests: int
+    written: int  # lines written by this run
+    already: int  # lines found in the output file from an earlier run
+    done: int
+    failed: int
+    generated_tokens: int
+    seconds: float
+    skipped_events: int = 0
+
+    @property
+    def complete(self) -> bool:
+        return self.written + self.already >= self.requests
+
+
+def read_written(path: Path) -> set[str]:
+    """custom_ids already in an output file; a torn trailing line is truncated away."""
+    if not path.exists():
+        return set()
+    done: set[str] = set()
+    good_end = 0
+    with open(path, "rb") as f:
+        data = f.read()
+    pos = 0
+    while pos < len(data):
+        nl = data.find(b"\n", pos)
+        if nl == -1:
+            break  # no newline: torn write
+        line = data[pos:nl]
+        if line.strip():
+            try:
+                obj = json.loads(line)
+                cid = obj.get("custom_id")
+            except ValueError:
+                break  # garbage: treat the rest as torn
+            if isinstance(cid, str):
+                done.add(cid)
+        pos = nl + 1
+        good_end = pos
+    if good_end < len(data):
+        with open(path, "r+b") as f:
+            f.truncate(good_end)
+    return done
+
+
+class _Progress:
+    def __init__(self, total: int, initial: int, enabled: bool, desc: str):
+        self.bar = None
+        if enabled:
+            try:
+                from tqdm import tqdm
+
+                self.bar = tqdm(total=total, initial=initial, desc=desc, unit="req", file=sys.stderr,
+                                dynamic_ncols=True, smoothing=0.1)
+            except ImportError:
+                self.bar = None
+
+    def update(self, n: int, done: int, failed: int, total: int, tps: float) -> None:
+        if self.bar is not None:
+            self.bar.set_postfix_str(f"done={done} failed={failed} total={total} {tps:.1f} tok/s", refresh=False)
+            self.bar.update(n)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+@dataclass
+class Collector:
+    client: Client
+    batch_id: str
+    output: str | Path  # "-" for stdout (no resume)
+    progress: bool = True
+    block_ms: int = 1000
+    reconcile_after: float = 10.0
+    health: Callable[[], None] | None = None
+    on_line: Callable[[dict[str, Any]], None] | None = None
+    _job_cids: dict[str, list[str]] = field(default_factory=dict, init=False)
+
+    def run(self, timeout: float | None = None) -> CollectSummary:
+        t0 = time.monotonic()
+        status = self.client.batch_status(self.batch_id)
+        entries = self.client.batch_entries(self.batch_id)
+        for cid, jid in entries:
+            self._job_cids.setdefault(jid, []).append(cid)
+        to_stdout = str(self.output) == "-"
+        written_cids = set() if to_stdout else read_written(Path(self.output))
+        written_cids &= {cid for cid, _ in entries}
+        already = len(written_cids)
+        pending: dict[str, list[str]] = {}
+        ended: set[str] = set()
+        for jid, cids in self._job_cids.items():
+            rest = [c for c in cids if c not in written_cids]
+            if rest:
+                pending[jid] = rest
+            else:
+                ended.add(jid)
+
+        out: IO[str]
+        out = sys.stdout if to_stdout else open(self.output, "a", encoding="utf-8")
+        counts = {"done": 0, "failed": 0, "tokens": 0, "written": 0}
+        bar = _Progress(len(entries), already, self.progress, self.batch_id)
+        last_fsync = time.monotonic()
+        gen_since = status.created
+
+        def write(jid: str, result: JobResult | None) -> None:
+            nonlocal last_fsync
+            cids = pending.pop(jid, None)
+            if not cids:
+                return
+            ended.add(jid)
+            for cid in cids:
+                line = output_line(self.batch_id, cid, result, job_id=jid)
+                out.write(dump_line(line) + "\n")
+                if self.on_line is not None:
+                    self.on_line(line)
+            out.flush()
+            ok = result is not None and result.status == "done"
+            counts["done" if ok else "failed"] += len(cids)
+            counts["written"] += len(cids)
+            if ok and result.ended_at >= gen_since:
+                counts["tokens"] += result.completion_tokens
+            if not to_stdout and time.monotonic() - last_fsync > 1.0:
+                os.fsync(out.fileno())
+                last_fsync = time.monotonic()
+            elapsed = max(1e-6, time.time() - gen_since)
+            bar.update(len(cids), counts["done"], counts["failed"], len(entries), counts["tokens"] / elapsed)
+
+        def sweep(ids: list[str]) -> None:
+            found = self.client.results_for(ids)
+            for jid in ids:
+                if jid in found:
+                    write(jid, found[jid])
+
+        try:
+            sweep(list(pending))
+            last_id = "0"
+            last_progress = time.monotonic()
+            skipped = 0
+            while pending:
+                if timeout is not None and time.monotonic() - t0 > timeout:
+                    raise TimeoutError(f"batch {self.batch_id}: {len(pending)} job(s) still pending after {timeout} s")
+                events = self.client.events(self.batch_id, last_id, block_ms=self.block_ms)
+                if events:
+                    last_id = events[-1].id
+                    ids = [str(e.data["job"]) for e in events if "job" in e.data and str(e.data["job"]) in pending]
+                    skipped += len(events) - len(ids)
+                    if ids:
+                        found = self.client.results_for(ids)
+                        for jid in ids:
+                            # The result is stored atomically with the event; missing = expired meanwhile.
+                            write(jid, found.get(jid))
+                        last_progress = time.monotonic()
+                    continue
+                if self.health is not None:
+                    self.health()
+                if time.monotonic() - last_progress >= self.reconcile_after:
+                    if self.client.reconcile(self.batch_id, list(pending), grace=1.0) == 0:
+                        sweep(list(pending))  # covers an events stream that expired or was trimmed
+                    last_progress = time.monotonic()
+        finally:
+            bar.close()
+            if not to_stdout:
+                out.flush()
+                os.fsync(out.fileno())
+                out.close()
+        return CollectSummary(
+            batch_id=self.batch_id, requests=len(entries), written=counts["written"], already=already,
+            done=counts["done"], failed=counts["failed"], generated_tokens=counts["tokens"],
+            seconds=time.monotonic() - t0, skipped_events=skipped,
+        )
+
+
+def collect(client: Client, batch_id: str, output: str | Path, **kwargs: Any) -> CollectSummary:
+    timeout = kwargs.pop("timeout", None)
+    return Collector(client, batch_id, output, **kwargs).run(timeout=timeout)

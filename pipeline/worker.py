@@ -1,0 +1,328 @@
+"""The rqllm worker: one process, one engine loaded once, jobs run one at a time in-process.
+
+Why not rq's Worker: it forks a work-horse per job, so the engine would be reloaded (or shared
+copy-on-write after OpenMP threads started, which can deadlock: rq #1609). rq's SimpleWorker keeps the
+engine but (a) sends no heartbeat during a job, so a long job looks dead or a dead worker's job is
+noticed only after timeout + 60 s, and (b) enforces job timeouts with SIGALRM, which raises anywhere,
+e.g. in the middle of a Redis reply. LLMWorker is a SimpleWorker with:
+
+* a heartbeat thread during each job: extends the worker key, the execution, the started-registry
+  entry and the job's last_heartbeat every `heartbeat_interval` s with a short TTL (interval + 60 s),
+  so a SIGKILLed worker's job is found abandoned by the next maintenance pass (every 60 s) and is
+  retried or recorded failed;
+* cooperative timeouts: no SIGALRM; the engine's should_stop() checks the job's deadline between tokens;
+* a loss-free priority dequeue (below);
+* an allowlist check before running anything (jobs.allowlist);
+* signals that only set flags: the first SIGTERM/SIGINT finishes the current job then exits; a second
+  one (>= 1 s later) makes should_stop() true, the job is put back at the front of its queue, and the
+  worker exits. Nothing is raised from a signal handler, so no Redis call is cut in half.
+
+Dequeue: rq's Queue.dequeue_any uses BLMOVE (atomic, into the queue's intermediate list) only for a
+single queue; for several queues (our high/default/low) it uses BLPOP, and a worker dying between
+the pop and registering the job loses it (rq #1716). LLMWorker never BLPOPs a queue: it tries a
+non-blocking LMOVE on each queue in priority order (each job id lands atomically in that queue's
+intermediate list, which rq's maintenance recovers if we die), and when all are empty it blocks on a
+per-model "doorbell" list that producers push to (BLPOP of a doorbell token loses nothing but a
+wake-up; the wait is capped at 1 s so jobs requeued by rq itself are also seen).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from typing import Any
+
+import click
+import redis.exceptions
+from rq import SimpleWorker
+from rq.exceptions import NoSuchJobError, StopRequested
+from rq.job import Job, JobStatus
+from rq.timeouts import BaseDeathPenalty
+from rq.utils import as_text, now
+from rq.worker.base import WorkerStatus
+
+from jobs import keys, runtime
+from jobs.allowlist import check_job
+from jobs.runtime import JobInterrupted
+from jobs.schemas import model_key, queue_names
+from jobs.tasks import record_rq_failure
+from pipeline.redis_conn import SERIALIZER, connect
+
+log = logging.getLogger("rqllm.worker")
+
+DEFAULT_HEARTBEAT_INTERVAL = 10
+DEFAULT_MAINTENANCE_INTERVAL = 60
+DOORBELL_WAIT = 1
+
+
+class NoDeathPenalty(BaseDeathPenalty):
+    """Timeouts are enforced cooperatively (jobs.runtime checks the deadline between tokens)."""
+
+    def setup_death_penalty(self) -> None:
+        pass
+
+    def cancel_death_penalty(self) -> None:
+        pass
+
+
+def _say(msg: str) -> None:
+    # Used from signal handlers: a plain write, no locks.
+    try:
+        os.write(2, (msg + "\n").encode())
+    except OSError:
+        pass
+
+
+class _Heartbeat(threading.Thread):
+    def __init__(self, worker: LLMWorker, job: Job, execution: Any, interval: float):
+        super().__init__(name="rqllm-heartbeat", daemon=True)
+        self.worker, self.job, self.execution, self.interval = worker, job, execution, interval
+        self._halt = threading.Event()
+        self.beats = 0
+
+    def run(self) -> None:
+        while not self._halt.wait(self.interval):
+            try:
+                self.worker.maintain_heartbeats(self.job, self.execution)
+                self.beats += 1
+            except Exception:  # noqa: BLE001 - a missed beat is retried next interval
+                log.warning("heartbeat for job %s failed", self.job.id, exc_info=True)
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join(timeout=5)
+
+
+class LLMWorker(SimpleWorker):
+    death_penalty_class = NoDeathPenalty
+
+    def __init__(self, queues: Any, *, model: str, heartbeat_interval: int = DEFAULT_HEARTBEAT_INTERVAL,
+                 maintenance_interval: int = DEFAULT_MAINTENANCE_INTERVAL, **kwargs: Any):
+        kwargs.setdefault("serializer", SERIALIZER)
+        super().__init__(queues, job_monitoring_interval=heartbeat_interval,
+                         maintenance_interval=maintenance_interval, **kwargs)
+        self.model = model
+        self.model_key = model_key(model)
+        self.doorbell = keys.doorbell_key(self.model_key)
+        self.heartbeat_interval = heartbeat_interval
+        self._force_stop = False
+        self._current_job_id: str | None = None
+        self._last_idle_beat = 0.0
+
+    # ------------------------------------------------------------ identity
+    def serialize(self) -> dict:
+        data = super().serialize()
+        data["rqllm_model"] = self.model
+        return data
+
+    # ------------------------------------------------------------ signals
+    def _install_signal_handlers(self) -> None:
+        signal.signal(signal.SIGINT, self._on_signal)
+        signal.signal(signal.SIGTERM, self._on_signal)
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        if not self._stop_requested:
+            self._stop_requested = True
+            self._shutdown_requested_date = now()
+            _say(f"rqllm worker {self.name}: {signal.Signals(signum).name}: finishing the current job, then "
+                 "exiting (signal again to stop now and requeue the job)")
+            return
+        if self._shutdown_requested_date and (now() - self._shutdown_requested_date).total_seconds() < 1:
+            return  # the same signal delivered twice (process group + direct)
+        if not self._force_stop:
+            self._force_stop = True
+            _say(f"rqllm worker {self.name}: stopping now; the current job goes back to its queue")
+
+    def should_stop_generating(self) -> bool:
+        return self._force_stop or (self._stopped_job_id is not None and self._stopped_job_id == self._current_job_id)
+
+    # ------------------------------------------------------------ dequeue
+    def _pop_any(self) -> tuple[Job, Any] | None:
+        for queue in self._ordered_queues:
+            raw = self.connection.lmove(queue.key, queue.intermediate_queue_key, "LEFT", "RIGHT")
+            if raw is None:
+                continue
+            job_id = as_text(raw)
+            try:
+                job = self.job_class.fetch(job_id, connection=self.connection, serializer=self.serializer)
+            except NoSuchJobError:
+                self.connection.lrem(queue.intermediate_queue_key, 1, job_id)
+                continue
+            return job, queue
+        return None
+
+    def dequeue_job_and_maintain_ttl(self, timeout: int | None, max_idle_time: int | None = None):
+        qnames = ",".join(self.queue_names())
+        self.set_state(WorkerStatus.IDLE)
+        self.procline("Listening on " + qnames)
+        idle_since = time.monotonic()
+        backoff = 1.0
+        while True:
+            if self._stop_requested:
+                raise StopRequested()
+            try:
+                if time.monotonic() - self._last_idle_beat >= min(5, self.heartbeat_interval):
+                    self.heartbeat()
+                    self._last_idle_beat = time.monotonic()
+                if self.should_run_maintenance_tasks:
+                    self.run_maintenance_tasks()
+                result = self._pop_any()
+                if result is not None:
+                    job, queue = result
+                    job.redis_server_version = self.get_redis_server_version()
+                    self.log.info("Worker %s: %s: %s", self.name, queue.name, job.id)
+                    self.heartbeat()
+                    return result
+                if timeout is None:
+                    return None  # burst: all queues empty
+                if max_idle_time is not None and time.monotonic() - idle_since >= max_idle_time:
+                    return None
+                self.connection.blpop([self.doorbell], timeout=DOORBELL_WAIT)
+                backoff = 1.0
+            except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as e:
+                self.log.error("Worker %s: Redis unreachable (%s), retrying in %.0f s", self.name, e, backoff)
+                time.sleep(backoff)
+                backoff = min(backoff * 2, self.max_connection_wait_time)
+
+    # ------------------------------------------------------------ execution
+    def get_heartbeat_ttl(self, job: Job, working_time: float = 0.0) -> int:
+        # SimpleWorker's is timeout + 60 s (it never beats during a job); we beat, so keep it short.
+        return int(max(1, min(job.timeout - working_time if job.timeout and job.timeout > 0 else 1e9,
+                              self.heartbeat_interval))) + 60
+
+    def prepare_job_execution(self, job: Job, remove_from_intermediate_queue: bool = False) -> None:
+        # rq removes the id from the intermediate list only with a single queue; we always LMOVE into it.
+        super().prepare_job_execution(job, remove_from_intermediate_queue=True)
+
+    def execute_job(self, job: Job, queue: Any) -> None:
+        reason = check_job(job)
+        if reason is not None:
+            self._refuse(job, queue, reason)
+            self.set_state(WorkerStatus.IDLE)
+            return
+        execution = self.prepare_execution(job)
+        self._current_job_id = job.id
+        beat = _Heartbeat(self, job, execution, self.heartbeat_interval)
+        beat.start()
+        try:
+            self.perform_job(job, queue, execution)
+        finally:
+            beat.stop()
+            self._current_job_id = None
+        self.set_state(WorkerStatus.IDLE)
+
+    def _refuse(self, job: Job, queue: Any, reason: str) -> None:
+        self.log.error("Worker %s: refusing job %s: %s", self.name, job.id, reason)
+        # Never run anything the job names: no callbacks, no webhooks, no retry.
+        job._success_callback_name = job._failure_callback_name = job._stopped_callback_name = None
+        job._success_callback = job._failure_callback = job._stopped_callback = None
+        job.webhooks = []
+        job.retries_left = 0
+        execution = self.prepare_execution(job)
+        self.connection.lrem(queue.intermediate_queue_key, 1, job.id)
+        job.ended_at = now()
+        self.handle_job_failure(job, queue, exc_string=f"RefusedJob: {reason}", execution=execution)
+
+    def _finalize_failure(self, job: Job, queue: Any, execution: Any, exc_info: Any) -> None:
+        exc_type = exc_info[0]
+        if exc_type is not None and issubclass(exc_type, JobInterrupted) and self._stopped_job_id != job.id:
+            self._requeue(job, queue, execution)
+            return
+        super()._finalize_failure(job, queue, execution, exc_info)
+
+    def _requeue(self, job: Job, queue: Any, execution: Any) -> None:
+        """Put an interrupted job back at the front of its queue, as if it had never started."""
+        with self.connection.pipeline() as p:
+            self.cleanup_execution(job, pipeline=p, execution=execution)
+            job.set_status(JobStatus.QUEUED, pipeline=p)
+            p.hset(job.key, mapping={"started_at": "", "worker_name": ""})
+            p.lrem(queue.intermediate_queue_key, 0, job.id)
+            queue.push_job_id(job.id, pipeline=p, at_front=True)
+            p.execute()
+        self._stop_requested = True
+        self.log.warning("Worker %s: job %s interrupted and requeued", self.name, job.id)
+
+    def handle_job_failure(self, job: Job, queue: Any, started_job_registry: Any = None, exc_string: str = "",
+                           execution: Any = None) -> None:
+        super().handle_job_failure(job, queue, started_job_registry=started_job_registry, exc_string=exc_string,
+                                   execution=execution)
+        status = job.get_status(refresh=False)
+        if status in (JobStatus.FAILED, JobStatus.STOPPED):
+            # Failures rq decides on (stuck in the intermediate list, refused, stopped, errors outside the
+            # task's own handling) still reach the batches. No-op when the task recorded its outcome.
+            lines = [ln for ln in (exc_string or "").strip().splitlines() if ln.strip()]
+            why = lines[-1] if lines else "failed"
+            code = "stopped" if status == JobStatus.STOPPED else ("refused" if why.startswith("RefusedJob") else
+                                                                  "worker_error")
+            try:
+                record_rq_failure(self.connection, job, code, why)
+            except Exception:  # noqa: BLE001
+                self.log.exception("Worker %s: could not record the failure of job %s", self.name, job.id)
+
+
+def default_worker_name(model: str) -> str:
+    return f"{model_key(model)}.{socket.gethostname()}.{os.getpid()}"
+
+
+def load_engine(model: str, threads: int | None, kv_budget: str | None) -> Any:
+    from engine.engine import Engine
+
+    kw: dict[str, Any] = {"threads": threads}
+    if kv_budget:
+        kw["kv_budget"] = kv_budget
+    return Engine(model, **kw)
+
+
+def run_worker(model: str, *, redis_url: str | None = None, threads: int | None = None,
+               kv_budget: str | None = None, burst: bool = False, name: str | None = None,
+               max_jobs: int | None = None, heartbeat_interval: int = DEFAULT_HEARTBEAT_INTERVAL,
+               maintenance_interval: int = DEFAULT_MAINTENANCE_INTERVAL, engine: Any = None,
+               logging_level: str = "INFO", flush_interval: float = 0.05) -> bool:
+    """Load the engine once, then work the model's high/default/low queues. Returns whether any job ran."""
+    connection = connect(redis_url)
+    connection.ping()
+    name = name or default_worker_name(model)
+    t0 = time.monotonic()
+    if engine is None:
+        engine = load_engine(model, threads, kv_budget)
+    logging.getLogger("rqllm").setLevel(logging_level)
+    worker = LLMWorker(queue_names(model), model=model, name=name, connection=connection,
+                       heartbeat_interval=heartbeat_interval, maintenance_interval=maintenance_interval)
+    runtime.set_context(runtime.WorkerContext(
+        engine=engine, connection=connection, worker_name=worker.name,
+        force_stop=worker.should_stop_generating, flush_interval=flush_interval,
+    ))
+    worker.log.info("Worker %s: model %s loaded in %.1f s; queues %s", worker.name, model,
+                    time.monotonic() - t0, ", ".join(worker.queue_names()))
+    try:
+        return worker.work(burst=burst, max_jobs=max_jobs, logging_level=logging_level)
+    finally:
+        runtime.set_context(None)
+
+
+@click.command("worker")
+@click.option("--model", "-m", required=True, help="Model name (smollm2-135m, gemma3-270m) or .gguf path.")
+@click.option("--threads", type=int, default=None, help="Engine threads (default: the engine's choice).")
+@click.option("--kv-budget", default=None, help="KV cache budget, e.g. 256MiB.")
+@click.option("--burst", is_flag=True, help="Exit when the queues are empty.")
+@click.option("--name", default=None, help="Worker name (default <model>.<host>.<pid>).")
+@click.option("--redis-url", envvar="REDIS_URL", default=None, help="Redis URL (default $REDIS_URL).")
+@click.option("--max-jobs", type=int, default=None, help="Exit after this many jobs.")
+@click.option("--heartbeat-interval", type=int, default=DEFAULT_HEARTBEAT_INTERVAL, show_default=True)
+@click.option("--maintenance-interval", type=int, default=DEFAULT_MAINTENANCE_INTERVAL, show_default=True)
+@click.option("--log-level", default="INFO", show_default=True)
+def worker_command(model: str, threads: int | None, kv_budget: str | None, burst: bool, name: str | None,
+                   redis_url: str | None, max_jobs: int | None, heartbeat_interval: int,
+                   maintenance_interval: int, log_level: str) -> None:
+    """Run one worker process for MODEL: load the engine once, generate queued jobs one at a time."""
+    run_worker(model, redis_url=redis_url, threads=threads, kv_budget=kv_budget, burst=burst, name=name,
+               max_jobs=max_jobs, heartbeat_interval=heartbeat_interval,
+               maintenance_interval=maintenance_interval, logging_level=log_level.upper())
+
+
+if __name__ == "__main__":
+    sys.exit(worker_command(prog_name="rqllm worker"))
