@@ -1,6 +1,67 @@
 """CLI command for bulk summarisation: summarize."""
 from __future__ import annotations
 
+import sys
+
 import click
 
-COMMANDS: list[click.Command] = []
+from pipeline.summarize import (
+    DEFAULT_MAX_BYTES,
+    DEFAULT_MAX_SUMMARY_TOKENS,
+    DEFAULT_MODEL,
+    DEFAULT_OVERLAP_TOKENS,
+    SummarizeError,
+)
+
+
+@click.command("summarize")
+@click.argument("paths", nargs=-1, required=True)
+@click.option("-o", "--output", type=click.Path(dir_okay=False, allow_dash=True), default="-", show_default=True,
+              help="Where to write the summaries ('-' = stdout).")
+@click.option("--format", "fmt", type=click.Choice(["jsonl", "md"]), default="jsonl", show_default=True,
+              help="jsonl: one line per document as it finishes; md: a Markdown report at the end.")
+@click.option("--model", "-m", default=DEFAULT_MODEL, show_default=True, help="Model name or .gguf path.")
+@click.option("--workers", "-w", type=click.IntRange(1, 64), default=1, show_default=True,
+              help="Worker processes to start when running embedded (no REDIS_URL).")
+@click.option("--threads", type=click.IntRange(1, 1024), default=None,
+              help="Engine threads per embedded worker (default: cores / workers).")
+@click.option("--template", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="Prompt template file (TOML or JSON) with [map] and/or [reduce] keys to override.")
+@click.option("--kv-budget", default=None,
+              help="Workers' KV cache budget: bytes as for `rqllm worker --kv-budget` (256MiB), or tokens "
+                   "(1024tok). Chunks are sized to fit it. Default: the worker default, 256MiB.")
+@click.option("--max-summary-tokens", type=click.IntRange(8, 4096), default=DEFAULT_MAX_SUMMARY_TOKENS,
+              show_default=True, help="Longest summary (per chunk and per document), in tokens.")
+@click.option("--overlap-tokens", type=click.IntRange(0, 512), default=DEFAULT_OVERLAP_TOKENS, show_default=True,
+              help="Tokens of context repeated from the end of one chunk at the start of the next.")
+@click.option("--max-bytes", type=click.IntRange(1), default=DEFAULT_MAX_BYTES, show_default=True,
+              help="Skip files larger than this.")
+@click.option("--redis-url", envvar="REDIS_URL", default=None,
+              help="Submit to this Redis and follow (default $REDIS_URL); unset = embedded cluster.")
+def summarize_command(paths: tuple[str, ...], output: str, fmt: str, model: str, workers: int, threads: int | None,
+                      template: str | None, kv_budget: str | None, max_summary_tokens: int, overlap_tokens: int,
+                      max_bytes: int, redis_url: str | None) -> None:
+    """Summarise text and Markdown files: PATHS are files, folders (recursive) or globs.
+
+    Each document is split into chunks that fit the workers' KV budget, each chunk is summarised
+    by one job (map), and a job that depends on all of them combines the partial summaries
+    (reduce, in levels if needed). Skipped files are listed on stderr with the reason; progress
+    is shown on stderr.
+    """
+    from pipeline.summarize import summarize
+
+    stream = sys.stdout if output == "-" else open(output, "w", encoding="utf-8")  # noqa: SIM115
+    try:
+        report = summarize(list(paths), output=stream, fmt=fmt, model=model, workers=workers, threads=threads,
+                           template=template, kv_budget=kv_budget, max_summary_tokens=max_summary_tokens,
+                           overlap_tokens=overlap_tokens, max_bytes=max_bytes, redis_url=redis_url or None)
+    except SummarizeError as e:
+        raise click.ClickException(str(e)) from None
+    finally:
+        if stream is not sys.stdout:
+            stream.close()
+    if report.documents == 0 or report.failed:
+        raise SystemExit(1)
+
+
+COMMANDS: list[click.Command] = [summarize_command]

@@ -1,0 +1,153 @@
+"""rq task functions for `rqllm summarize`: map (one chunk) and reduce (combine partial summaries).
+
+Both run inside an rqllm worker (jobs.runtime.get_context() gives the engine) and go through
+jobs.runtime.run_generation, so they stream tokens and record a JobResult like any other job.
+
+* summarize_chunk(job, options): `job` is a GenerationJob payload whose messages are the map
+  prompt around one chunk (built and token-counted by the producer, pipeline.summarize).
+* reduce_summaries(spec, inputs, options): `inputs` are the rq job ids of the summaries to combine,
+  in document order (map jobs or lower-level reduce jobs). The reduce job is enqueued with
+  `depends_on=inputs`, so rq starts it only when all of them finished; it reads their return values
+  at run time, fills the reduce template and generates.
+
+Each returns a plain JSON dict (rq's JSONSerializer stores it as the job's return value):
+    {"summary", "finish_reason", "prompt_tokens", "completion_tokens", "seconds",
+     "prefix_hit_tokens", "inputs", "generation_id", "worker"}
+"""
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from rq import get_current_job
+from rq.job import Job
+
+from jobs.runtime import TaskFailed, TaskOptions, get_context, run_generation
+from jobs.schemas import GenerationJob, JobResult
+
+__all__ = ["summarize_chunk", "reduce_summaries"]
+
+_LABEL = re.compile(
+    r"^\s*(?:\*\*)?(?:summary|here(?: is|'s) (?:a|the|my) (?:short |brief |concise )?summary[^:\n]*)(?:\*\*)?\s*:\s*",
+    re.I,
+)
+_SENTENCE_END = re.compile(r"[.!?\u2026][\"'\u201d\u2019)\]]*(?=\s|$)")
+
+
+def tidy_summary(text: str, finish_reason: str | None) -> str:
+    """Strip a leading "Summary:" label; when the model ran out of tokens mid-sentence, end the
+    summary at its last complete sentence (if that keeps at least a third of it)."""
+    out = _LABEL.sub("", text.strip(), count=1).strip()
+    if finish_reason == "length":
+        ends = [m.end() for m in _SENTENCE_END.finditer(out)]
+        if ends and ends[-1] >= len(out) // 3:
+            out = out[: ends[-1]]
+    return out.strip()
+
+
+def _attempt_and_timeout(rq_job: Any) -> tuple[int, float | None]:
+    attempt = 1 + int(getattr(rq_job, "number_of_retries", 0) or 0) if rq_job is not None else 1
+    timeout = float(rq_job.timeout) if rq_job is not None and rq_job.timeout and rq_job.timeout > 0 else None
+    return attempt, timeout
+
+
+def _run(gjob: GenerationJob, options: dict[str, Any] | None, inputs: int) -> dict[str, Any]:
+    rq_job = get_current_job()
+    opts = TaskOptions.model_validate(options or {})
+    attempt, timeout = _attempt_and_timeout(rq_job)
+
+    def retryable() -> bool:
+        return bool(rq_job is not None and rq_job.retries_left and rq_job.retries_left > 0)
+
+    try:
+        result: JobResult = run_generation(gjob, opts, attempt=attempt, timeout=timeout, retryable=retryable)
+    except TaskFailed:
+        if rq_job is not None:
+            rq_job.retries_left = 0  # recorded as final (e.g. a prompt the engine refuses)
+        raise
+    return {
+        "summary": tidy_summary(result.text, result.finish_reason),
+        "finish_reason": result.finish_reason,
+        "prompt_tokens": result.prompt_tokens,
+        "completion_tokens": result.completion_tokens,
+        "seconds": round(result.prefill_seconds + result.decode_seconds, 4),
+        "prefix_hit_tokens": result.prefix_hit_tokens,
+        "inputs": inputs,
+        "generation_id": result.job_id,
+        "worker": result.worker,
+    }
+
+
+def summarize_chunk(job: dict[str, Any], options: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Map: summarise one chunk. `job` is the GenerationJob payload (map prompt messages)."""
+    return _run(GenerationJob.model_validate(job), options, inputs=1)
+
+
+def reduce_messages(spec: dict[str, Any], summaries: list[str]) -> list[dict[str, str]]:
+    """The reduce prompt for `summaries` (in order), from the template strings in `spec`."""
+    parts = [
+        spec["part"].replace("{n}", str(i)).replace("{summary}", s.strip())
+        for i, s in enumerate(summaries, 1)
+    ]
+    words = str(spec["words"])
+    user = spec["user"].replace("{words}", words).replace("{text}", spec["separator"].join(parts))
+    messages = []
+    if spec.get("system"):
+        messages.append({"role": "system", "content": spec["system"].replace("{words}", words)})
+    messages.append({"role": "user", "content": user})
+    return messages
+
+
+def fit_summaries(spec: dict[str, Any], summaries: list[str], count_tokens, capacity: int,
+                  max_tokens: int, tokenizer) -> list[str]:
+    """Shorten the longest summaries (by tokens) until the reduce prompt + reply fits `capacity`.
+
+    The producer sizes reduce groups from the upper bound max_summary_tokens per input, so this
+    only matters if re-tokenising generated text comes out longer than it was generated.
+    """
+    summaries = list(summaries)
+    for _ in range(10 * len(summaries) + 10):
+        over = count_tokens(reduce_messages(spec, summaries)) + max_tokens - capacity
+        if over <= 0:
+            return summaries
+        ids = [tokenizer.encode(s) for s in summaries]
+        longest = max(range(len(ids)), key=lambda i: len(ids[i]))
+        keep = max(0, len(ids[longest]) - over - 1)
+        summaries[longest] = tokenizer.decode(ids[longest][:keep]).rstrip()
+        if keep == 0 and all(not s for s in summaries):
+            break
+    return summaries
+
+
+def reduce_summaries(spec: dict[str, Any], inputs: list[str], options: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Reduce: combine the summaries returned by the jobs `inputs` (rq ids, in document order).
+
+    spec: {"model", "system", "user", "part", "separator", "words", "params" (SamplingParams dict),
+           "metadata" (optional dict)}
+    """
+    rq_job = get_current_job()
+    ctx = get_context()
+    connection = rq_job.connection if rq_job is not None else ctx.connection
+    serializer = rq_job.serializer if rq_job is not None else None
+    summaries: list[str] = []
+    for job, job_id in zip(Job.fetch_many(inputs, connection=connection, serializer=serializer), inputs):
+        value = job.return_value() if job is not None else None
+        if not isinstance(value, dict) or "summary" not in value:
+            raise RuntimeError(f"input job {job_id} has no summary (missing, expired or not finished)")
+        if value["summary"].strip():
+            summaries.append(value["summary"])
+    if not summaries:
+        raise RuntimeError(f"all {len(inputs)} input summaries are empty")
+
+    params = dict(spec.get("params") or {})
+    engine = ctx.engine
+    capacity = getattr(engine, "kv_capacity", None)
+    if capacity:
+        def count(messages):
+            return len(engine.tokenizer.encode(engine.render_chat(messages)))
+
+        summaries = fit_summaries(spec, summaries, count, capacity, int(params.get("max_tokens", 256)),
+                                  engine.tokenizer)
+    gjob = GenerationJob(model=spec["model"], messages=reduce_messages(spec, summaries), params=params,
+                         metadata=dict(spec.get("metadata") or {}))
+    return _run(gjob, options, inputs=len(inputs))

@@ -1,0 +1,226 @@
+"""The summariser's pure parts: templates, input collection, budgets and reduce trees, output.
+
+The end-to-end run with the real model and a real Redis is tests/test_summarize.py.
+"""
+from __future__ import annotations
+
+import io
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from jobs.summarize_tasks import fit_summaries, reduce_messages, tidy_summary
+from pipeline.summarize import (
+    Budget,
+    Document,
+    Progress,
+    PromptMeter,
+    Skipped,
+    SummarizeError,
+    Templates,
+    collect_documents,
+    markdown_report,
+    plan_document,
+    reduce_fan_in,
+    reduce_tree,
+    words_for,
+)
+from tests.test_chunking import LONG_DOC, WordPieceTokenizer
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def fake_meter() -> PromptMeter:
+    tok = WordPieceTokenizer()
+
+    def render(messages):
+        return "".join(f"<|{m['role']}|>\n{m['content']}<|end|>\n" for m in messages) + "<|assistant|>\n"
+
+    return PromptMeter(tok, render)
+
+
+# --- templates --------------------------------------------------------------------------------
+
+def test_default_templates_put_instructions_before_the_chunk():
+    t = Templates.load()
+    a = t.map_messages("first chunk text", 50)
+    b = t.map_messages("a different chunk", 50)
+    assert [m["role"] for m in a] == ["system", "user"]
+    # Everything up to the chunk is identical: a cached prompt prefix is shared by all chunks.
+    assert a[0] == b[0]
+    ua, ub = a[1]["content"], b[1]["content"]
+    assert ua.endswith("first chunk text") and ub.endswith("a different chunk")
+    assert ua[: -len("first chunk text")] == ub[: -len("a different chunk")]
+    assert "50 words" in ua
+
+
+def test_template_override_and_validation(tmp_path):
+    f = tmp_path / "t.toml"
+    f.write_text('[map]\nuser = "TL;DR of this:\\n{text}"\n')
+    t = Templates.load(f)
+    assert t.map_user == "TL;DR of this:\n{text}"
+    assert t.reduce_user == Templates.load().reduce_user  # untouched keys keep the defaults
+    assert t.map_messages("x", 10)[-1]["content"] == "TL;DR of this:\nx"
+
+    j = tmp_path / "t.json"
+    j.write_text(json.dumps({"reduce": {"part": "- {summary}"}}))
+    assert Templates.load(j).part == "- {summary}"
+
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[map]\nuser = "no placeholder"\n')
+    with pytest.raises(SummarizeError, match=r"must contain \{text\}"):
+        Templates.load(bad)
+    bad.write_text('[map]\nusr = "typo {text}"\n')
+    with pytest.raises(SummarizeError, match="unknown key"):
+        Templates.load(bad)
+    bad.write_text("[map\n")
+    with pytest.raises(SummarizeError, match="not valid TOML"):
+        Templates.load(bad)
+
+
+def test_reduce_messages_number_the_parts():
+    spec = Templates.load().reduce_spec("m", 40)
+    msgs = reduce_messages(spec, ["Alpha happened.", "Beta followed."])
+    user = msgs[-1]["content"]
+    assert "Part 1: Alpha happened.\n\nPart 2: Beta followed." in user
+    assert "40 words" in user
+
+
+# --- inputs -----------------------------------------------------------------------------------
+
+def test_collect_documents_reports_every_skip(tmp_path):
+    (tmp_path / "a.md").write_text("# Title\n\nSome text.\n")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "b.txt").write_text("More text here.")
+    (tmp_path / "empty.txt").write_text("  \n\n")
+    (tmp_path / "image.png").write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" + bytes(range(256)))
+    (tmp_path / "latin1.txt").write_bytes("caf\xe9 cr\xe8me".encode("latin-1"))
+    (tmp_path / "big.txt").write_text("word " * 1000)
+    (tmp_path / ".hidden.md").write_text("not collected")
+    os.symlink(tmp_path / "nowhere", tmp_path / "dangling.md")
+    docs, skipped = collect_documents([str(tmp_path), str(tmp_path / "a.md"), str(tmp_path / "missing.md"),
+                                       str(tmp_path / "*.none")], max_bytes=2000)
+    assert sorted(Path(d.path).name for d in docs) == ["a.md", "b.txt"]  # a.md once, not twice
+    reasons = {Path(s.path).name: s.reason for s in skipped}
+    assert reasons["empty.txt"] == "empty"
+    assert reasons["image.png"].startswith("binary")
+    assert reasons["latin1.txt"].startswith("binary or not UTF-8")
+    assert reasons["big.txt"].startswith("too large")
+    assert reasons["dangling.md"].startswith("unreadable")
+    assert reasons["missing.md"] == "not found"
+    assert reasons["*.none"] == "no file matches this pattern"
+    assert ".hidden.md" not in reasons
+
+
+def test_collect_documents_globs_and_crlf(tmp_path):
+    (tmp_path / "x.md").write_bytes(b"line one\r\nline two\r\n")
+    (tmp_path / "y.txt").write_text("why")
+    docs, skipped = collect_documents([str(tmp_path / "*.md")])
+    assert [Path(d.path).name for d in docs] == ["x.md"] and not skipped
+    assert docs[0].text == "line one\nline two\n"
+
+
+# --- budgets and trees ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("n,fan_in,shape", [
+    (1, 4, []),
+    (2, 4, [[[0, 1]]]),
+    (4, 4, [[[0, 1, 2, 3]]]),
+    (5, 4, [[[0, 1, 2], [3, 4]], [[0, 1]]]),
+    (9, 3, [[[0, 1, 2], [3, 4, 5], [6, 7, 8]], [[0, 1, 2]]]),
+    (10, 3, [[[0, 1, 2], [3, 4, 5], [6, 7], [8, 9]], [[0, 1], [2, 3]], [[0, 1]]]),
+])
+def test_reduce_tree(n, fan_in, shape):
+    levels = reduce_tree(n, fan_in)
+    assert levels == shape
+    width = n
+    for groups in levels:
+        assert [i for g in groups for i in g] == list(range(width))  # every input once, in order
+        assert all(2 <= len(g) <= fan_in for g in groups)
+        width = len(groups)
+
+
+def test_plan_fits_budget_and_builds_reduce_levels():
+    meter = fake_meter()
+    t = Templates.load()
+    budget = Budget(capacity=400, max_summary_tokens=60, overlap_tokens=16)
+    words = words_for(budget.max_summary_tokens)
+    fan_in = reduce_fan_in(meter, t, budget, words)
+    assert 2 <= fan_in <= 6
+    # The fan-in is the largest that fits with worst-case (max length) summaries.
+    worst = "word " * 200
+    ids = meter.tokenizer.encode(worst)[: budget.max_summary_tokens]
+    worst = meter.tokenizer.decode(ids)
+    spec = t.reduce_spec("m", words)
+    assert meter.count(reduce_messages(spec, [worst] * fan_in)) <= budget.prompt_limit
+    assert meter.count(reduce_messages(spec, [worst] * (fan_in + 1))) > budget.prompt_limit
+
+    plan = plan_document(0, Document("long.md", LONG_DOC, len(LONG_DOC)), run_id="abc", model="m", meter=meter,
+                         templates=t, budget=budget, fan_in=fan_in)
+    assert len(plan.chunks) > fan_in  # so the reduce needs more than one level
+    for msgs, n in zip(plan.map_messages, plan.prompt_tokens):
+        assert meter.count(msgs) == n
+        assert n + budget.max_summary_tokens <= budget.capacity
+    assert plan.levels >= 2
+    assert plan.final_id == plan.reduces[-1].job_id
+    covered = [i for r in plan.reduces if r.level == 1 for i in r.inputs]
+    assert covered == plan.map_ids
+    assert all(len(r.inputs) <= fan_in for r in plan.reduces)
+    assert len(set(plan.job_ids)) == len(plan.job_ids)
+
+
+def test_budget_too_small_is_explained():
+    meter = fake_meter()
+    with pytest.raises(SummarizeError, match="kv-budget"):
+        reduce_fan_in(meter, Templates.load(), Budget(capacity=150, max_summary_tokens=60), 36)
+
+
+def test_fit_summaries_truncates_the_longest():
+    meter = fake_meter()
+    spec = Templates.load().reduce_spec("m", 30)
+    summaries = ["short one.", "long " * 300, "another short one."]
+    base = meter.count(reduce_messages(spec, summaries))
+    out = fit_summaries(spec, summaries, meter.count, capacity=base - 100, max_tokens=20,
+                        tokenizer=meter.tokenizer)
+    assert out[0] == summaries[0] and out[2] == summaries[2]
+    assert meter.count(reduce_messages(spec, out)) + 20 <= base - 100
+
+
+# --- output -----------------------------------------------------------------------------------
+
+def test_tidy_summary():
+    assert tidy_summary("Summary: The plan works.", "stop") == "The plan works."
+    assert tidy_summary("Here is a short summary of the text: It works.", "stop") == "It works."
+    assert tidy_summary("One sentence done. Another one that got cu", "length") == "One sentence done."
+    assert tidy_summary("No sentence end at all", "length") == "No sentence end at all"
+
+
+def test_markdown_report_lists_failed_and_skipped():
+    recs = [
+        {"path": "a.md", "summary": "A is about a.", "chunks": 1, "reduce_levels": 0, "tokens_in": 120,
+         "tokens_out": 20, "seconds": 1.5},
+        {"path": "b.md", "summary": None, "error": "job x failed: boom", "chunks": 3, "reduce_levels": 1,
+         "tokens_in": 0, "tokens_out": 0, "seconds": 2.0},
+    ]
+    md = markdown_report(recs, [Skipped("c.bin", "binary (contains NUL bytes)")], model="smollm2-135m",
+                         wall_seconds=3.0)
+    assert md.startswith("# Summaries")
+    assert "## a.md\n\nA is about a." in md
+    assert "- `b.md`: job x failed: boom" in md
+    assert "- `c.bin`: binary (contains NUL bytes)" in md
+    assert "1 document summarised, 1 failed, 1 skipped" in md
+
+
+def test_progress_plain_lines_when_not_a_terminal():
+    buf = io.StringIO()
+    p = Progress(3, 10, stream=buf)
+    p.update(0, 0, force=True)
+    p.update(0, 0)
+    p.update(1, 4)
+    p.update(3, 10)
+    lines = buf.getvalue().splitlines()
+    assert len(lines) == 3
+    assert "documents 3/3" in lines[-1] and "chunks 10/10" in lines[-1]
+    assert "[########################]" in lines[-1]
