@@ -545,6 +545,7 @@ class DocState:
             "jobs": len(plan.job_ids),
             "tokens_in": sum(r.get("prompt_tokens", 0) for r in self.results.values()),
             "tokens_out": sum(r.get("completion_tokens", 0) for r in self.results.values()),
+            "prefix_hit_tokens": sum(r.get("prefix_hit_tokens", 0) for r in self.results.values()),
             "seconds": round((self.ended_at or time.time()) - self.submitted_at, 3),
             "compute_seconds": round(sum(r.get("seconds", 0.0) for r in self.results.values()), 3),
             "model": model,
