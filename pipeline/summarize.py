@@ -475,6 +475,7 @@ def submit_plans(connection: Any, plans: Sequence[DocPlan], *, model: str, templ
                  priority: str = "default", seed: int | None = None) -> None:
     """Enqueue every map job, then the reduce jobs (deferred until their inputs finish)."""
     from rq import Queue, Retry
+    from rq.job import Dependency
 
     from jobs import keys
     from jobs.runtime import TaskOptions
@@ -504,8 +505,10 @@ def submit_plans(connection: Any, plans: Sequence[DocPlan], *, model: str, templ
     for plan in plans:
         for node in plan.reduces:
             spec = dict(spec_base, params=params, metadata={"summarize": plan.doc.path, "level": node.level})
+            # enqueue_at_front: a reduce whose inputs are done goes ahead of the map jobs still
+            # queued, so documents finish (and are written) one after another, not all at the end.
             queue.enqueue_call(TASK_REDUCE, args=(spec, node.inputs, options), job_id=node.job_id,
-                               depends_on=list(node.inputs),
+                               depends_on=Dependency(jobs=list(node.inputs), enqueue_at_front=True),
                                description=f"summarize {plan.doc.path} reduce level {node.level}", **common)
     # Wake idle workers of this model now rather than at their next poll.
     bell = keys.doorbell_key(model_key(model))
@@ -589,7 +592,9 @@ class Progress:
                 return
             self.stream.write("\r\x1b[2K" + self.line(docs, chunks, failed))
         else:
-            if state == self._last and not force:
+            # A log, not a screen: a line when a document ends, otherwise at most one a second.
+            if not force and (state == self._last or (
+                    self._last is not None and state[0::2] == self._last[0::2] and now - self._last_draw < 1.0)):
                 return
             self.stream.write(self.line(docs, chunks, failed) + "\n")
         self.stream.flush()
@@ -837,6 +842,8 @@ def summarize(paths: Sequence[str], *, output: IO[str], fmt: str = "jsonl", mode
         try:
             follow(connection, states, on_done=on_done, progress=progress, health=health,
                    no_worker_warning=no_workers)
+            progress.update(sum(1 for s in states if s.done), sum(s.maps_done for s in states),
+                            sum(1 for s in states if s.error), force=True)
         finally:
             progress.close()
         return states
