@@ -158,11 +158,11 @@ class JobResult(BaseModel):
 
     @classmethod
     def from_generation(cls, job: GenerationJob, gen: Generation, **kw: Any) -> JobResult:
+        kw.setdefault("model", job.model)
+        kw.setdefault("endpoint", job.endpoint)
         return cls(
             job_id=job.id,
             status="done",
-            model=job.model,
-            endpoint=job.endpoint,
             text=gen.text,
             finish_reason=gen.finish_reason,
             prompt_tokens=gen.prompt_tokens,

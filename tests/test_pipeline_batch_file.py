@@ -1,0 +1,88 @@
+"""OpenAI Batch input parsing and output lines."""
+from __future__ import annotations
+
+import json
+
+from jobs.schemas import JobResult, validate_job
+from pipeline.batch_file import output_line, parse_lines, request_to_job
+
+M = "smollm2-135m"
+
+
+def line(custom_id="r1", url="/v1/chat/completions", **body):
+    body.setdefault("messages", [{"role": "user", "content": "Hi"}]) if url.endswith("chat/completions") else None
+    return json.dumps({"custom_id": custom_id, "method": "POST", "url": url, "body": body})
+
+
+def test_parse_good_and_bad_lines_with_numbers():
+    lines = [
+        line("a", model="gpt-4o-mini", max_tokens=8, temperature=0.5, top_p=0.9, seed=3, stop="\n"),
+        line("b", url="/v1/completions", prompt="Once upon", max_tokens=4),
+        "{not json",
+        line("c", max_tokens=0),  # pydantic refuses
+        "",
+        line("a", max_tokens=8),  # duplicate custom_id
+        line("d", url="/v1/embeddings"),
+        line("e", tools=[{"type": "function"}]),
+        line("f", n=2),
+        line("g", n=1, stream=False, user="u1"),
+        line("h", url="/v1/completions", prompt=["only one"]),
+        line("i", url="/v1/completions", messages=[{"role": "user", "content": "x"}]),
+    ]
+    jobs, errors = parse_lines(lines, model=M)
+    assert [j.custom_id for j in jobs] == ["a", "b", "g", "h"]
+    a = jobs[0]
+    assert a.model == M  # --model overrides body.model
+    assert a.params.max_tokens == 8 and a.params.temperature == 0.5 and a.params.stop == ["\n"]
+    assert a.params.seed == 3 and a.params.top_p == 0.9
+    assert jobs[1].prompt == "Once upon" and jobs[1].endpoint == "/v1/completions"
+    by_line = {e.lineno: e for e in errors}
+    assert set(by_line) == {3, 4, 6, 7, 8, 9, 12}
+    assert "invalid JSON" in by_line[3].message
+    assert "max_tokens" in by_line[4].message and by_line[4].custom_id == "c"
+    assert "already used on line 1" in by_line[6].message
+    assert "url must be" in by_line[7].message
+    assert "tools" in by_line[8].message
+    assert "n=2" in by_line[9].message
+    assert "takes `prompt`" in by_line[12].message
+    assert str(by_line[4]).startswith("line 4 (c):")
+
+
+def test_body_model_used_without_override():
+    jobs, errors = parse_lines([line("a", model="gemma3-270m")])
+    assert not errors and jobs[0].model == "gemma3-270m"
+    jobs, _ = parse_lines([line("a")])
+    assert jobs[0].model == M
+
+
+def test_output_lines():
+    chat = validate_job({"model": M, "messages": [{"role": "user", "content": "Hi"}], "custom_id": "a"})
+    r = JobResult(job_id=chat.id, status="done", model=M, endpoint=chat.endpoint, text="Hello!",
+                  finish_reason="stop", prompt_tokens=5, completion_tokens=3, worker="w1")
+    out = output_line("batch_1", "a", r)
+    assert out["custom_id"] == "a" and out["error"] is None and out["id"].startswith("batch_req_")
+    body = out["response"]["body"]
+    assert out["response"]["status_code"] == 200 and out["response"]["request_id"] == chat.id
+    assert body["object"] == "chat.completion"
+    assert body["choices"][0]["message"] == {"role": "assistant", "content": "Hello!"}
+    assert body["choices"][0]["finish_reason"] == "stop"
+    assert body["usage"] == {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}
+
+    comp = r.model_copy(update={"endpoint": "/v1/completions"})
+    body = output_line("batch_1", "a", comp)["response"]["body"]
+    assert body["object"] == "text_completion" and body["choices"][0]["text"] == "Hello!"
+
+    failed = JobResult.failed(chat.id, "invalid_request", "prompt 10 + max_tokens 9000 exceeds 4096")
+    out = output_line("batch_1", "a", failed)
+    assert out["response"] is None
+    assert out["error"] == {"code": "invalid_request", "message": "prompt 10 + max_tokens 9000 exceeds 4096"}
+    json.dumps(out)
+
+
+def test_request_to_job_requires_custom_id():
+    import pytest
+
+    from jobs.schemas import InvalidJob
+
+    with pytest.raises(InvalidJob, match="custom_id"):
+        request_to_job({"url": "/v1/completions", "body": {"prompt": "x"}})
