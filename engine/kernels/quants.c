@@ -611,6 +611,699 @@ float rq_vec_dot_ref(int t, int n, const void *row, const rq_act *x) {
 }
 
 /* ------------------------------------------------------------------------------------------ */
+/* SIMD kernels                                                                                */
+/*
+ * One row of weights against a tile of T <= TMAX tokens: the row's blocks are decoded once into
+ * unsigned bytes U (in element order, offsets NOT removed) plus per-lane float vectors
+ *   WD: weight scale of the 4 elements feeding each 32-bit lane (d, d*sc, ...)
+ *   MW: weight "min" per lane, covering mins (m, -dmin*m) and offsets (-8d, -16d, -128d, -32*d*sc ...)
+ * and every token of the tile accumulates
+ *   acc  += float(sum_4 U*q) * WD * TD          (vpdpbusd or vpmaddubsw+vpmaddwd)
+ *   accm += MW * TDS
+ * TD/TDS are per-token arrays expanded to 8 floats per activation block (one per lane):
+ *   TD  = d_b,   TDS = d_b * sum16[2b]/4 (lanes 0-3), d_b * sum16[2b+1]/4 (lanes 4-7)
+ * so sum over lanes of MW*TDS = sum over 16-groups of min_g * d_b * S_g (exact /4 scaling).
+ */
+
+#define TMAX 4
+
+typedef struct {
+    const int8_t *qs;
+    const float *td;
+    const float *tds;
+    const float *f;
+} tokv;
+
+typedef void (*kern_fn)(const uint8_t *row, int n, const tokv *tv, int T, float *res);
+
+static int is_float_type(int t) { return t == RQ_F32 || t == RQ_F16 || t == RQ_BF16; }
+
+/* td, tds: (nb + 1) * 8 floats each; the extra block is zero padding for 2-block loads. */
+static void prep_tok(const rq_act *a, int nb, float *td, float *tds) {
+    for (int b = 0; b < nb; b++) {
+        float d = a->d[b];
+        float s0 = d * (float)a->sum16[2 * b] * 0.25f;
+        float s1 = d * (float)a->sum16[2 * b + 1] * 0.25f;
+        for (int i = 0; i < 8; i++) td[8 * b + i] = d;
+        for (int i = 0; i < 4; i++) { tds[8 * b + i] = s0; tds[8 * b + 4 + i] = s1; }
+    }
+    for (int i = 0; i < 8; i++) { td[8 * nb + i] = 0.0f; tds[8 * nb + i] = 0.0f; }
+}
+
+#define AINL static inline __attribute__((always_inline))
+
+/* Call IMPL(..., T) with T as a compile-time constant. */
+#define DISPATCH_T(IMPL, ...)                                   \
+    do {                                                        \
+        switch (T) {                                            \
+        case 1: IMPL(__VA_ARGS__, 1); break;                    \
+        case 2: IMPL(__VA_ARGS__, 2); break;                    \
+        case 3: IMPL(__VA_ARGS__, 3); break;                    \
+        default: IMPL(__VA_ARGS__, 4); break;                   \
+        }                                                       \
+    } while (0)
+
+#if defined(__x86_64__) || defined(__i386__)
+#define RQ_HAVE_X86 1
+#include <immintrin.h>
+
+/* ============================== AVX-512 VNNI ============================================== */
+
+#define A512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")))
+
+A512 AINL __m512i mk_w16_512(int lo, int hi) {   /* 16-bit lanes: lo in bytes 0-31, hi in 32-63 */
+    return _mm512_inserti64x4(_mm512_set1_epi16((short)lo), _mm256_set1_epi16((short)hi), 1);
+}
+A512 AINL __m512i mk_b8_512(int lo, int hi) {    /* bytes: lo in 0-31, hi in 32-63 */
+    return _mm512_inserti64x4(_mm512_set1_epi8((char)lo), _mm256_set1_epi8((char)hi), 1);
+}
+A512 AINL __m512i mk_i32_512(int lo, int hi) {   /* dword index: lo in lanes 0-7, hi in 8-15 */
+    return _mm512_inserti64x4(_mm512_set1_epi32(lo), _mm256_set1_epi32(hi), 1);
+}
+/* lanes 4j..4j+3 = g0 + j */
+A512 AINL __m512i mk_g4_512(int g0) {
+    return _mm512_add_epi32(_mm512_set1_epi32(g0),
+                            _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0));
+}
+
+/* One pair of activation blocks (b, b+1) for T tokens. tail: only block b exists. */
+A512 AINL void acc_512(__m512i U, __m512 WD, __m512 MW, const tokv *tv, int b, const int T,
+                       const int tail, __m512 *acc, __m512 *accm) {
+    for (int t = 0; t < T; t++) {
+        const int8_t *qp = tv[t].qs + 32 * (size_t)b;
+        __m512i q = tail ? _mm512_maskz_loadu_epi8((__mmask64)0xFFFFFFFFull, qp) : _mm512_loadu_si512(qp);
+        __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), U, q);
+        __m512 s = _mm512_mul_ps(WD, _mm512_loadu_ps(tv[t].td + 8 * (size_t)b));
+        acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), s, acc[t]);
+        accm[t] = _mm512_fmadd_ps(MW, _mm512_loadu_ps(tv[t].tds + 8 * (size_t)b), accm[t]);
+    }
+}
+
+A512 AINL void finish_512(__m512 (*acc)[TMAX], __m512 (*accm)[TMAX], float *res, const int T) {
+    for (int t = 0; t < T; t++)
+        res[t] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0][t], acc[1][t]),
+                                                    _mm512_add_ps(accm[0][t], accm[1][t])));
+}
+
+#define ZERO_ACC_512(T)                                                        \
+    __m512 acc[2][TMAX], accm[2][TMAX];                                        \
+    for (int t_ = 0; t_ < (T); t_++) {                                         \
+        acc[0][t_] = acc[1][t_] = _mm512_setzero_ps();                         \
+        accm[0][t_] = accm[1][t_] = _mm512_setzero_ps();                       \
+    }
+
+/* --- legacy types: decode two consecutive blocks (B may be NULL for a tail) --- */
+A512 AINL void legacy_dec_512(const int t, const uint8_t *A, const uint8_t *B,
+                              __m512i *U, __m512 *WD, __m512 *MW) {
+    const __m512i m0f = _mm512_set1_epi8(0x0F);
+    if (t == RQ_Q8_0) {
+        const blk_q8_0 *a = (const blk_q8_0 *)A, *b = (const blk_q8_0 *)B;
+        __m256i lo = _mm256_loadu_si256((const __m256i *)a->qs);
+        __m256i hi = b ? _mm256_loadu_si256((const __m256i *)b->qs) : _mm256_set1_epi8((char)0x80);
+        *U = _mm512_xor_si512(_mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1), _mm512_set1_epi8((char)0x80));
+        uint32_t dd = (uint32_t)a->d | ((uint32_t)(b ? b->d : 0) << 16);
+        __m128 h = _mm_cvtph_ps(_mm_cvtsi32_si128((int)dd));
+        *WD = _mm512_permutexvar_ps(mk_i32_512(0, 1), _mm512_castps128_ps512(h));
+        *MW = _mm512_mul_ps(*WD, _mm512_set1_ps(-128.0f));
+        return;
+    }
+    /* nibble blocks: qs offset, d/m layout */
+    const int qoff = (t == RQ_Q4_0) ? 2 : (t == RQ_Q4_1) ? 4 : (t == RQ_Q5_0) ? 6 : 8;
+    __m512i x = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(A + qoff)));
+    if (B) x = _mm512_mask_broadcast_i32x4(x, 0xFF00, _mm_loadu_si128((const __m128i *)(B + qoff)));
+    else x = _mm512_maskz_mov_epi32(0x00FF, x);
+    /* 128-bit lanes: [lo nibbles A, hi nibbles A, lo B, hi B] */
+    const __m512i sh = _mm512_set_epi64(0x0004000400040004LL, 0x0004000400040004LL, 0, 0,
+                                        0x0004000400040004LL, 0x0004000400040004LL, 0, 0);
+    __m512i u = _mm512_and_si512(_mm512_srlv_epi16(x, sh), m0f);
+    if (t == RQ_Q5_0 || t == RQ_Q5_1) {
+        const int hoff = (t == RQ_Q5_0) ? 2 : 4;
+        uint64_t bits = (uint64_t)load_u32(A + hoff) | (B ? (uint64_t)load_u32(B + hoff) << 32 : 0);
+        u = _mm512_mask_add_epi8(u, _cvtu64_mask64(bits), u, _mm512_set1_epi8(16));
+    }
+    *U = u;
+    if (t == RQ_Q4_1 || t == RQ_Q5_1) {
+        /* [dA, mA, dB, mB] */
+        __m128i hv = _mm_cvtsi32_si128((int)load_u32(A));
+        if (B) hv = _mm_insert_epi32(hv, (int)load_u32(B), 1);
+        __m512 h = _mm512_castps128_ps512(_mm_cvtph_ps(hv));
+        *WD = _mm512_permutexvar_ps(mk_i32_512(0, 2), h);
+        *MW = _mm512_permutexvar_ps(mk_i32_512(1, 3), h);
+    } else {
+        uint16_t da, db = 0;
+        memcpy(&da, A, 2);
+        if (B) memcpy(&db, B, 2);
+        __m128 h = _mm_cvtph_ps(_mm_cvtsi32_si128((int)((uint32_t)da | ((uint32_t)db << 16))));
+        *WD = _mm512_permutexvar_ps(mk_i32_512(0, 1), _mm512_castps128_ps512(h));
+        *MW = _mm512_mul_ps(*WD, _mm512_set1_ps(t == RQ_Q4_0 ? -8.0f : -16.0f));
+    }
+}
+
+A512 AINL void legacy_row_512(const int t, const uint8_t *row, int n, const tokv *tv, float *res, const int T) {
+    const int bs = (t == RQ_Q4_0) ? 18 : (t == RQ_Q4_1) ? 20 : (t == RQ_Q5_0) ? 22 : (t == RQ_Q5_1) ? 24 : 34;
+    const int nb = n / QK;
+    ZERO_ACC_512(T);
+    __m512i U;
+    __m512 WD, MW;
+    int b = 0;
+    for (; b + 4 <= nb; b += 4) {
+        legacy_dec_512(t, row + (size_t)b * bs, row + (size_t)(b + 1) * bs, &U, &WD, &MW);
+        acc_512(U, WD, MW, tv, b, T, 0, acc[0], accm[0]);
+        legacy_dec_512(t, row + (size_t)(b + 2) * bs, row + (size_t)(b + 3) * bs, &U, &WD, &MW);
+        acc_512(U, WD, MW, tv, b + 2, T, 0, acc[1], accm[1]);
+    }
+    if (b + 2 <= nb) {
+        legacy_dec_512(t, row + (size_t)b * bs, row + (size_t)(b + 1) * bs, &U, &WD, &MW);
+        acc_512(U, WD, MW, tv, b, T, 0, acc[0], accm[0]);
+        b += 2;
+    }
+    if (b < nb) {
+        legacy_dec_512(t, row + (size_t)b * bs, NULL, &U, &WD, &MW);
+        acc_512(U, WD, MW, tv, b, T, 1, acc[1], accm[1]);
+    }
+    finish_512(acc, accm, res, T);
+}
+
+/* --- K types --- */
+
+/* Q4_K/Q5_K: lanes 0-7 = d*sc_j, lanes 8-15 = -dmin*m_j */
+A512 AINL __m512 k4_scales_512(const uint8_t *scales, uint16_t dh, uint16_t dminh) {
+    uint32_t u[4];
+    memcpy(u, scales, 12);
+    u[3] = ((u[2] >> 4) & 0x0f0f0f0fu) | (((u[1] >> 6) & 0x03030303u) << 4);
+    uint32_t ua = u[1] & 0x3f3f3f3fu;
+    u[1] = (u[2] & 0x0f0f0f0fu) | (((u[0] >> 6) & 0x03030303u) << 4);
+    u[2] = ua;
+    u[0] &= 0x3f3f3f3fu;
+    __m512 v = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)u)));
+    __m512 mul = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(_cvtsh_ss(dh)), _mm512_set1_ps(-_cvtsh_ss(dminh)));
+    return _mm512_mul_ps(v, mul);
+}
+
+A512 AINL void q45k_row_512(const int t, const uint8_t *row, int n, const tokv *tv, float *res, const int T) {
+    const int nsb = n / QK_K;
+    ZERO_ACC_512(T);
+    const __m512i m0f = _mm512_set1_epi8(0x0F);
+    const __m512i sh04 = mk_w16_512(0, 4);
+    for (int i = 0; i < nsb; i++) {
+        const uint8_t *qs, *qh = NULL;
+        __m512 sm;
+        if (t == RQ_Q4_K) {
+            const blk_q4_K *x = (const blk_q4_K *)row + i;
+            sm = k4_scales_512(x->scales, x->d, x->dmin);
+            qs = x->qs;
+        } else {
+            const blk_q5_K *x = (const blk_q5_K *)row + i;
+            sm = k4_scales_512(x->scales, x->d, x->dmin);
+            qs = x->qs;
+            qh = x->qh;
+        }
+        __m512i H = _mm512_setzero_si512();
+        if (t == RQ_Q5_K) H = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)qh));
+        for (int c = 0; c < 4; c += 2) {
+            for (int e = 0; e < 2; e++) {
+                const int cc = c + e;
+                __m512i x = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(qs + 32 * cc)));
+                __m512i U = _mm512_and_si512(_mm512_srlv_epi16(x, sh04), m0f);
+                if (t == RQ_Q5_K) {
+                    __mmask64 k = _mm512_test_epi8_mask(H, mk_b8_512(1 << (2 * cc), 1 << (2 * cc + 1)));
+                    U = _mm512_mask_add_epi8(U, k, U, _mm512_set1_epi8(16));
+                }
+                __m512 WD = _mm512_permutexvar_ps(mk_i32_512(2 * cc, 2 * cc + 1), sm);
+                __m512 MW = _mm512_permutexvar_ps(mk_i32_512(2 * cc + 8, 2 * cc + 9), sm);
+                acc_512(U, WD, MW, tv, 8 * i + 2 * cc, T, 0, acc[e], accm[e]);
+            }
+        }
+    }
+    finish_512(acc, accm, res, T);
+}
+
+A512 AINL void q6k_row_512(const uint8_t *row, int n, const tokv *tv, float *res, const int T) {
+    const int nsb = n / QK_K;
+    ZERO_ACC_512(T);
+    const __m512i m0f = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
+    const __m512i shl42 = mk_w16_512(4, 2), shr02 = mk_w16_512(0, 2);
+    const __m512 neg32 = _mm512_set1_ps(-32.0f);
+    for (int i = 0; i < nsb; i++) {
+        const blk_q6_K *x = (const blk_q6_K *)row + i;
+        __m512 sc = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)x->scales))),
+                                  _mm512_set1_ps(_cvtsh_ss(x->d)));
+        for (int h = 0; h < 2; h++) {
+            __m512i L = _mm512_loadu_si512(x->ql + 64 * h);
+            __m512i H = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(x->qh + 32 * h)));
+            __m512i U01 = _mm512_or_si512(_mm512_and_si512(L, m0f), _mm512_and_si512(_mm512_sllv_epi16(H, shl42), m30));
+            __m512i U23 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(L, 4), m0f),
+                                          _mm512_and_si512(_mm512_srlv_epi16(H, shr02), m30));
+            __m512 WD = _mm512_permutexvar_ps(mk_g4_512(8 * h), sc);
+            acc_512(U01, WD, _mm512_mul_ps(WD, neg32), tv, 8 * i + 4 * h, T, 0, acc[0], accm[0]);
+            WD = _mm512_permutexvar_ps(mk_g4_512(8 * h + 4), sc);
+            acc_512(U23, WD, _mm512_mul_ps(WD, neg32), tv, 8 * i + 4 * h + 2, T, 0, acc[1], accm[1]);
+        }
+    }
+    finish_512(acc, accm, res, T);
+}
+
+static inline void q3k_scale_bytes(const uint8_t *s, uint32_t a[4]) {
+    uint32_t aux[3];
+    memcpy(aux, s, 12);
+    uint32_t tmp = aux[2];
+    a[0] = (aux[0] & 0x0f0f0f0fu) | (((tmp >> 0) & 0x03030303u) << 4);
+    a[1] = (aux[1] & 0x0f0f0f0fu) | (((tmp >> 2) & 0x03030303u) << 4);
+    a[2] = ((aux[0] >> 4) & 0x0f0f0f0fu) | (((tmp >> 4) & 0x03030303u) << 4);
+    a[3] = ((aux[1] >> 4) & 0x0f0f0f0fu) | (((tmp >> 6) & 0x03030303u) << 4);
+}
+
+/* Q2_K and Q3_K share the 2-bit layout: per 128-half, 32 bytes, shifts 0/2/4/6. */
+A512 AINL void q23k_row_512(const int t, const uint8_t *row, int n, const tokv *tv, float *res, const int T) {
+    const int nsb = n / QK_K;
+    ZERO_ACC_512(T);
+    const __m512i m03 = _mm512_set1_epi8(3);
+    for (int i = 0; i < nsb; i++) {
+        const uint8_t *qs;
+        __m512 wd16, mw16 = _mm512_setzero_ps();
+        __m512i HM = _mm512_setzero_si512();
+        if (t == RQ_Q3_K) {
+            const blk_q3_K *x = (const blk_q3_K *)row + i;
+            uint32_t a[4];
+            q3k_scale_bytes(x->scales, a);
+            __m512i s = _mm512_sub_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)a)), _mm512_set1_epi32(32));
+            wd16 = _mm512_mul_ps(_mm512_cvtepi32_ps(s), _mm512_set1_ps(_cvtsh_ss(x->d)));
+            qs = x->qs;
+            HM = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)x->hmask));
+        } else {
+            const blk_q2_K *x = (const blk_q2_K *)row + i;
+            __m512i s = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)x->scales));
+            wd16 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_and_si512(s, _mm512_set1_epi32(15))),
+                                 _mm512_set1_ps(_cvtsh_ss(x->d)));
+            mw16 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(s, 4)), _mm512_set1_ps(-_cvtsh_ss(x->dmin)));
+            qs = x->qs;
+        }
+        for (int h = 0; h < 2; h++) {
+            __m512i Q = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(qs + 32 * h)));
+            for (int pp = 0; pp < 2; pp++) {
+                __m512i U = _mm512_and_si512(_mm512_srlv_epi16(Q, mk_w16_512(4 * pp, 4 * pp + 2)), m03);
+                __m512i gi = mk_g4_512(8 * h + 4 * pp);
+                __m512 WD = _mm512_permutexvar_ps(gi, wd16), MW;
+                if (t == RQ_Q3_K) {
+                    __mmask64 k = _mm512_test_epi8_mask(HM, mk_b8_512(1 << (4 * h + 2 * pp), 1 << (4 * h + 2 * pp + 1)));
+                    U = _mm512_mask_add_epi8(U, k, U, _mm512_set1_epi8(4));
+                    MW = _mm512_mul_ps(WD, _mm512_set1_ps(-4.0f));
+                } else {
+                    MW = _mm512_permutexvar_ps(gi, mw16);
+                }
+                acc_512(U, WD, MW, tv, 8 * i + 4 * h + 2 * pp, T, 0, acc[pp], accm[pp]);
+            }
+        }
+    }
+    finish_512(acc, accm, res, T);
+}
+
+/* --- float weights --- */
+A512 AINL __m512 fload_512(const int t, const uint8_t *row, int i, __mmask16 m) {
+    if (t == RQ_F32) return _mm512_maskz_loadu_ps(m, (const float *)row + i);
+    __m256i h = _mm256_maskz_loadu_epi16(m, (const uint16_t *)row + i);
+    if (t == RQ_F16) return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+A512 AINL void float_row_512(const int t, const uint8_t *row, int n, const tokv *tv, float *res, const int T) {
+    __m512 acc[2][TMAX];
+    for (int k = 0; k < T; k++) acc[0][k] = acc[1][k] = _mm512_setzero_ps();
+    int i = 0;
+    for (; i + 32 <= n; i += 32) {
+        __m512 w0 = fload_512(t, row, i, 0xFFFF), w1 = fload_512(t, row, i + 16, 0xFFFF);
+        for (int k = 0; k < T; k++) {
+            acc[0][k] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(tv[k].f + i), acc[0][k]);
+            acc[1][k] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(tv[k].f + i + 16), acc[1][k]);
+        }
+    }
+    for (; i < n; i += 16) {
+        __mmask16 m = (n - i >= 16) ? 0xFFFF : (__mmask16)((1u << (n - i)) - 1);
+        __m512 w = fload_512(t, row, i, m);
+        for (int k = 0; k < T; k++) acc[0][k] = _mm512_fmadd_ps(w, _mm512_maskz_loadu_ps(m, tv[k].f + i), acc[0][k]);
+    }
+    for (int k = 0; k < T; k++) res[k] = _mm512_reduce_add_ps(_mm512_add_ps(acc[0][k], acc[1][k]));
+}
+
+#define KERN512(name, IMPL, ...)                                                        \
+    A512 static void name(const uint8_t *row, int n, const tokv *tv, int T, float *res) { \
+        DISPATCH_T(IMPL, __VA_ARGS__);                                                  \
+    }
+
+KERN512(k512_q4_0, legacy_row_512, RQ_Q4_0, row, n, tv, res)
+KERN512(k512_q4_1, legacy_row_512, RQ_Q4_1, row, n, tv, res)
+KERN512(k512_q5_0, legacy_row_512, RQ_Q5_0, row, n, tv, res)
+KERN512(k512_q5_1, legacy_row_512, RQ_Q5_1, row, n, tv, res)
+KERN512(k512_q8_0, legacy_row_512, RQ_Q8_0, row, n, tv, res)
+KERN512(k512_q2_K, q23k_row_512, RQ_Q2_K, row, n, tv, res)
+KERN512(k512_q3_K, q23k_row_512, RQ_Q3_K, row, n, tv, res)
+KERN512(k512_q4_K, q45k_row_512, RQ_Q4_K, row, n, tv, res)
+KERN512(k512_q5_K, q45k_row_512, RQ_Q5_K, row, n, tv, res)
+KERN512(k512_q6_K, q6k_row_512, row, n, tv, res)
+KERN512(k512_f32, float_row_512, RQ_F32, row, n, tv, res)
+KERN512(k512_f16, float_row_512, RQ_F16, row, n, tv, res)
+KERN512(k512_bf16, float_row_512, RQ_BF16, row, n, tv, res)
+
+/* ============================== AVX2 ====================================================== */
+
+#define A256 __attribute__((target("avx2,fma,f16c")))
+
+/* One activation block b for T tokens (vpmaddubsw + vpmaddwd). */
+A256 AINL void acc_256(__m256i U, __m256 WD, __m256 MW, const tokv *tv, int b, const int T,
+                       __m256 *acc, __m256 *accm) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int t = 0; t < T; t++) {
+        __m256i q = _mm256_loadu_si256((const __m256i *)(tv[t].qs + 32 * (size_t)b));
+        __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(U, q), ones);
+        __m256 s = _mm256_mul_ps(WD, _mm256_loadu_ps(tv[t].td + 8 * (size_t)b));
+        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), s, acc[t]);
+        accm[t] = _mm256_fmadd_ps(MW, _mm256_loadu_ps(tv[t].tds + 8 * (size_t)b), accm[t]);
+    }
+}
+
+A256 AINL float hsum_256(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+#define NP256(T) ((T) <= 2 ? 2 : 1)
+#define ZERO_ACC_256(T)                                                        \
+    __m256 acc[2][TMAX], accm[2][TMAX];                                        \
+    for (int t_ = 0; t_ < (T); t_++) {                                         \
+        acc[0][t_] = acc[1][t_] = _mm256_setzero_ps();                         \
+        accm[0][t_] = accm[1][t_] = _mm256_setzero_ps();                       \
+    }
+
+A256 AINL void finish_256(__m256 (*acc)[TMAX], __m256 (*accm)[TMAX], float *res, const int T) {
+    for (int t = 0; t < T; t++)
+        res[t] = hsum_256(_mm256_add_ps(_mm256_add_ps(acc[0][t], acc[1][t]), _mm256_add_ps(accm[0][t], accm[1][t])));
+}
+
+/* 32 bits -> 32 bytes, 0xFF where the bit is set (byte i <-> bit i) */
+A256 AINL __m256i bits_to_bytes_256(uint32_t x) {
+    const __m256i shuf = _mm256_set_epi64x(0x0303030303030303LL, 0x0202020202020202LL,
+                                           0x0101010101010101LL, 0x0000000000000000LL);
+    __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)x), shuf);
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    return _mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit);
+}
+
+A256 AINL void legacy_row_256(const int t, const uint8_t *row, int n, const tokv *tv, float *res, const int T) {
+    const int bs = (t == RQ_Q4_0) ? 18 : (t == RQ_Q4_1) ? 20 : (t == RQ_Q5_0) ? 22 : (t == RQ_Q5_1) ? 24 : 34;
+    const int nb = n / QK;
+    const int P = NP256(T);
+    ZERO_ACC_256(T);
+    const __m256i m0f = _mm256_set1_epi8(0x0F);
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *A = row + (size_t)b * bs;
+        const int par = (P == 2) ? (b & 1) : 0;
+        if (t == RQ_Q8_0) {
+            /* signed x signed via |w| * sign(q, w): no offset correction needed */
+            const blk_q8_0 *a = (const blk_q8_0 *)A;
+            __m256i w = _mm256_loadu_si256((const __m256i *)a->qs);
+            __m256i aw = _mm256_sign_epi8(w, w);
+            __m256 WD = _mm256_set1_ps(_cvtsh_ss(a->d));
+            for (int k = 0; k < T; k++) {
+                __m256i q = _mm256_loadu_si256((const __m256i *)(tv[k].qs + 32 * (size_t)b));
+                __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(q, w)), _mm256_set1_epi16(1));
+                __m256 s = _mm256_mul_ps(WD, _mm256_loadu_ps(tv[k].td + 8 * (size_t)b));
+                if (par) acc[1][k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), s, acc[1][k]);
+                else acc[0][k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), s, acc[0][k]);
+            }
+            continue;
+        }
+        const int qoff = (t == RQ_Q4_0) ? 2 : (t == RQ_Q4_1) ? 4 : (t == RQ_Q5_0) ? 6 : 8;
+        __m128i x = _mm_loadu_si128((const __m128i *)(A + qoff));
+        __m256i U = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(x, 4), x), m0f);
+        if (t == RQ_Q5_0 || t == RQ_Q5_1) {
+            __m256i hb = bits_to_bytes_256(load_u32(A + ((t == RQ_Q5_0) ? 2 : 4)));
+            U = _mm256_or_si256(U, _mm256_and_si256(hb, _mm256_set1_epi8(16)));
+        }
+        uint16_t dh, mh = 0;
+        memcpy(&dh, A, 2);
+        __m256 WD = _mm256_set1_ps(_cvtsh_ss(dh)), MW;
+        if (t == RQ_Q4_1 || t == RQ_Q5_1) {
+            memcpy(&mh, A + 2, 2);
+            MW = _mm256_set1_ps(_cvtsh_ss(mh));
+        } else {
+            MW = _mm256_mul_ps(WD, _mm256_set1_ps(t == RQ_Q4_0 ? -8.0f : -16.0f));
+        }
+        if (par) acc_256(U, WD, MW, tv, b, T, acc[1], accm[1]);
+        else acc_256(U, WD, MW, tv, b, T, acc[0], accm[0]);
+    }
+    finish_256(acc, accm, res, T);
+}
+
+A256 AINL void k4_scales_256(const uint8_t *scales, uint16_t dh, uint16_t dminh, float *dsc, float *dmn) {
+    uint32_t u[4];
+    memcpy(u, scales, 12);
+    u[3] = ((u[2] >> 4) & 0x0f0f0f0fu) | (((u[1] >> 6) & 0x03030303u) << 4);
+    uint32_t ua = u[1] & 0x3f3f3f3fu;
+    u[1] = (u[2] & 0x0f0f0f0fu) | (((u[0] >> 6) & 0x03030303u) << 4);
+    u[2] = ua;
+    u[0] &= 0x3f3f3f3fu;
+    __m128i v = _mm_loadu_si128((const __m128i *)u);
+    _mm256_storeu_ps(dsc, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)), _mm256_set1_ps(_cvtsh_ss(dh))));
+    _mm256_storeu_ps(dmn, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(v, 8))),
+                                        _mm256_set1_ps(-_cvtsh_ss(dminh))));
+}
+
+A256 AINL void q45k_row_256(const int t, const uint8_t *row, int n, const tokv *tv, float *res, const int T) {
+    const int nsb = n / QK_K;
+    const int P = NP256(T);
+    ZERO_ACC_256(T);
+    const __m256i m0f = _mm256_set1_epi8(0x0F);
+    float dsc[8], dmn[8];
+    for (int i = 0; i < nsb; i++) {
+        const uint8_t *qs, *qh = NULL;
+        if (t == RQ_Q4_K) {
+            const blk_q4_K *x = (const blk_q4_K *)row + i;
+            k4_scales_256(x->scales, x->d, x->dmin, dsc, dmn);
+            qs = x->qs;
+        } else {
+            const blk_q5_K *x = (const blk_q5_K *)row + i;
+            k4_scales_256(x->scales, x->d, x->dmin, dsc, dmn);
+            qs = x->qs;
+            qh = x->qh;
+        }
+        __m256i H = _mm256_setzero_si256();
+        if (t == RQ_Q5_K) H = _mm256_loadu_si256((const __m256i *)qh);
+        for (int c = 0; c < 4; c++) {
+            __m256i x = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
+            for (int e = 0; e < 2; e++) {
+                const int j = 2 * c + e;
+                __m256i U = _mm256_and_si256(e ? _mm256_srli_epi16(x, 4) : x, m0f);
+                if (t == RQ_Q5_K) {
+                    const __m256i bit = _mm256_set1_epi8((char)(1 << j));
+                    __m256i hb = _mm256_cmpeq_epi8(_mm256_and_si256(H, bit), bit);
+                    U = _mm256_or_si256(U, _mm256_and_si256(hb, _mm256_set1_epi8(16)));
+                }
+                __m256 WD = _mm256_broadcast_ss(&dsc[j]), MW = _mm256_broadcast_ss(&dmn[j]);
+                if (P == 2 && e) acc_256(U, WD, MW, tv, 8 * i + j, T, acc[1], accm[1]);
+                else acc_256(U, WD, MW, tv, 8 * i + j, T, acc[0], accm[0]);
+            }
+        }
+    }
+    finish_256(acc, accm, res, T);
+}
+
+/* lanes 0-3 = v[g], lanes 4-7 = v[g+1] */
+A256 AINL __m256 pair4_256(const float *v, int g) {
+    return _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_broadcast_ss(&v[g])), _mm_broadcast_ss(&v[g + 1]), 1);
+}
+
+A256 AINL void q6k_row_256(const uint8_t *row, int n, const tokv *tv, float *res, const int T) {
+    const int nsb = n / QK_K;
+    const int P = NP256(T);
+    ZERO_ACC_256(T);
+    const __m256i m0f = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
+    const __m256 neg32 = _mm256_set1_ps(-32.0f);
+    float sc[16];
+    for (int i = 0; i < nsb; i++) {
+        const blk_q6_K *x = (const blk_q6_K *)row + i;
+        __m128i s8 = _mm_loadu_si128((const __m128i *)x->scales);
+        __m256 d = _mm256_set1_ps(_cvtsh_ss(x->d));
+        _mm256_storeu_ps(sc, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(s8)), d));
+        _mm256_storeu_ps(sc + 8, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(s8, 8))), d));
+        for (int h = 0; h < 2; h++) {
+            __m256i L0 = _mm256_loadu_si256((const __m256i *)(x->ql + 64 * h));
+            __m256i L1 = _mm256_loadu_si256((const __m256i *)(x->ql + 64 * h + 32));
+            __m256i H = _mm256_loadu_si256((const __m256i *)(x->qh + 32 * h));
+            __m256i U[4];
+            U[0] = _mm256_or_si256(_mm256_and_si256(L0, m0f), _mm256_and_si256(_mm256_slli_epi16(H, 4), m30));
+            U[1] = _mm256_or_si256(_mm256_and_si256(L1, m0f), _mm256_and_si256(_mm256_slli_epi16(H, 2), m30));
+            U[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(L0, 4), m0f), _mm256_and_si256(H, m30));
+            U[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(L1, 4), m0f),
+                                   _mm256_and_si256(_mm256_srli_epi16(H, 2), m30));
+            for (int k = 0; k < 4; k++) {
+                __m256 WD = pair4_256(sc, 8 * h + 2 * k);
+                __m256 MW = _mm256_mul_ps(WD, neg32);
+                if (P == 2 && (k & 1)) acc_256(U[k], WD, MW, tv, 8 * i + 4 * h + k, T, acc[1], accm[1]);
+                else acc_256(U[k], WD, MW, tv, 8 * i + 4 * h + k, T, acc[0], accm[0]);
+            }
+        }
+    }
+    finish_256(acc, accm, res, T);
+}
+
+A256 AINL void q23k_row_256(const int t, const uint8_t *row, int n, const tokv *tv, float *res, const int T) {
+    const int nsb = n / QK_K;
+    const int P = NP256(T);
+    ZERO_ACC_256(T);
+    const __m256i m03 = _mm256_set1_epi8(3);
+    float wd[16], mw[16];
+    for (int i = 0; i < nsb; i++) {
+        const uint8_t *qs, *hm = NULL;
+        if (t == RQ_Q3_K) {
+            const blk_q3_K *x = (const blk_q3_K *)row + i;
+            uint32_t a[4];
+            q3k_scale_bytes(x->scales, a);
+            __m128i s8 = _mm_sub_epi8(_mm_loadu_si128((const __m128i *)a), _mm_set1_epi8(32));
+            __m256 d = _mm256_set1_ps(_cvtsh_ss(x->d)), m4 = _mm256_set1_ps(-4.0f);
+            __m256 lo = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(s8)), d);
+            __m256 hi = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(s8, 8))), d);
+            _mm256_storeu_ps(wd, lo);
+            _mm256_storeu_ps(wd + 8, hi);
+            _mm256_storeu_ps(mw, _mm256_mul_ps(lo, m4));
+            _mm256_storeu_ps(mw + 8, _mm256_mul_ps(hi, m4));
+            qs = x->qs;
+            hm = x->hmask;
+        } else {
+            const blk_q2_K *x = (const blk_q2_K *)row + i;
+            __m128i s8 = _mm_loadu_si128((const __m128i *)x->scales);
+            __m128i lo4 = _mm_and_si128(s8, _mm_set1_epi8(15));
+            __m128i hi4 = _mm_and_si128(_mm_srli_epi16(s8, 4), _mm_set1_epi8(15));
+            __m256 d = _mm256_set1_ps(_cvtsh_ss(x->d)), dm = _mm256_set1_ps(-_cvtsh_ss(x->dmin));
+            _mm256_storeu_ps(wd, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo4)), d));
+            _mm256_storeu_ps(wd + 8, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo4, 8))), d));
+            _mm256_storeu_ps(mw, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi4)), dm));
+            _mm256_storeu_ps(mw + 8, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi4, 8))), dm));
+            qs = x->qs;
+        }
+        __m256i HM = _mm256_setzero_si256();
+        if (t == RQ_Q3_K) HM = _mm256_loadu_si256((const __m256i *)hm);
+        for (int h = 0; h < 2; h++) {
+            __m256i Q = _mm256_loadu_si256((const __m256i *)(qs + 32 * h));
+            for (int k = 0; k < 4; k++) {
+                __m256i U = _mm256_and_si256(_mm256_srli_epi16(Q, 2 * k), m03);
+                if (t == RQ_Q3_K) {
+                    const __m256i bit = _mm256_set1_epi8((char)(1 << (4 * h + k)));
+                    __m256i hb = _mm256_cmpeq_epi8(_mm256_and_si256(HM, bit), bit);
+                    U = _mm256_or_si256(U, _mm256_and_si256(hb, _mm256_set1_epi8(4)));
+                }
+                const int g = 8 * h + 2 * k;
+                __m256 WD = pair4_256(wd, g), MW = pair4_256(mw, g);
+                if (P == 2 && (k & 1)) acc_256(U, WD, MW, tv, 8 * i + 4 * h + k, T, acc[1], accm[1]);
+                else acc_256(U, WD, MW, tv, 8 * i + 4 * h + k, T, acc[0], accm[0]);
+            }
+        }
+    }
+    finish_256(acc, accm, res, T);
+}
+
+A256 AINL __m256 fload_256(const int t, const uint8_t *row, int i) {
+    if (t == RQ_F32) return _mm256_loadu_ps((const float *)row + i);
+    __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)row + i));
+    if (t == RQ_F16) return _mm256_cvtph_ps(h);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+A256 AINL float fscalar(const int t, const uint8_t *row, int i) {
+    if (t == RQ_F32) return ((const float *)row)[i];
+    uint16_t h = ((const uint16_t *)row)[i];
+    return t == RQ_F16 ? _cvtsh_ss(h) : rq_bf16_to_f32(h);
+}
+
+A256 AINL void float_row_256(const int t, const uint8_t *row, int n, const tokv *tv, float *res, const int T) {
+    __m256 acc[2][TMAX];
+    for (int k = 0; k < T; k++) acc[0][k] = acc[1][k] = _mm256_setzero_ps();
+    int i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m256 w0 = fload_256(t, row, i), w1 = fload_256(t, row, i + 8);
+        for (int k = 0; k < T; k++) {
+            acc[0][k] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(tv[k].f + i), acc[0][k]);
+            acc[1][k] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(tv[k].f + i + 8), acc[1][k]);
+        }
+    }
+    for (; i + 8 <= n; i += 8) {
+        __m256 w = fload_256(t, row, i);
+        for (int k = 0; k < T; k++) acc[0][k] = _mm256_fmadd_ps(w, _mm256_loadu_ps(tv[k].f + i), acc[0][k]);
+    }
+    for (int k = 0; k < T; k++) {
+        float s = hsum_256(_mm256_add_ps(acc[0][k], acc[1][k]));
+        for (int j = i; j < n; j++) s += fscalar(t, row, j) * tv[k].f[j];
+        res[k] = s;
+    }
+}
+
+#define KERN256(name, IMPL, ...)                                                        \
+    A256 static void name(const uint8_t *row, int n, const tokv *tv, int T, float *res) { \
+        DISPATCH_T(IMPL, __VA_ARGS__);                                                  \
+    }
+
+KERN256(k256_q4_0, legacy_row_256, RQ_Q4_0, row, n, tv, res)
+KERN256(k256_q4_1, legacy_row_256, RQ_Q4_1, row, n, tv, res)
+KERN256(k256_q5_0, legacy_row_256, RQ_Q5_0, row, n, tv, res)
+KERN256(k256_q5_1, legacy_row_256, RQ_Q5_1, row, n, tv, res)
+KERN256(k256_q8_0, legacy_row_256, RQ_Q8_0, row, n, tv, res)
+KERN256(k256_q2_K, q23k_row_256, RQ_Q2_K, row, n, tv, res)
+KERN256(k256_q3_K, q23k_row_256, RQ_Q3_K, row, n, tv, res)
+KERN256(k256_q4_K, q45k_row_256, RQ_Q4_K, row, n, tv, res)
+KERN256(k256_q5_K, q45k_row_256, RQ_Q5_K, row, n, tv, res)
+KERN256(k256_q6_K, q6k_row_256, row, n, tv, res)
+KERN256(k256_f32, float_row_256, RQ_F32, row, n, tv, res)
+KERN256(k256_f16, float_row_256, RQ_F16, row, n, tv, res)
+KERN256(k256_bf16, float_row_256, RQ_BF16, row, n, tv, res)
+
+#endif /* x86 */
+
+static kern_fn simd_kernel(int path, int t) {
+#ifdef RQ_HAVE_X86
+    if (path == RQ_PATH_AVX512) {
+        switch (t) {
+        case RQ_F32: return k512_f32;
+        case RQ_F16: return k512_f16;
+        case RQ_BF16: return k512_bf16;
+        case RQ_Q4_0: return k512_q4_0;
+        case RQ_Q4_1: return k512_q4_1;
+        case RQ_Q5_0: return k512_q5_0;
+        case RQ_Q5_1: return k512_q5_1;
+        case RQ_Q8_0: return k512_q8_0;
+        case RQ_Q2_K: return k512_q2_K;
+        case RQ_Q3_K: return k512_q3_K;
+        case RQ_Q4_K: return k512_q4_K;
+        case RQ_Q5_K: return k512_q5_K;
+        case RQ_Q6_K: return k512_q6_K;
+        default: return NULL;
+        }
+    }
+    if (path == RQ_PATH_AVX2) {
+        switch (t) {
+        case RQ_F32: return k256_f32;
+        case RQ_F16: return k256_f16;
+        case RQ_BF16: return k256_bf16;
+        case RQ_Q4_0: return k256_q4_0;
+        case RQ_Q4_1: return k256_q4_1;
+        case RQ_Q5_0: return k256_q5_0;
+        case RQ_Q5_1: return k256_q5_1;
+        case RQ_Q8_0: return k256_q8_0;
+        case RQ_Q2_K: return k256_q2_K;
+        case RQ_Q3_K: return k256_q3_K;
+        case RQ_Q4_K: return k256_q4_K;
+        case RQ_Q5_K: return k256_q5_K;
+        case RQ_Q6_K: return k256_q6_K;
+        default: return NULL;
+        }
+    }
+#else
+    (void)path; (void)t;
+#endif
+    return NULL;
+}
+
+/* ------------------------------------------------------------------------------------------ */
 /* Path selection                                                                              */
 
 static int g_path = -1;
@@ -666,18 +1359,31 @@ int rq_set_kernel_path(int path) {
 /* ------------------------------------------------------------------------------------------ */
 /* Dispatched dot and matmul                                                                   */
 
-static dot_fn path_dot(int path, int t) {
-    (void)path;
-    return ref_dot(t);
-}
-
 float rq_vec_dot(int t, int n, const void *row, const rq_act *x) {
-    dot_fn f = path_dot(rq_kernel_path(), t);
-    return f ? f(n, row, x) : NAN;
+    int path = rq_kernel_path();
+    kern_fn k = path == RQ_PATH_SCALAR ? NULL : simd_kernel(path, t);
+    if (!k) return rq_vec_dot_ref(t, n, row, x);
+    tokv tv = { x->qs, NULL, NULL, x->f };
+    float res = 0.0f;
+    if (is_float_type(t)) {
+        k(row, n, &tv, 1, &res);
+        return res;
+    }
+    int nb = n / QK;
+    float sbuf[2 * 8 * (64 + 1)];
+    float *buf = nb <= 64 ? sbuf : malloc(sizeof(float) * 16 * (size_t)(nb + 1));
+    if (!buf) return rq_vec_dot_ref(t, n, row, x);
+    tv.td = buf;
+    tv.tds = buf + 8 * (size_t)(nb + 1);
+    prep_tok(x, nb, buf, buf + 8 * (size_t)(nb + 1));
+    k(row, n, &tv, 1, &res);
+    if (buf != sbuf) free(buf);
+    return res;
 }
 
-static void matmul_rows_generic(dot_fn f, int t, const void *W, int cols, int r0, int r1,
-                                const rq_act *acts, int ntok, float *out, int ldo) {
+static void matmul_rows_ref(int t, const void *W, int cols, int r0, int r1,
+                            const rq_act *acts, int ntok, float *out, int ldo) {
+    dot_fn f = ref_dot(t);
     size_t rb = rq_row_bytes(t, cols);
     const uint8_t *w = W;
     for (int r = r0; r < r1; r++) {
@@ -686,17 +1392,65 @@ static void matmul_rows_generic(dot_fn f, int t, const void *W, int cols, int r0
     }
 }
 
+static int matmul_rows_simd(kern_fn kern, int t, const uint8_t *W, int cols, int r0, int r1,
+                            const rq_act *acts, int ntok, float *out, int ldo) {
+    size_t rb = rq_row_bytes(t, cols);
+    int nb = cols / QK;
+    size_t per = is_float_type(t) ? 0 : (size_t)16 * (size_t)(nb + 1);   /* floats per token */
+    tokv tvs[TMAX * 4];
+    tokv *tv = ntok <= TMAX * 4 ? tvs : malloc(sizeof(tokv) * (size_t)ntok);
+    float *buf = per ? malloc(sizeof(float) * per * (size_t)ntok) : NULL;
+    if (!tv || (per && !buf)) {
+        if (tv && tv != tvs) free(tv);
+        free(buf);
+        return -1;
+    }
+    for (int k = 0; k < ntok; k++) {
+        tv[k].qs = acts[k].qs;
+        tv[k].f = acts[k].f;
+        tv[k].td = tv[k].tds = NULL;
+        if (per) {
+            float *td = buf + per * (size_t)k, *tds = td + 8 * (size_t)(nb + 1);
+            prep_tok(&acts[k], nb, td, tds);
+            tv[k].td = td;
+            tv[k].tds = tds;
+        }
+    }
+    /* Row chunks small enough to stay in L2 while every token tile passes over them. */
+    int R = r1 - r0;
+    if (ntok > TMAX) {
+        size_t target = 96 * 1024;
+        R = (int)(target / (rb ? rb : 1));
+        if (R < 4) R = 4;
+    }
+    float res[TMAX];
+    for (int rc = r0; rc < r1; rc += R) {
+        int re = rc + R < r1 ? rc + R : r1;
+        for (int k0 = 0; k0 < ntok; k0 += TMAX) {
+            int T = ntok - k0 < TMAX ? ntok - k0 : TMAX;
+            for (int r = rc; r < re; r++) {
+                kern(W + (size_t)r * rb, cols, tv + k0, T, res);
+                for (int j = 0; j < T; j++) out[(size_t)(k0 + j) * ldo + r] = res[j];
+            }
+        }
+    }
+    if (tv != tvs) free(tv);
+    free(buf);
+    return 0;
+}
+
 void rq_matmul_rows(int t, const void *W, int cols, int r0, int r1,
                     const rq_act *acts, int ntok, float *out, int ldo) {
     if (r1 <= r0 || ntok <= 0) return;
-    int path = rq_kernel_path();
-    dot_fn f = path_dot(path, t);
-    if (!f) {
+    if (!rq_type_supported(t)) {
         for (int k = 0; k < ntok; k++)
             for (int r = r0; r < r1; r++) out[(size_t)k * ldo + r] = NAN;
         return;
     }
-    matmul_rows_generic(f, t, W, cols, r0, r1, acts, ntok, out, ldo);
+    int path = rq_kernel_path();
+    kern_fn k = path == RQ_PATH_SCALAR ? NULL : simd_kernel(path, t);
+    if (k && matmul_rows_simd(k, t, W, cols, r0, r1, acts, ntok, out, ldo) == 0) return;
+    matmul_rows_ref(t, W, cols, r0, r1, acts, ntok, out, ldo);
 }
 
 void rq_matmul(int t, const void *W, int rows, int cols,
