@@ -47,7 +47,7 @@ from rq.worker.base import WorkerStatus
 
 from jobs import keys, runtime
 from jobs.allowlist import check_job
-from jobs.runtime import JobInterrupted
+from jobs.runtime import JobInterrupted, TaskFailed
 from jobs.schemas import model_key, queue_names
 from jobs.tasks import record_rq_failure
 from pipeline.redis_conn import SERIALIZER, connect
@@ -245,6 +245,16 @@ class LLMWorker(SimpleWorker):
             p.execute()
         self._stop_requested = True
         self.log.warning("Worker %s: job %s interrupted and requeued", self.name, job.id)
+
+    def handle_exception(self, job: Job, *exc_info: Any) -> None:
+        if exc_info and exc_info[0] is not None and issubclass(exc_info[0], TaskFailed):
+            # An outcome the task already recorded (e.g. a request the engine refuses): one line, no traceback.
+            self.log.warning("Worker %s: job %s failed: %s", self.name, job.id, exc_info[1])
+            from rq.job_lifecycle import call_exception_handlers
+
+            call_exception_handlers(self._exc_handlers, job, *exc_info)
+            return
+        super().handle_exception(job, *exc_info)
 
     def handle_job_failure(self, job: Job, queue: Any, started_job_registry: Any = None, exc_string: str = "",
                            execution: Any = None) -> None:
