@@ -133,3 +133,50 @@ def assert_no_pickle(conn: Redis) -> dict[str, int]:
             # Small ints/strings are never pickles; any value that unpickles is a finding.
             raise AssertionError(f"{key} {field!r} unpickles")
     return counts
+
+
+@pytest.fixture
+def spawn_worker(redis_url: str, tmp_path):
+    """Start real worker processes (the production command) on the test Redis; stopped at teardown.
+
+        w = spawn_worker(model, threads=1, extra=["--heartbeat-interval", "1"])
+    """
+    from pipeline.embedded import WorkerProcess, worker_command
+
+    procs = []
+
+    def start(model: str = "smollm2-135m", *, name: str | None = None, threads: int | None = 1,
+              kv_budget: str | None = None, burst: bool = False, extra: list[str] | None = None):
+        name = name or f"test-worker-{len(procs)}"
+        cmd = worker_command(redis_url, model, threads=threads, kv_budget=kv_budget, burst=burst, name=name,
+                             extra=extra)
+        w = WorkerProcess(cmd, str(tmp_path / f"{name}.log"))
+        w.name = name
+        procs.append(w)
+        return w
+
+    yield start
+    import signal
+    import subprocess
+
+    for w in procs:
+        w.signal(signal.SIGTERM)
+    for w in procs:
+        try:
+            w.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            w.proc.kill()
+            w.proc.wait()
+        w.close()
+
+
+def wait_for_workers(conn: Redis, names: list[str], timeout: float = 120.0) -> None:
+    """Block until the named workers registered (their engine is loaded by then)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if all(conn.exists(f"rq:worker:{n}") for n in names):
+            return
+        time.sleep(0.1)
+    raise TimeoutError(f"workers {names} did not start within {timeout} s")

@@ -1,0 +1,133 @@
+"""Pipeline overhead: N short jobs through Redis + one worker vs. the same jobs in a plain engine loop.
+
+    python bench/bench_pipeline.py [--jobs 200] [--max-tokens 8] [--runs 3] [--threads 2]
+
+Both sides run the same prompts in the same order with the same engine settings. The pipeline side
+is the whole path: submit_batch (validation, claims, enqueue), a worker process (`python -m
+pipeline.worker`, the production command, engine loaded before timing) dequeuing, generating with
+token streaming into Redis, recording results and batch events, and the collector writing the
+OpenAI Batch output file. Runs alternate plain/pipeline; medians are reported with the overhead ratio
+(pipeline / plain - 1; target <= 5 %). Every pipeline run uses recompute so nothing is reused.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from engine.engine import Engine  # noqa: E402
+from engine.params import SamplingParams  # noqa: E402
+from pipeline.client import Client  # noqa: E402
+from pipeline.collector import collect  # noqa: E402
+from pipeline.embedded import RedisServer, WorkerProcess, worker_command  # noqa: E402
+
+TOPICS = ["a colour", "a fruit", "an animal", "a planet", "a country", "a tree", "a river", "a metal",
+          "a sport", "an ocean", "a vegetable", "an instrument", "a month", "a bird", "a city", "a tool"]
+
+
+def prompts(n: int) -> list[list[dict]]:
+    return [[{"role": "user", "content": f"Item {i}: name {TOPICS[i % len(TOPICS)]}."}] for i in range(n)]
+
+
+def run_plain(eng: Engine, msgs: list[list[dict]], params: SamplingParams) -> tuple[float, int]:
+    t0 = time.perf_counter()
+    toks = 0
+    for m in msgs:
+        toks += eng.generate(messages=m, params=params).completion_tokens
+    return time.perf_counter() - t0, toks
+
+
+def run_pipeline(client: Client, model: str, msgs: list[list[dict]], params: SamplingParams,
+                 out: Path) -> tuple[float, float, int]:
+    jobs = [{"model": model, "messages": m, "params": params.model_dump(), "custom_id": f"r{i}"}
+            for i, m in enumerate(msgs)]
+    out.unlink(missing_ok=True)
+    t0 = time.perf_counter()
+    bid = client.submit_batch(jobs, recompute=True)
+    t_submit = time.perf_counter() - t0
+    s = collect(client, bid, out, progress=False, block_ms=200)
+    wall = time.perf_counter() - t0
+    assert s.done == len(jobs), s
+    return wall, t_submit, s.generated_tokens
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--jobs", type=int, default=200)
+    ap.add_argument("--max-tokens", type=int, default=8)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--kv-budget", default=None)
+    ap.add_argument("--json", action="store_true", help="print one JSON summary line only")
+    a = ap.parse_args()
+
+    params = SamplingParams(max_tokens=a.max_tokens, temperature=0.0)
+    msgs = prompts(a.jobs)
+    kw = {"threads": a.threads}
+    if a.kv_budget:
+        kw["kv_budget"] = a.kv_budget
+    eng = Engine(a.model, **kw)
+    eng.generate(messages=msgs[0], params=params)  # warm-up
+
+    server = RedisServer().start()
+    tmp = Path(tempfile.mkdtemp(prefix="rqllm-bench-"))
+    worker = WorkerProcess(worker_command(server.url, a.model, threads=a.threads, kv_budget=a.kv_budget,
+                                          name="bench-worker", extra=["--log-level", "WARNING"]),
+                           str(tmp / "worker.log"))
+    client = Client(server.url)
+    plain, pipe, submit = [], [], []
+    try:
+        deadline = time.monotonic() + 120
+        while not client.connection.exists("rq:worker:bench-worker"):
+            if not worker.alive() or time.monotonic() > deadline:
+                raise SystemExit("worker did not start:\n" + worker.tail())
+            time.sleep(0.1)
+        run_pipeline(client, a.model, msgs[:2], params, tmp / "warm.jsonl")  # warm-up
+        for r in range(a.runs):
+            p, toks_p = run_plain(eng, msgs, params)
+            q, sub, toks_q = run_pipeline(client, a.model, msgs, params, tmp / "out.jsonl")
+            plain.append(p)
+            pipe.append(q)
+            submit.append(sub)
+            if not a.json:
+                print(f"run {r + 1}: plain {p:.3f} s ({toks_p} tok), pipeline {q:.3f} s ({toks_q} tok, "
+                      f"submit {sub * 1000:.0f} ms), overhead {100 * (q / p - 1):+.1f} %", flush=True)
+    finally:
+        import signal
+
+        worker.signal(signal.SIGTERM)
+        try:
+            worker.proc.wait(30)
+        except Exception:  # noqa: BLE001
+            worker.proc.kill()
+        worker.close()
+        server.stop()
+    mp, mq = statistics.median(plain), statistics.median(pipe)
+    summary = {
+        "jobs": a.jobs, "max_tokens": a.max_tokens, "runs": a.runs, "threads": a.threads,
+        "plain_median_s": round(mp, 4), "pipeline_median_s": round(mq, 4),
+        "submit_median_ms": round(1000 * statistics.median(submit), 1),
+        "overhead_ratio": round(mq / mp - 1, 4),
+        "overhead_ms_per_job": round(1000 * (mq - mp) / a.jobs, 3),
+    }
+    if a.json:
+        print(json.dumps(summary))
+    else:
+        print(f"median plain {mp:.3f} s, median pipeline {mq:.3f} s over {a.runs} runs of {a.jobs} jobs "
+              f"(max_tokens {a.max_tokens}, {a.threads} threads)")
+        print(f"overhead ratio {100 * summary['overhead_ratio']:+.2f} % "
+              f"({summary['overhead_ms_per_job']:.2f} ms/job; target <= 5 %)")
+        print(json.dumps(summary))
+
+
+if __name__ == "__main__":
+    main()
