@@ -8,8 +8,8 @@ e.g. in the middle of a Redis reply. LLMWorker is a SimpleWorker with:
 
 * a heartbeat thread during each job: extends the worker key, the execution, the started-registry
   entry and the job's last_heartbeat every `heartbeat_interval` s with a short TTL (interval + 60 s),
-  so a SIGKILLed worker's job is found abandoned by the next maintenance pass (every 60 s) and is
-  retried or recorded failed;
+  so a SIGKILLed worker's job is found abandoned by the next maintenance pass (every 60 s) of any
+  worker and is retried (retries left) or recorded failed, which ends it for the batches;
 * cooperative timeouts: no SIGALRM; the engine's should_stop() checks the job's deadline between tokens;
 * a loss-free priority dequeue (below);
 * an allowlist check before running anything (jobs.allowlist);
@@ -56,6 +56,7 @@ log = logging.getLogger("rqllm.worker")
 
 DEFAULT_HEARTBEAT_INTERVAL = 10
 DEFAULT_MAINTENANCE_INTERVAL = 60
+DEFAULT_HEARTBEAT_GRACE = 60  # a job's started-registry entry outlives the last beat by this much
 DOORBELL_WAIT = 1
 
 
@@ -101,7 +102,8 @@ class LLMWorker(SimpleWorker):
     death_penalty_class = NoDeathPenalty
 
     def __init__(self, queues: Any, *, model: str, heartbeat_interval: int = DEFAULT_HEARTBEAT_INTERVAL,
-                 maintenance_interval: int = DEFAULT_MAINTENANCE_INTERVAL, **kwargs: Any):
+                 maintenance_interval: int = DEFAULT_MAINTENANCE_INTERVAL,
+                 heartbeat_grace: int = DEFAULT_HEARTBEAT_GRACE, **kwargs: Any):
         kwargs.setdefault("serializer", SERIALIZER)
         super().__init__(queues, job_monitoring_interval=heartbeat_interval,
                          maintenance_interval=maintenance_interval, **kwargs)
@@ -109,6 +111,7 @@ class LLMWorker(SimpleWorker):
         self.model_key = model_key(model)
         self.doorbell = keys.doorbell_key(self.model_key)
         self.heartbeat_interval = heartbeat_interval
+        self.heartbeat_grace = heartbeat_grace
         self._force_stop = False
         self._current_job_id: str | None = None
         self._last_idle_beat = 0.0
@@ -192,7 +195,7 @@ class LLMWorker(SimpleWorker):
     def get_heartbeat_ttl(self, job: Job, working_time: float = 0.0) -> int:
         # SimpleWorker's is timeout + 60 s (it never beats during a job); we beat, so keep it short.
         return int(max(1, min(job.timeout - working_time if job.timeout and job.timeout > 0 else 1e9,
-                              self.heartbeat_interval))) + 60
+                              self.heartbeat_interval))) + self.heartbeat_grace
 
     def prepare_job_execution(self, job: Job, remove_from_intermediate_queue: bool = False) -> None:
         # rq removes the id from the intermediate list only with a single queue; we always LMOVE into it.
@@ -290,7 +293,8 @@ def load_engine(model: str, threads: int | None, kv_budget: str | None) -> Any:
 def run_worker(model: str, *, redis_url: str | None = None, threads: int | None = None,
                kv_budget: str | None = None, burst: bool = False, name: str | None = None,
                max_jobs: int | None = None, heartbeat_interval: int = DEFAULT_HEARTBEAT_INTERVAL,
-               maintenance_interval: int = DEFAULT_MAINTENANCE_INTERVAL, engine: Any = None,
+               maintenance_interval: int = DEFAULT_MAINTENANCE_INTERVAL,
+               heartbeat_grace: int = DEFAULT_HEARTBEAT_GRACE, engine: Any = None,
                logging_level: str = "INFO", flush_interval: float = 0.05) -> bool:
     """Load the engine once, then work the model's high/default/low queues. Returns whether any job ran."""
     connection = connect(redis_url)
@@ -301,7 +305,8 @@ def run_worker(model: str, *, redis_url: str | None = None, threads: int | None 
         engine = load_engine(model, threads, kv_budget)
     logging.getLogger("rqllm").setLevel(logging_level)
     worker = LLMWorker(queue_names(model), model=model, name=name, connection=connection,
-                       heartbeat_interval=heartbeat_interval, maintenance_interval=maintenance_interval)
+                       heartbeat_interval=heartbeat_interval, maintenance_interval=maintenance_interval,
+                       heartbeat_grace=heartbeat_grace)
     runtime.set_context(runtime.WorkerContext(
         engine=engine, connection=connection, worker_name=worker.name,
         force_stop=worker.should_stop_generating, flush_interval=flush_interval,
@@ -323,14 +328,17 @@ def run_worker(model: str, *, redis_url: str | None = None, threads: int | None 
 @click.option("--redis-url", envvar="REDIS_URL", default=None, help="Redis URL (default $REDIS_URL).")
 @click.option("--max-jobs", type=int, default=None, help="Exit after this many jobs.")
 @click.option("--heartbeat-interval", type=int, default=DEFAULT_HEARTBEAT_INTERVAL, show_default=True)
-@click.option("--maintenance-interval", type=int, default=DEFAULT_MAINTENANCE_INTERVAL, show_default=True)
+@click.option("--heartbeat-grace", type=int, default=DEFAULT_HEARTBEAT_GRACE, show_default=True,
+              help="Seconds after the last heartbeat before a job counts as abandoned.")
+@click.option("--maintenance-interval", type=int, default=DEFAULT_MAINTENANCE_INTERVAL, show_default=True,
+              help="Seconds between registry cleanups (abandoned-job detection).")
 @click.option("--log-level", default="INFO", show_default=True)
 def worker_command(model: str, threads: int | None, kv_budget: str | None, burst: bool, name: str | None,
-                   redis_url: str | None, max_jobs: int | None, heartbeat_interval: int,
+                   redis_url: str | None, max_jobs: int | None, heartbeat_interval: int, heartbeat_grace: int,
                    maintenance_interval: int, log_level: str) -> None:
     """Run one worker process for MODEL: load the engine once, generate queued jobs one at a time."""
     run_worker(model, redis_url=redis_url, threads=threads, kv_budget=kv_budget, burst=burst, name=name,
-               max_jobs=max_jobs, heartbeat_interval=heartbeat_interval,
+               max_jobs=max_jobs, heartbeat_interval=heartbeat_interval, heartbeat_grace=heartbeat_grace,
                maintenance_interval=maintenance_interval, logging_level=log_level.upper())
 
 
