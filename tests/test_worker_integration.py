@@ -257,3 +257,41 @@ def test_refuses_functions_outside_the_allowlist(client, spawn_worker, tmp_path)
         assert "RefusedJob" in (j.latest_result().exc_string or "")
     assert client.result(ok).status == "done"
     assert_no_pickle(client.connection)
+
+
+def test_killed_worker_job_is_retried_by_another(client, spawn_worker):
+    """SIGKILL mid-job: the heartbeat stops, the entry expires, another worker's maintenance pass finds
+    the job abandoned and retries it; the batch completes with the retried result."""
+    fast = ["--heartbeat-interval", "1", "--heartbeat-grace", "2", "--maintenance-interval", "1"]
+    w1 = spawn_worker(name="kill-w1", extra=fast)
+    wait_for_workers(client.connection, [w1.name])
+    bid = client.submit_batch([{"model": M, "prompt": "Write a long story about a dragon.", "custom_id": "long",
+                                "params": {"max_tokens": 400}}], retries=1)
+    jid = client.batch_entries(bid)[0][1]
+    reg = client.queue(M).started_job_registry
+    deadline = time.monotonic() + 60
+    while jid not in reg.get_job_ids(cleanup=False) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    time.sleep(0.3)
+    w1.proc.kill()
+    w1.proc.wait()
+    assert client.result(jid) is None and client.job_status(jid) == "started"
+    w2 = spawn_worker(name="kill-w2", extra=fast)
+    s = collect(client, bid, Path(w2.log_path).with_suffix(".jsonl"), progress=False, timeout=300)
+    assert s.done == 1
+    r = client.result(jid)
+    assert r.worker == w2.name and r.status == "done"
+    assert final_text(read_all(client.connection, keys.token_stream_key(jid))) == r.text
+
+
+def test_priority_order(client, spawn_worker):
+    def one(tag: str, prio: str) -> str:
+        bid = client.submit_batch([{"model": M, "prompt": f"Say {tag}.", "params": {"max_tokens": 2}}],
+                                  priority=prio)
+        return client.batch_entries(bid)[0][1]
+
+    low, default, high = one("low", "low"), one("default", "default"), one("high", "high")
+    w = spawn_worker(name="prio-w1", burst=True)
+    w.proc.wait(120)
+    started = {k: client.result(j).started_at for k, j in (("low", low), ("default", default), ("high", high))}
+    assert started["high"] < started["default"] < started["low"]
