@@ -295,3 +295,22 @@ def test_priority_order(client, spawn_worker):
     w.proc.wait(120)
     started = {k: client.result(j).started_at for k, j in (("low", low), ("default", default), ("high", high))}
     assert started["high"] < started["default"] < started["low"]
+
+
+def test_embedded_submit_wait(tmp_path):
+    """No REDIS_URL: `rqllm submit ... -o` runs a private redis-server and a worker, collects, stops all."""
+    out = tmp_path / "out.jsonl"
+    prompt_file = tmp_path / "p.txt"
+    prompt_file.write_text("Name a fruit.")
+    env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
+    env["PYTHONPATH"] = str(ROOT)
+    p = subprocess.run([sys.executable, "-c", "from pipeline.cli import main; main()", "submit", "Say hi.",
+                        str(prompt_file), "--max-tokens", "6", "-o", str(out), "--no-progress"],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    bid = p.stdout.strip()
+    assert bid.startswith("batch_")
+    got = {x["custom_id"]: x for x in lines(out)}
+    assert set(got) == {"prompt-1", str(prompt_file)}
+    assert all(x["error"] is None for x in got.values())
+    assert "embedded cluster" in p.stderr
