@@ -809,20 +809,23 @@ def summarize(paths: Sequence[str], *, output: IO[str], fmt: str = "jsonl", mode
     words = words_for(max_summary_tokens)
     fan_in = reduce_fan_in(meter, templates, budget, words)
     run_id = uuid.uuid4().hex[:12]
-    plans = [plan_document(i, d, run_id=run_id, model=model, meter=meter, templates=templates, budget=budget,
-                           fan_in=fan_in) for i, d in enumerate(docs)]
-    total_chunks = sum(len(p.chunks) for p in plans)
-    err.write(f"summarising {len(docs)} document{'s' if len(docs) != 1 else ''} ({total_chunks} chunks) with "
-              f"{model}; KV budget {budget.capacity} tokens, summaries up to {max_summary_tokens} tokens\n")
+    err.write(f"summarising {len(docs)} document{'s' if len(docs) != 1 else ''} with {model}; KV budget "
+              f"{budget.capacity} tokens, summaries up to {max_summary_tokens} tokens, up to {fan_in} per reduce\n")
     out = Output(output, fmt, model=model)
 
     def run(connection: Any, health: Callable[[], None] | None, remote: bool) -> list[DocState]:
         from jobs.schemas import model_key
 
-        submitted = time.time()
-        submit_plans(connection, plans, model=model, templates=templates, budget=budget)
-        states = [DocState(p, submitted) for p in plans]
-        progress = Progress(len(plans), total_chunks, stream=err)
+        # Plan and submit one document at a time: workers start on the first document's chunks
+        # while later documents are still being tokenized.
+        states: list[DocState] = []
+        progress = Progress(len(docs), 0, stream=err)
+        for i, d in enumerate(docs):
+            plan = plan_document(i, d, run_id=run_id, model=model, meter=meter, templates=templates,
+                                 budget=budget, fan_in=fan_in)
+            submit_plans(connection, [plan], model=model, templates=templates, budget=budget)
+            states.append(DocState(plan, time.time()))
+            progress.total_chunks += len(plan.chunks)
         progress.update(0, 0, force=True)
 
         def on_done(s: DocState) -> None:
@@ -868,7 +871,7 @@ def summarize(paths: Sequence[str], *, output: IO[str], fmt: str = "jsonl", mode
     records = [s.record(model) for s in states]
     report = RunReport(
         documents=len(states), summarised=sum(1 for s in states if not s.error),
-        failed=sum(1 for s in states if s.error), skipped=skipped, chunks=total_chunks,
+        failed=sum(1 for s in states if s.error), skipped=skipped, chunks=sum(r["chunks"] for r in records),
         tokens_in=sum(r["tokens_in"] for r in records), tokens_out=sum(r["tokens_out"] for r in records),
         wall_seconds=wall, records=records,
     )
