@@ -35,7 +35,6 @@ import heapq
 import json
 import os
 import tempfile
-import threading
 from collections.abc import Iterable, Sequence
 from functools import lru_cache
 from pathlib import Path
@@ -403,7 +402,6 @@ class Tokenizer:
 
     def __init__(self) -> None:  # use from_gguf
         self._pieces: dict[int, bytes] = {}
-        self._lock = threading.Lock()
 
     @classmethod
     def from_gguf(cls, gguf: GGUFFile | str | os.PathLike, *, use_cache: bool = True) -> Tokenizer:

@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.gguf_file import GGUFFile
-from engine.tokenizer import StreamDecoder, Tokenizer, TokenizerError
+from engine.tokenizer import SUPPORTED_PRE, StreamDecoder, Tokenizer, TokenizerError
 from tests.test_gguf_file import model_path
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -382,6 +382,21 @@ def test_gpt2_cache(tmp_path, monkeypatch):
         f.write_text("{not json")
     t3 = Tokenizer.from_gguf(p)
     assert not t3.from_cache and t3.encode("hello") == t1.encode("hello")
+
+
+@pytest.mark.parametrize("pre", SUPPORTED_PRE)
+def test_every_supported_pre_tokenizer_builds(tmp_path, monkeypatch, pre):
+    monkeypatch.setenv("RQLLM_TOKENIZER_CACHE", str(tmp_path / "cache"))
+    chars = [chr(c) for c in range(0x21, 0x7F)] + ["Ġ", "Ċ"]
+    tokens = ["<|endoftext|>"] + chars + ["12", "34", "123"]
+    merges = ["1 2", "3 4", "12 3"]
+    p = _write_gguf(tmp_path / f"{pre}.gguf", "gpt2", tokens, [3] + [1] * (len(tokens) - 1), merges=merges, pre=pre)
+    tok = Tokenizer.from_gguf(p, use_cache=False)
+    got = [tok.token_text(i) for i in tok.encode("1234 x!\n", add_bos=False)]
+    digits = {"llama3": ["123", "4"], "qwen2": ["1", "2", "3", "4"], "smollm": ["1", "2", "3", "4"], "gpt-2": ["12", "34"]}
+    if pre in digits:  # \p{N}{1,3} groups / single digits / whole numbers, then the merges
+        assert got[:len(digits[pre])] == digits[pre], got
+    assert tok.decode(tok.encode("1234 x!\n")) == "1234 x!\n"
 
 
 def test_unsupported_tokenizers(tmp_path):
