@@ -363,14 +363,15 @@ class GGUFFile:
         # Fast path: decode the whole region (length prefixes included) in one go
         # and slice the str.  Valid when every length-prefix byte is ASCII: then
         # each item is bounded by ASCII bytes and is valid UTF-8 on its own.
-        prefix_ascii = bool((buf[(st[:, None] - np.arange(1, 9)).ravel()] < 0x80).all())
+        # (the prefix of item i is the u64 value en[i] - st[i]: ASCII iff no byte has its top bit set)
+        prefix_ascii = not bool(((en - st).astype(np.uint64) & np.uint64(0x8080808080808080)).any())
         if prefix_ascii:
             try:
                 text = blob.decode("utf-8")
             except UnicodeDecodeError:
                 text = None
             if text is not None:
-                cont = np.zeros(len(buf) + 1, dtype=np.int64)
+                cont = np.zeros(len(buf) + 1, dtype=np.int32 if len(buf) < 2**31 else np.int64)
                 np.cumsum((buf & 0xC0) == 0x80, out=cont[1:])  # continuation bytes before each offset
                 cs = (st - cont[st]).tolist()
                 ce = (en - cont[en]).tolist()
