@@ -34,9 +34,10 @@ import codecs
 import heapq
 import json
 import os
+import re
 import tempfile
 from collections.abc import Iterable, Sequence
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -279,12 +280,16 @@ def _load_gpt2(g: GGUFFile, pre: str, use_cache: bool) -> tuple[HFTokenizer, boo
 
 
 # --------------------------------------------------------------------------- SentencePiece (llama)
+_SPANNING_RE = re.compile("[^\x00\u2581]\u2581")
+_WORD_SPLIT_RE = re.compile("(?<=[^\u2581])(?=\u2581)")
+
 class _SPM:
     """llama.cpp's SPM encoder (llm_tokenizer_spm_session) over a scored vocabulary."""
 
     def __init__(self, tokens: list[str], scores: np.ndarray, unk_id: int | None):
         self.vocab = dict(zip(tokens, range(len(tokens))))
         self.scores = scores.tolist()
+        self._cache: dict[str, list[int]] = {}
         get = self.vocab.get
         self.byte_ids = []
         for b in range(256):
@@ -293,7 +298,41 @@ class _SPM:
                 i = get(chr(b)) if b < 128 else None
             self.byte_ids.append(i if i is not None else unk_id)
 
+    # Speed-up (exact): a merge can only join a non-space character to a following
+    # U+2581 if some vocabulary entry contains that pair.  When none of those few
+    # entries occurs in the text, words are encoded independently and cached.
+    _MAX_SPANNING = 64
+    _CACHE_MAX = 1 << 16
+
+    @cached_property
+    def _spanning(self) -> list[str] | None:
+        joined = "\x00".join(self.vocab)  # one C-speed regex pass instead of a loop over the vocabulary
+        entries = set()
+        for m in _SPANNING_RE.finditer(joined):
+            start = joined.rfind("\x00", 0, m.start()) + 1
+            end = joined.find("\x00", m.end())
+            entries.add(joined[start : end if end >= 0 else len(joined)])
+            if len(entries) > self._MAX_SPANNING:
+                return None
+        return sorted(entries)
+
     def encode(self, text: str, out: list[int]) -> None:
+        spanning = self._spanning
+        if len(text) > 24 and spanning is not None and not any(t in text for t in spanning):
+            cache = self._cache
+            for word in _WORD_SPLIT_RE.split(text):
+                ids = cache.get(word)
+                if ids is None:
+                    ids = []
+                    self._encode(word, ids)
+                    if len(cache) >= self._CACHE_MAX:
+                        cache.clear()
+                    cache[word] = ids
+                out.extend(ids)
+        else:
+            self._encode(text, out)
+
+    def _encode(self, text: str, out: list[int]) -> None:
         n = len(text)
         if n == 0:
             return

@@ -163,6 +163,19 @@ def test_gemma3_hand_checked(gemma3: Tokenizer):
     assert t.token_text(106) == "<end_of_turn>"
 
 
+@pytest.mark.parametrize("text", [
+    "The quick brown fox jumps over the lazy dog. " * 20,
+    "<i>a</i> </b> word " * 10,  # contains "> </": Gemma's one entry spanning a word boundary ('>▁</')
+    "naïve café 日本語 🙂 x" * 10,
+])
+def test_spm_word_cache_is_exact(gemma3: Tokenizer, text):
+    """Per-word encoding with a cache (the SPM speed-up) gives the same ids as one pass over the text."""
+    whole: list[int] = []
+    gemma3._spm._encode(text.replace(" ", "\u2581"), whole)
+    assert gemma3.encode(text, add_bos=False) == whole
+    assert gemma3.encode(text, add_bos=False) == whole  # again, from the cache
+
+
 def test_skip_special_decode(smollm2: Tokenizer, gemma3: Tokenizer):
     ids = smollm2.encode("<|im_start|>user\nhi<|im_end|>")
     assert smollm2.decode(ids) == "<|im_start|>user\nhi<|im_end|>"
