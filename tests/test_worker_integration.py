@@ -71,6 +71,19 @@ def chat_jobs(n: int = 20, max_tokens: int = 8, over_budget: int | None = None) 
     return out
 
 
+LONG_PROMPT = "Count from 1 to 1000: 1, 2, 3, 4, 5,"  # the model keeps counting until max_tokens
+
+
+def wait_generating(client: Client, jid: str, timeout: float = 120.0) -> None:
+    """Block until the job's token stream holds a text chunk (it is mid-generation)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if any(e.type == "text" for e in read_all(client.connection, keys.token_stream_key(jid))):
+            return
+        time.sleep(0.01)
+    raise TimeoutError(f"job {jid} did not start generating")
+
+
 def lines(path: Path) -> list[dict]:
     return [json.loads(x) for x in path.read_text(encoding="utf-8").splitlines() if x.strip()]
 
@@ -207,13 +220,10 @@ def test_submit_cli_reports_bad_lines_and_watch_before_start(client, spawn_worke
 def test_cold_stop_requeues_and_heartbeat_extends(client, spawn_worker, tmp_path):
     w = spawn_worker(name="cold-w1", extra=["--heartbeat-interval", "1"])
     wait_for_workers(client.connection, [w.name])
-    jid = client.submit({"model": M, "prompt": "Write a long story about a dragon.",
-                         "params": {"max_tokens": 2000}}, timeout=600)
+    jid = client.submit({"model": M, "prompt": LONG_PROMPT, "params": {"max_tokens": 2000}}, timeout=600)
     q = client.queue(M)
     reg = q.started_job_registry
-    deadline = time.monotonic() + 60
-    while jid not in reg.get_job_ids(cleanup=False) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_generating(client, jid)
     assert jid in reg.get_job_ids(cleanup=False)
     # heartbeat: the started-registry entry keeps moving forward (SimpleWorker alone never extends it)
     s1 = client.connection.zscore(reg.key, reg.connection.zrange(reg.key, 0, -1)[0])
@@ -265,14 +275,10 @@ def test_killed_worker_job_is_retried_by_another(client, spawn_worker):
     fast = ["--heartbeat-interval", "1", "--heartbeat-grace", "2", "--maintenance-interval", "1"]
     w1 = spawn_worker(name="kill-w1", extra=fast)
     wait_for_workers(client.connection, [w1.name])
-    bid = client.submit_batch([{"model": M, "prompt": "Write a long story about a dragon.", "custom_id": "long",
-                                "params": {"max_tokens": 400}}], retries=1)
+    bid = client.submit_batch([{"model": M, "prompt": LONG_PROMPT, "custom_id": "long",
+                                "params": {"max_tokens": 120}}], retries=1)
     jid = client.batch_entries(bid)[0][1]
-    reg = client.queue(M).started_job_registry
-    deadline = time.monotonic() + 60
-    while jid not in reg.get_job_ids(cleanup=False) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    time.sleep(0.3)
+    wait_generating(client, jid)
     w1.proc.kill()
     w1.proc.wait()
     assert client.result(jid) is None and client.job_status(jid) == "started"
