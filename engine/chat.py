@@ -212,7 +212,3 @@ class ChatFormat:
 
     def __repr__(self) -> str:
         return f"ChatFormat({self.name!r})"
-
-
-# jinja2 is imported for its exceptions/sandbox; keep the module reference for callers that want the version
-JINJA2_VERSION = jinja2.__version__

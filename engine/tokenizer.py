@@ -36,7 +36,7 @@ import json
 import os
 import re
 import tempfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from functools import cached_property, lru_cache
 from pathlib import Path
 
