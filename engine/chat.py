@@ -7,8 +7,11 @@
   ``bos_token``, ``eos_token``, ``raise_exception(msg)``, ``strftime_now(fmt)`` and
   the ``tojson`` filter.
 * Gemma GGUFs carry no template: the built-in Gemma turn format folds system
-  prompts into the next user turn (as llama.cpp's built-in "gemma" template does).
+  prompts into the next user turn (as llama.cpp's built-in "gemma" template does)
+  and starts with ``<bos>`` (as HF's Gemma template does).
 * Anything else without a template falls back to ChatML.
+* The rendered text already holds the BOS token when the model needs one: tokenize
+  it with ``add_bos=False`` (``ChatFormat.encode`` does that, never doubling BOS).
 
 Messages are validated first (pydantic): role in system/user/assistant, content a string.
 """
@@ -49,8 +52,10 @@ class ChatMessage(BaseModel):
 
 
 # llama.cpp's built-in "gemma" format: system text (trimmed) goes at the top of the
-# next user turn followed by a blank line; "assistant" is called "model"; content is trimmed.
+# next user turn followed by a blank line; "assistant" is called "model"; content is
+# trimmed.  Like HF's Gemma template it starts with the BOS token.
 GEMMA_TEMPLATE = (
+    "{{- bos_token -}}"
     "{%- set ns = namespace(system='') -%}"
     "{%- for m in messages -%}"
     "{%- if m.role == 'system' -%}"
@@ -66,6 +71,7 @@ GEMMA_TEMPLATE = (
 )
 
 CHATML_TEMPLATE = (
+    "{{- bos_token -}}"
     "{%- for m in messages -%}"
     "{{ '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}"
     "{%- endfor -%}"
@@ -169,7 +175,12 @@ class ChatFormat:
 
     @classmethod
     def from_gguf(cls, gguf: GGUFFile, tokenizer: Tokenizer | None = None) -> ChatFormat:
-        """The GGUF's own template; else Gemma's turn format for Gemma models; else ChatML."""
+        """The GGUF's own template; else Gemma's turn format for Gemma models; else ChatML.
+
+        The rendered text carries the BOS token when the model wants one (GGUF templates
+        write ``bos_token`` themselves; the built-ins write it when the GGUF's
+        ``add_bos_token`` is true), so tokenize it with ``add_bos=False`` -- or use ``encode``.
+        """
         bos = eos = ""
         if tokenizer is not None:
             bos = tokenizer.token_text(tokenizer.bos_id) if tokenizer.bos_id is not None else ""
@@ -179,11 +190,14 @@ class ChatFormat:
         if isinstance(template, str) and template.strip():
             return cls(template, bos_token=bos, eos_token=eos, name=f"{label}:tokenizer.chat_template",
                        tokenizer=tokenizer)
+        builtin_bos = bos if tokenizer is not None and tokenizer.add_bos else ""
         arch = gguf.arch or ""
         has_gemma_turns = tokenizer is not None and tokenizer.token_to_id("<start_of_turn>") is not None
         if arch.startswith("gemma") or has_gemma_turns:
-            return cls(GEMMA_TEMPLATE, bos_token=bos, eos_token=eos, name="gemma (built-in)", tokenizer=tokenizer)
-        return cls(CHATML_TEMPLATE, bos_token=bos, eos_token=eos, name="chatml (built-in)", tokenizer=tokenizer)
+            return cls(GEMMA_TEMPLATE, bos_token=builtin_bos, eos_token=eos, name="gemma (built-in)",
+                       tokenizer=tokenizer)
+        return cls(CHATML_TEMPLATE, bos_token=builtin_bos, eos_token=eos, name="chatml (built-in)",
+                   tokenizer=tokenizer)
 
     def render(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True) -> str:
         msgs = validate_messages(messages)
@@ -202,7 +216,7 @@ class ChatFormat:
             raise ChatTemplateError(f"chat template {self.name!r} failed: {type(e).__name__}: {e}") from None
 
     def encode(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True) -> list[int]:
-        """Render and tokenize; BOS is added once (not again if the template already wrote it)."""
+        """Render and tokenize; BOS appears once (added only if the model wants it and the template did not write it)."""
         if self.tokenizer is None:
             raise ChatError("ChatFormat.encode needs a tokenizer (use ChatFormat.from_gguf(gguf, tokenizer))")
         text = self.render(messages, add_generation_prompt)

@@ -61,22 +61,24 @@ def test_smollm2_encode(smollm2):
     chat, tok = smollm2
     ids = chat.encode([{"role": "user", "content": "hi"}])
     assert ids[0] == 1 and ids.count(1) == 3  # three <|im_start|>; SmolLM2 adds no BOS
-    assert ids == tok.encode(chat.render([{"role": "user", "content": "hi"}]))
+    assert ids == tok.encode(chat.render([{"role": "user", "content": "hi"}]), add_bos=False)
 
 
 # --------------------------------------------------------------------------- Gemma 3 (built-in format)
 def test_gemma_builtin(gemma3):
     chat, _ = gemma3
     assert chat.name == "gemma (built-in)"
-    assert chat.render([{"role": "user", "content": "hi"}]) == "<start_of_turn>user\nhi<end_of_turn>\n<start_of_turn>model\n"
+    assert chat.render([{"role": "user", "content": "hi"}]) == (
+        "<bos><start_of_turn>user\nhi<end_of_turn>\n<start_of_turn>model\n"
+    )
     assert chat.render(CONVERSATION) == (
-        "<start_of_turn>user\nBe brief.\n\nWhat is 2+2?<end_of_turn>\n"
+        "<bos><start_of_turn>user\nBe brief.\n\nWhat is 2+2?<end_of_turn>\n"
         "<start_of_turn>model\n4.<end_of_turn>\n"
         "<start_of_turn>user\nAnd 3+3?<end_of_turn>\n"
         "<start_of_turn>model\n"
     )
     assert chat.render([{"role": "user", "content": "  padded \n"}], add_generation_prompt=False) == (
-        "<start_of_turn>user\npadded<end_of_turn>\n"
+        "<bos><start_of_turn>user\npadded<end_of_turn>\n"
     )
 
 
@@ -87,6 +89,9 @@ def test_gemma_encode_single_bos(gemma3):
     assert ids.count(2) == 1
     assert ids[-3:] == [105, 4368, 107]  # <start_of_turn>model\n
     assert tok.decode(ids) == "<bos><start_of_turn>user\nS\n\nhi<end_of_turn>\n<start_of_turn>model\n"
+    # the rendered text carries the BOS: tokenizing it with add_bos=False gives the same ids
+    text = chat.render([{"role": "system", "content": "S"}, {"role": "user", "content": "hi"}])
+    assert tok.encode(text, add_bos=False) == ids
 
 
 # --------------------------------------------------------------------------- validation
