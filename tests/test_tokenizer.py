@@ -125,6 +125,18 @@ def test_fixture_texts_round_trip(tok_and_name):
         assert tok.decode(case["ids"]) == case["text"]
 
 
+def test_greedy_fixture_prompts_and_texts(tok_and_name):
+    """The greedy-generation fixtures: prompt ids (BOS per the GGUF) and llama.cpp's text of the generated ids."""
+    tok, name = tok_and_name
+    p = FIXTURES / f"llamacpp_greedy_{name}.json"
+    if not p.exists():
+        pytest.skip(f"{p} is missing: generate it with tests/tools/make_llamacpp_fixtures.py")
+    for case in json.loads(p.read_text())["cases"]:
+        assert tok.encode(case["prompt"]) == case["prompt_ids"], case["name"]
+        assert tok.decode(case["greedy_ids"], skip_special=True) == case["greedy_text"], case["name"]
+        assert "".join(_stream(tok, case["greedy_ids"], True)) == case["greedy_text"]
+
+
 # --------------------------------------------------------------------------- hand-checked ids
 def test_smollm2_hand_checked(smollm2: Tokenizer):
     t = smollm2
