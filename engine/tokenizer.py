@@ -504,7 +504,11 @@ class Tokenizer:
         self.eos_id = tid("tokenizer.ggml.eos_token_id", 2 if spm else None)
         self.add_bos = bool(g.get("tokenizer.ggml.add_bos_token", add_bos_default))
         self.add_eos = bool(g.get("tokenizer.ggml.add_eos_token", False))
-        self.add_space_prefix = bool(g.get("tokenizer.ggml.add_space_prefix", True)) if spm else False
+        # llama.cpp reads the flag for every model type: SPM encoding prepends a space to
+        # each raw fragment, and detokenizing drops one leading space from the first token
+        space_prefix = bool(g.get("tokenizer.ggml.add_space_prefix", spm))
+        self.add_space_prefix = space_prefix if spm else False
+        self._strip_first_space = space_prefix
         eog = _eog_ids(g, lookup, types, tid)
         for i in (self.eos_id, tid("tokenizer.ggml.eot_token_id", None), tid("tokenizer.ggml.eom_token_id", None)):
             if i is not None:
@@ -595,7 +599,7 @@ class Tokenizer:
         if skip_special and self.is_special(token_id):
             return b""
         p = self.token_bytes(token_id)
-        if first and self.add_space_prefix and p.startswith(b" "):
+        if first and self._strip_first_space and p.startswith(b" "):
             p = p[1:]  # llama.cpp's detokenize drops the prefix space the encoder added
         return p
 
