@@ -275,6 +275,12 @@ def _load_gpt2(g: GGUFFile, pre: str, use_cache: bool) -> tuple[HFTokenizer, boo
         raise TokenizerError(f"{g.path}: building the BPE tokenizer failed: {e}") from e
     for p in candidates:
         if _write_atomic(p, spec):
+            for old in p.parent.glob(f"{g.path.name}.tokenizer-v*.json"):  # entries for older versions of the file
+                if old != p:
+                    try:
+                        old.unlink()
+                    except OSError:
+                        pass
             break
     return hf, False
 

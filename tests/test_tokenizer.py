@@ -412,6 +412,12 @@ def test_gpt2_cache(tmp_path, monkeypatch):
         f.write_text("{not json")
     t3 = Tokenizer.from_gguf(p)
     assert not t3.from_cache and t3.encode("hello") == t1.encode("hello")
+    # a changed model file gets a new entry; the stale one is removed
+    import os
+
+    os.utime(p, ns=(p.stat().st_atime_ns, p.stat().st_mtime_ns + 10**9))
+    assert not Tokenizer.from_gguf(p).from_cache
+    assert len(list(tmp_path.glob("bpe.gguf.tokenizer-*.json"))) == 1
 
 
 @pytest.mark.parametrize("pre", SUPPORTED_PRE)
