@@ -48,7 +48,7 @@ from engine.gguf_file import GGUFError, GGUFFile
 
 __all__ = ["Tokenizer", "StreamDecoder", "TokenizerError", "SUPPORTED_PRE"]
 
-CACHE_VERSION = 2
+CACHE_VERSION = 2  # bump whenever the generated HF JSON changes (regexes, options)
 SPACE = "\u2581"  # SentencePiece's escaped space
 
 # token types (llama.cpp LLAMA_TOKEN_TYPE_*)
