@@ -69,6 +69,9 @@ def main() -> None:
     ap.add_argument("--kv-budget", default=None)
     ap.add_argument("--json", action="store_true", help="print one JSON summary line only")
     a = ap.parse_args()
+    import signal
+
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the cleanup below on kill
 
     params = SamplingParams(max_tokens=a.max_tokens, temperature=0.0)
     msgs = prompts(a.jobs)
@@ -102,8 +105,6 @@ def main() -> None:
                 print(f"run {r + 1}: plain {p:.3f} s ({toks_p} tok), pipeline {q:.3f} s ({toks_q} tok, "
                       f"submit {sub * 1000:.0f} ms), overhead {100 * (q / p - 1):+.1f} %", flush=True)
     finally:
-        import signal
-
         worker.signal(signal.SIGTERM)
         try:
             worker.proc.wait(30)
