@@ -27,10 +27,8 @@ from jobs.schemas import GenerationJob, JobResult
 
 __all__ = ["summarize_chunk", "reduce_summaries"]
 
-_LABEL = re.compile(
-    r"^\s*(?:\*\*)?(?:summary|here(?: is|'s) (?:a|the|my) (?:short |brief |concise )?summary[^:\n]*)(?:\*\*)?\s*:\s*",
-    re.I,
-)
+# A lead-in label on the first line: "Summary:", "Here is a short summary of the text:", "The summary is:".
+_LABEL = re.compile(r"^\s*(?:\*\*)?[^\n:]{0,40}?\bsummary\b[^\n:]{0,40}?(?:\*\*)?\s*:(?:\*\*)?\s*", re.I)
 _SENTENCE_END = re.compile(r"[.!?\u2026][\"'\u201d\u2019)\]]*(?=\s|$)")
 
 

@@ -845,8 +845,6 @@ def summarize(paths: Sequence[str], *, output: IO[str], fmt: str = "jsonl", mode
         try:
             follow(connection, states, on_done=on_done, progress=progress, health=health,
                    no_worker_warning=no_workers)
-            progress.update(sum(1 for s in states if s.done), sum(s.maps_done for s in states),
-                            sum(1 for s in states if s.error), force=True)
         finally:
             progress.close()
         return states

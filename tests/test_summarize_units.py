@@ -193,6 +193,10 @@ def test_fit_summaries_truncates_the_longest():
 def test_tidy_summary():
     assert tidy_summary("Summary: The plan works.", "stop") == "The plan works."
     assert tidy_summary("Here is a short summary of the text: It works.", "stop") == "It works."
+    assert tidy_summary("The summary is:\n\nDana shipped 2.4.", "stop") == "Dana shipped 2.4."
+    assert tidy_summary("**Summary:** It works.", "stop") == "It works."
+    # Only a lead-in label goes; a colon later in the text stays.
+    assert tidy_summary("Decisions: the pool stays at 64.", "stop") == "Decisions: the pool stays at 64."
     assert tidy_summary("One sentence done. Another one that got cu", "length") == "One sentence done."
     assert tidy_summary("No sentence end at all", "length") == "No sentence end at all"
 
