@@ -845,6 +845,14 @@ def summarize(paths: Sequence[str], *, output: IO[str], fmt: str = "jsonl", mode
         try:
             follow(connection, states, on_done=on_done, progress=progress, health=health,
                    no_worker_warning=no_workers)
+        except KeyboardInterrupt:
+            # Do not leave work behind in a shared Redis: cancel what has not started.
+            pending = [s for s in states if not s.done]
+            for st in pending:
+                _cancel_rest(connection, st)
+            progress.message(f"interrupted: canceled the queued jobs of {len(pending)} unfinished "
+                             f"document{'s' if len(pending) != 1 else ''}")
+            raise
         finally:
             progress.close()
         return states
