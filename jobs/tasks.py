@@ -64,6 +64,8 @@ def on_failure(job: Any, connection: Any, exc_type: Any = None, exc_value: Any =
     name = getattr(exc_type, "__name__", None) or type(exc_value).__name__
     if name == "AbandonedJobError":
         code, message = "worker_lost", "the worker running this job stopped responding (abandoned job)"
+    elif name == "JobInterrupted":
+        code, message = "stopped", "stopped on request (rq stop-job command)"
     else:
         code, message = "worker_error", f"{name}: {exc_value}"
     record_rq_failure(connection, job, code, message)
