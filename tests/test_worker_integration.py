@@ -320,3 +320,26 @@ def test_embedded_submit_wait(tmp_path):
     assert set(got) == {"prompt-1", str(prompt_file)}
     assert all(x["error"] is None for x in got.values())
     assert "embedded cluster" in p.stderr
+
+
+def test_rq_stop_job_command_stops_generation(client, spawn_worker):
+    """rq's send_stop_job_command reaches a SimpleWorker-based worker: generation stops between tokens,
+    the job is STOPPED and recorded, and the worker goes on with the next job."""
+    from rq.command import send_stop_job_command
+
+    w = spawn_worker(name="stop-w1")
+    wait_for_workers(client.connection, [w.name])
+    bid = client.submit_batch([
+        {"model": M, "prompt": LONG_PROMPT, "custom_id": "long", "params": {"max_tokens": 2000}},
+        {"model": M, "prompt": "Say hi.", "custom_id": "next", "params": {"max_tokens": 4}},
+    ])
+    ids = dict(client.batch_entries(bid))
+    wait_generating(client, ids["long"])
+    send_stop_job_command(client.connection, ids["long"], serializer=SERIALIZER)
+    s = collect(client, bid, Path(w.log_path).with_suffix(".jsonl"), progress=False, timeout=300)
+    assert (s.done, s.failed) == (1, 1)
+    r = client.result(ids["long"])
+    assert r.status == "failed" and r.error.code == "stopped"
+    assert client.job_status(ids["long"]) == "stopped"
+    assert client.result(ids["next"]).worker == w.name
+    assert w.alive()
