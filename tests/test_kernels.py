@@ -342,3 +342,26 @@ def test_matmul_many_tokens_and_rows(path):
         W = qp.random_rows(t, rows, n, rng)
         X = _x(rng, 40, n)
         _check_matmul(t, W, n, X, path, nthreads=2, label=T(t).name)
+
+
+TILE_TYPES = [T.Q4_0, T.Q4_1, T.Q5_1, T.Q8_0, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.F16]
+
+
+@pytest.mark.parametrize("path", FAST_PATHS)
+@pytest.mark.parametrize("t", TILE_TYPES, ids=_ids(TILE_TYPES))
+def test_matmul_every_tile_size(t, path):
+    """Every token count a kernel specializes on (1..9, and tiles with remainders), odd block counts."""
+    _need(path)
+    rng = np.random.default_rng(400 + int(t))
+    n = _n_for(t, 7, 1)      # 7 legacy blocks: pair + half-pair tails
+    rows = 5
+    W = qp.random_rows(t, rows, n, rng)
+    w = qp.dequant_rows(t, W, n).astype(np.float64)
+    for ntok in list(range(1, 10)) + [16, 23]:
+        X = _x(rng, ntok, n)
+        got = q.matmul(int(t), W, rows, n, X, nthreads=1, path=path)
+        for k in range(ntok):
+            for r in range(rows):
+                ref = q.vec_dot_ref(int(t), W[r], X[k])
+                mass = float(np.abs(w[r]) @ np.abs(X[k].astype(np.float64)))
+                assert abs(got[k, r] - ref) <= 2e-6 * mass + 1e-30, f"{T(t).name} ntok={ntok} ({k},{r})"

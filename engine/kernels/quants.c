@@ -613,47 +613,125 @@ float rq_vec_dot_ref(int t, int n, const void *row, const rq_act *x) {
 /* ------------------------------------------------------------------------------------------ */
 /* SIMD kernels                                                                                */
 /*
- * One row of weights against a tile of T <= TMAX tokens: the row's blocks are decoded once into
- * unsigned bytes U (in element order, offsets NOT removed) plus per-lane float vectors
- *   WD: weight scale of the 4 elements feeding each 32-bit lane (d, d*sc, ...)
- *   MW: weight "min" per lane, covering mins (m, -dmin*m) and offsets (-8d, -16d, -128d, -32*d*sc ...)
- * and every token of the tile accumulates
- *   acc  += float(sum_4 U*q) * WD * TD          (vpdpbusd or vpmaddubsw+vpmaddwd)
- *   accm += MW * TDS
- * TD/TDS are per-token arrays expanded to 8 floats per activation block (one per lane):
- *   TD  = d_b,   TDS = d_b * sum16[2b]/4 (lanes 0-3), d_b * sum16[2b+1]/4 (lanes 4-7)
- * so sum over lanes of MW*TDS = sum over 16-groups of min_g * d_b * S_g (exact /4 scaling).
+ * One row of weights against a tile of T tokens. The row's blocks are decoded once per tile
+ * into unsigned bytes U in element order (0..255, offsets NOT removed) and per-lane float
+ * weight scales WD (one 32-bit lane = 4 consecutive elements, all under one scale), then every
+ * token of the tile does, per 32 (AVX2) or 64 (AVX-512) elements:
+ *     p    = sum_4 U*q  (+ NQ)             vpdpbusd, or vpmaddubsw + vpmaddwd
+ *     acc += float(p) * WD * TD
+ * Per-token arrays, prepared once per matmul (prep_tok):
+ *     TD = d_b, expanded to 8 lanes per activation block
+ *     NQ = -offset * (sum of the 4 q of the lane), 8 int32 per block: removes the weight offset
+ *          (Q4_0 8, Q5_0 16, Q8_0 128, Q6_K 32, Q3_K 4) exactly, in the integer domain
+ *     DS = d_b * sum16, 2 per block: for types with mins (Q4_1, Q5_1, Q4_K, Q5_K, Q2_K), whose
+ *          min terms  sum_g min_g * d_b * S_g  are one FMA per 4 (legacy) or 8 (K) blocks.
  */
 
-#define TMAX 4
+#define TMAX 8
 
+/* Token data for one tile of T tokens, interleaved so that a kernel reaches every token of the
+ * tile at a constant displacement from one pointer per array. A "unit" is the blocks one
+ * vector instruction covers: 2 activation blocks (AVX-512) or 1 (AVX2).
+ *   qs: [unit][T][32*ub]   int8
+ *   td: [unit][T][8*ub]    d_b expanded to the 8 lanes of each block
+ *   nq: [unit][T][8*ub]    -offset * sum of the 4 q of each lane (offset types only)
+ *   ds: [8 blocks][T][16]  d_b * sum16 (types with mins only)
+ * Missing blocks (tails) are zero. */
 typedef struct {
+    int T;
     const int8_t *qs;
     const float *td;
-    const float *tds;
-    const float *f;
-} tokv;
+    const int32_t *nq;
+    const float *ds;
+    const float *f[TMAX];
+} tile;
 
-typedef void (*kern_fn)(const uint8_t *row, int n, const tokv *tv, int T, float *res);
+typedef void (*kern_fn)(const uint8_t *row, int n, const tile *tl, float *res);
 
 static int is_float_type(int t) { return t == RQ_F32 || t == RQ_F16 || t == RQ_BF16; }
 
-/* td, tds: (nb + 1) * 8 floats each; the extra block is zero padding for 2-block loads. */
-static void prep_tok(const rq_act *a, int nb, float *td, float *tds) {
-    for (int b = 0; b < nb; b++) {
-        float d = a->d[b];
-        float s0 = d * (float)a->sum16[2 * b] * 0.25f;
-        float s1 = d * (float)a->sum16[2 * b + 1] * 0.25f;
-        for (int i = 0; i < 8; i++) td[8 * b + i] = d;
-        for (int i = 0; i < 4; i++) { tds[8 * b + i] = s0; tds[8 * b + 4 + i] = s1; }
+static int type_offset(int t) {
+    switch (t) {
+    case RQ_Q4_0: return 8;
+    case RQ_Q5_0: return 16;
+    case RQ_Q8_0: return 128;
+    case RQ_Q6_K: return 32;
+    case RQ_Q3_K: return 4;
+    default: return 0;
     }
-    for (int i = 0; i < 8; i++) { td[8 * nb + i] = 0.0f; tds[8 * nb + i] = 0.0f; }
+}
+
+static int type_has_min(int t) {
+    return t == RQ_Q4_1 || t == RQ_Q5_1 || t == RQ_Q4_K || t == RQ_Q5_K || t == RQ_Q2_K;
+}
+
+/* Bytes of one tile's arrays (64-byte multiples). */
+static size_t tile_bytes(int t, int ub, int T, int nb) {
+    if (is_float_type(t)) return 0;
+    size_t nu = (size_t)((nb + ub - 1) / ub), nc = (size_t)((nb + 7) / 8);
+    size_t qs = nu * T * 32 * ub, v = nu * T * 8 * ub * 4;
+    size_t sz = qs + v;
+    if (type_offset(t)) sz += v;
+    if (type_has_min(t)) sz += nc * T * 16 * 4;
+    return (sz + 63) & ~(size_t)63;
+}
+
+static void prep_tile(int t, int ub, const rq_act *acts, int T, int nb, uint8_t *mem, tile *tl) {
+    size_t nu = (size_t)((nb + ub - 1) / ub), nc = (size_t)((nb + 7) / 8);
+    memset(mem, 0, tile_bytes(t, ub, T, nb));
+    int8_t *qs = (int8_t *)mem;
+    float *td = (float *)(mem + nu * T * 32 * ub);
+    int32_t *nq = NULL;
+    float *ds = NULL;
+    uint8_t *p = (uint8_t *)(td + nu * T * 8 * ub);
+    int off = type_offset(t);
+    if (off) { nq = (int32_t *)p; p += nu * T * 8 * ub * 4; }
+    if (type_has_min(t)) ds = (float *)p;
+    for (int k = 0; k < T; k++) {
+        const rq_act *a = &acts[k];
+        for (int b = 0; b < nb; b++) {
+            size_t o = ((size_t)(b / ub) * T + k) * ub + (b % ub);   /* block slot */
+            memcpy(qs + 32 * o, a->qs + 32 * b, 32);
+            float d = a->d[b];
+            for (int i = 0; i < 8; i++) td[8 * o + i] = d;
+            if (nq) {
+                const int8_t *q = a->qs + 32 * b;
+                for (int i = 0; i < 8; i++)
+                    nq[8 * o + i] = -off * (q[4 * i] + q[4 * i + 1] + q[4 * i + 2] + q[4 * i + 3]);
+            }
+            if (ds) {
+                size_t c = ((size_t)(b / 8) * T + k) * 16 + 2 * (b % 8);
+                ds[c] = d * (float)a->sum16[2 * b];
+                ds[c + 1] = d * (float)a->sum16[2 * b + 1];
+            }
+        }
+    }
+    (void)nc;
+    tl->T = T;
+    tl->qs = qs;
+    tl->td = td;
+    tl->nq = nq;
+    tl->ds = ds;
+    for (int k = 0; k < TMAX; k++) tl->f[k] = k < T ? acts[k].f : NULL;
 }
 
 #define AINL static inline __attribute__((always_inline))
 
-/* Call IMPL(..., T) with T as a compile-time constant. */
-#define DISPATCH_T(IMPL, ...)                                   \
+/* Call IMPL(..., T) with T as a compile-time constant (1..TM). */
+#define DISPATCH_T8(IMPL, ...)                                  \
+    do {                                                        \
+        switch (T) {                                            \
+        case 1: IMPL(__VA_ARGS__, 1); break;                    \
+        case 2: IMPL(__VA_ARGS__, 2); break;                    \
+        case 3: IMPL(__VA_ARGS__, 3); break;                    \
+        case 4: IMPL(__VA_ARGS__, 4); break;                    \
+        case 5: IMPL(__VA_ARGS__, 5); break;                    \
+        case 6: IMPL(__VA_ARGS__, 6); break;                    \
+        case 7: IMPL(__VA_ARGS__, 7); break;                    \
+        default: IMPL(__VA_ARGS__, 8); break;                   \
+        }                                                       \
+    } while (0)
+#define DISPATCH_T4(IMPL, ...)                                  \
     do {                                                        \
         switch (T) {                                            \
         case 1: IMPL(__VA_ARGS__, 1); break;                    \
@@ -662,6 +740,15 @@ static void prep_tok(const rq_act *a, int nb, float *td, float *tds) {
         default: IMPL(__VA_ARGS__, 4); break;                   \
         }                                                       \
     } while (0)
+
+static inline uint16_t load_u16(const uint8_t *p) { uint16_t v; memcpy(&v, p, 2); return v; }
+
+static inline int legacy_bs(int t) {
+    return (t == RQ_Q4_0) ? 18 : (t == RQ_Q4_1) ? 20 : (t == RQ_Q5_0) ? 22 : (t == RQ_Q5_1) ? 24 : 34;
+}
+static inline int legacy_qoff(int t) {   /* offset of qs in the block */
+    return (t == RQ_Q4_0) ? 2 : (t == RQ_Q4_1) ? 4 : (t == RQ_Q5_0) ? 6 : (t == RQ_Q5_1) ? 8 : 2;
+}
 
 #if defined(__x86_64__) || defined(__i386__)
 #define RQ_HAVE_X86 1
@@ -680,108 +767,110 @@ A512 AINL __m512i mk_b8_512(int lo, int hi) {    /* bytes: lo in 0-31, hi in 32-
 A512 AINL __m512i mk_i32_512(int lo, int hi) {   /* dword index: lo in lanes 0-7, hi in 8-15 */
     return _mm512_inserti64x4(_mm512_set1_epi32(lo), _mm256_set1_epi32(hi), 1);
 }
-/* lanes 4j..4j+3 = g0 + j */
-A512 AINL __m512i mk_g4_512(int g0) {
+A512 AINL __m512i mk_g4_512(int g0) {            /* lanes 4j..4j+3 = g0 + j */
     return _mm512_add_epi32(_mm512_set1_epi32(g0),
                             _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0));
 }
+A512 AINL __m512i mk_dup2_512(int g0) {          /* lanes 2j, 2j+1 = g0 + j */
+    return _mm512_add_epi32(_mm512_set1_epi32(g0),
+                            _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0));
+}
 
-/* One pair of activation blocks (b, b+1) for T tokens. tail: only block b exists. */
-A512 AINL void acc_512(__m512i U, __m512 WD, __m512 MW, const tokv *tv, int b, const int T,
-                       const int tail, __m512 *acc, __m512 *accm) {
+/* Activation blocks b, b+1 (b even) for the T tokens of the tile. */
+A512 AINL void pair_512(__m512i U, __m512 WD, const tile *tv, int b, const int T, const int offs, __m512 *acc) {
+    const size_t u = (size_t)(b >> 1) * T;
+    const int8_t *qb = tv->qs + 64 * u;
+    const float *tb = tv->td + 16 * u;
+    const int32_t *nb = offs ? tv->nq + 16 * u : NULL;
     for (int t = 0; t < T; t++) {
-        const int8_t *qp = tv[t].qs + 32 * (size_t)b;
-        __m512i q = tail ? _mm512_maskz_loadu_epi8((__mmask64)0xFFFFFFFFull, qp) : _mm512_loadu_si512(qp);
-        __m512i p = _mm512_dpbusd_epi32(_mm512_setzero_si512(), U, q);
-        __m512 s = _mm512_mul_ps(WD, _mm512_loadu_ps(tv[t].td + 8 * (size_t)b));
+        __m512i q = _mm512_loadu_si512(qb + 64 * t);
+        __m512i c = offs ? _mm512_loadu_si512(nb + 16 * t) : _mm512_setzero_si512();
+        __m512i p = _mm512_dpbusd_epi32(c, U, q);
+        __m512 s = _mm512_mul_ps(WD, _mm512_loadu_ps(tb + 16 * t));
         acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), s, acc[t]);
-        accm[t] = _mm512_fmadd_ps(MW, _mm512_loadu_ps(tv[t].tds + 8 * (size_t)b), accm[t]);
     }
 }
 
-A512 AINL void finish_512(__m512 (*acc)[TMAX], __m512 (*accm)[TMAX], float *res, const int T) {
+#define NPAR512(T) ((T) <= 2 ? 2 : 1)
+
+#define ACC_DECL_512(T)                                                        \
+    __m512 acc[2][TMAX];                                                       \
+    for (int t_ = 0; t_ < (T); t_++) acc[0][t_] = acc[1][t_] = _mm512_setzero_ps();
+
+A512 AINL void finish_512(__m512 (*acc)[TMAX], float *res, const int T) {
     for (int t = 0; t < T; t++)
-        res[t] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0][t], acc[1][t]),
-                                                    _mm512_add_ps(accm[0][t], accm[1][t])));
+        res[t] = _mm512_reduce_add_ps(NPAR512(T) == 2 ? _mm512_add_ps(acc[0][t], acc[1][t]) : acc[0][t]);
 }
 
-#define ZERO_ACC_512(T)                                                        \
-    __m512 acc[2][TMAX], accm[2][TMAX];                                        \
-    for (int t_ = 0; t_ < (T); t_++) {                                         \
-        acc[0][t_] = acc[1][t_] = _mm512_setzero_ps();                         \
-        accm[0][t_] = accm[1][t_] = _mm512_setzero_ps();                       \
-    }
-
-/* --- legacy types: decode two consecutive blocks (B may be NULL for a tail) --- */
-A512 AINL void legacy_dec_512(const int t, const uint8_t *A, const uint8_t *B,
-                              __m512i *U, __m512 *WD, __m512 *MW) {
-    const __m512i m0f = _mm512_set1_epi8(0x0F);
+/* Two legacy blocks (B may be NULL) -> 64 unsigned bytes. */
+A512 AINL __m512i legacy_u_512(const int t, const uint8_t *A, const uint8_t *B) {
     if (t == RQ_Q8_0) {
-        const blk_q8_0 *a = (const blk_q8_0 *)A, *b = (const blk_q8_0 *)B;
-        __m256i lo = _mm256_loadu_si256((const __m256i *)a->qs);
-        __m256i hi = b ? _mm256_loadu_si256((const __m256i *)b->qs) : _mm256_set1_epi8((char)0x80);
-        *U = _mm512_xor_si512(_mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1), _mm512_set1_epi8((char)0x80));
-        uint32_t dd = (uint32_t)a->d | ((uint32_t)(b ? b->d : 0) << 16);
-        __m128 h = _mm_cvtph_ps(_mm_cvtsi32_si128((int)dd));
-        *WD = _mm512_permutexvar_ps(mk_i32_512(0, 1), _mm512_castps128_ps512(h));
-        *MW = _mm512_mul_ps(*WD, _mm512_set1_ps(-128.0f));
-        return;
+        __m256i lo = _mm256_loadu_si256((const __m256i *)(A + 2));
+        __m256i hi = B ? _mm256_loadu_si256((const __m256i *)(B + 2)) : _mm256_set1_epi8((char)0x80);
+        return _mm512_xor_si512(_mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1), _mm512_set1_epi8((char)0x80));
     }
-    /* nibble blocks: qs offset, d/m layout */
-    const int qoff = (t == RQ_Q4_0) ? 2 : (t == RQ_Q4_1) ? 4 : (t == RQ_Q5_0) ? 6 : 8;
+    const int qoff = legacy_qoff(t);
     __m512i x = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(A + qoff)));
     if (B) x = _mm512_mask_broadcast_i32x4(x, 0xFF00, _mm_loadu_si128((const __m128i *)(B + qoff)));
     else x = _mm512_maskz_mov_epi32(0x00FF, x);
     /* 128-bit lanes: [lo nibbles A, hi nibbles A, lo B, hi B] */
     const __m512i sh = _mm512_set_epi64(0x0004000400040004LL, 0x0004000400040004LL, 0, 0,
                                         0x0004000400040004LL, 0x0004000400040004LL, 0, 0);
-    __m512i u = _mm512_and_si512(_mm512_srlv_epi16(x, sh), m0f);
+    __m512i u = _mm512_and_si512(_mm512_srlv_epi16(x, sh), _mm512_set1_epi8(0x0F));
     if (t == RQ_Q5_0 || t == RQ_Q5_1) {
         const int hoff = (t == RQ_Q5_0) ? 2 : 4;
         uint64_t bits = (uint64_t)load_u32(A + hoff) | (B ? (uint64_t)load_u32(B + hoff) << 32 : 0);
         u = _mm512_mask_add_epi8(u, _cvtu64_mask64(bits), u, _mm512_set1_epi8(16));
     }
-    *U = u;
-    if (t == RQ_Q4_1 || t == RQ_Q5_1) {
-        /* [dA, mA, dB, mB] */
-        __m128i hv = _mm_cvtsi32_si128((int)load_u32(A));
-        if (B) hv = _mm_insert_epi32(hv, (int)load_u32(B), 1);
-        __m512 h = _mm512_castps128_ps512(_mm_cvtph_ps(hv));
-        *WD = _mm512_permutexvar_ps(mk_i32_512(0, 2), h);
-        *MW = _mm512_permutexvar_ps(mk_i32_512(1, 3), h);
+    return u;
+}
+
+/* Up to 4 legacy blocks starting at activation block b (cnt = how many exist). */
+A512 AINL void legacy_group_512(const int t, const uint8_t *g, const int cnt, const tile *tv, int b,
+                                const int T, __m512 (*acc)[TMAX]) {
+    const int bs = legacy_bs(t);
+    const int P = NPAR512(T);
+    const int offs = type_offset(t) != 0;
+    const uint8_t *blk[4];
+    for (int j = 0; j < 4; j++) blk[j] = j < cnt ? g + (size_t)j * bs : NULL;
+    __m512 WD0, WD1 = _mm512_setzero_ps();
+    __m512 MEXP = _mm512_setzero_ps();
+    if (type_has_min(t)) {
+        __m128i h = _mm_set_epi32(cnt > 3 ? (int)load_u32(blk[3]) : 0, cnt > 2 ? (int)load_u32(blk[2]) : 0,
+                                  cnt > 1 ? (int)load_u32(blk[1]) : 0, (int)load_u32(blk[0]));
+        __m256 dm = _mm256_cvtph_ps(h); /* dA mA dB mB dC mC dD mD */
+        __m512 dmz = _mm512_castps256_ps512(dm);
+        WD0 = _mm512_permutexvar_ps(mk_i32_512(0, 2), dmz);
+        if (cnt > 2) WD1 = _mm512_permutexvar_ps(mk_i32_512(4, 6), dmz);
+        MEXP = _mm512_maskz_permutexvar_ps(0x00FF, _mm512_castsi256_si512(_mm256_setr_epi32(1, 1, 3, 3, 5, 5, 7, 7)), dmz);
     } else {
-        uint16_t da, db = 0;
-        memcpy(&da, A, 2);
-        if (B) memcpy(&db, B, 2);
-        __m128 h = _mm_cvtph_ps(_mm_cvtsi32_si128((int)((uint32_t)da | ((uint32_t)db << 16))));
-        *WD = _mm512_permutexvar_ps(mk_i32_512(0, 1), _mm512_castps128_ps512(h));
-        *MW = _mm512_mul_ps(*WD, _mm512_set1_ps(t == RQ_Q4_0 ? -8.0f : -16.0f));
+        __m128i h = _mm_set_epi16(0, 0, 0, 0, cnt > 3 ? (short)load_u16(blk[3]) : 0, cnt > 2 ? (short)load_u16(blk[2]) : 0,
+                                  cnt > 1 ? (short)load_u16(blk[1]) : 0, (short)load_u16(blk[0]));
+        __m512 dz = _mm512_castps128_ps512(_mm_cvtph_ps(h));
+        WD0 = _mm512_permutexvar_ps(mk_i32_512(0, 1), dz);
+        if (cnt > 2) WD1 = _mm512_permutexvar_ps(mk_i32_512(2, 3), dz);
+    }
+    __m512i U0 = legacy_u_512(t, blk[0], blk[1]);
+    pair_512(U0, WD0, tv, b, T, offs, acc[0]);
+    if (cnt > 2) {
+        __m512i U1 = legacy_u_512(t, blk[2], blk[3]);
+        pair_512(U1, WD1, tv, b + 2, T, offs, acc[P - 1]);
+    }
+    if (type_has_min(t)) {
+        const float *db = tv->ds + (size_t)(b >> 3) * T * 16 + 2 * (b & 4);
+        for (int k = 0; k < T; k++)
+            acc[P - 1][k] = _mm512_fmadd_ps(MEXP, _mm512_maskz_loadu_ps(0x00FF, db + 16 * k), acc[P - 1][k]);
     }
 }
 
-A512 AINL void legacy_row_512(const int t, const uint8_t *row, int n, const tokv *tv, float *res, const int T) {
-    const int bs = (t == RQ_Q4_0) ? 18 : (t == RQ_Q4_1) ? 20 : (t == RQ_Q5_0) ? 22 : (t == RQ_Q5_1) ? 24 : 34;
+A512 AINL void legacy_row_512(const int t, const uint8_t *row, int n, const tile *tv, float *res, const int T) {
+    const int bs = legacy_bs(t);
     const int nb = n / QK;
-    ZERO_ACC_512(T);
-    __m512i U;
-    __m512 WD, MW;
+    ACC_DECL_512(T);
     int b = 0;
-    for (; b + 4 <= nb; b += 4) {
-        legacy_dec_512(t, row + (size_t)b * bs, row + (size_t)(b + 1) * bs, &U, &WD, &MW);
-        acc_512(U, WD, MW, tv, b, T, 0, acc[0], accm[0]);
-        legacy_dec_512(t, row + (size_t)(b + 2) * bs, row + (size_t)(b + 3) * bs, &U, &WD, &MW);
-        acc_512(U, WD, MW, tv, b + 2, T, 0, acc[1], accm[1]);
-    }
-    if (b + 2 <= nb) {
-        legacy_dec_512(t, row + (size_t)b * bs, row + (size_t)(b + 1) * bs, &U, &WD, &MW);
-        acc_512(U, WD, MW, tv, b, T, 0, acc[0], accm[0]);
-        b += 2;
-    }
-    if (b < nb) {
-        legacy_dec_512(t, row + (size_t)b * bs, NULL, &U, &WD, &MW);
-        acc_512(U, WD, MW, tv, b, T, 1, acc[1], accm[1]);
-    }
-    finish_512(acc, accm, res, T);
+    for (; b + 4 <= nb; b += 4) legacy_group_512(t, row + (size_t)b * bs, 4, tv, b, T, acc);
+    if (b < nb) legacy_group_512(t, row + (size_t)b * bs, nb - b, tv, b, T, acc);
+    finish_512(acc, res, T);
 }
 
 /* --- K types --- */
@@ -800,9 +889,16 @@ A512 AINL __m512 k4_scales_512(const uint8_t *scales, uint16_t dh, uint16_t dmin
     return _mm512_mul_ps(v, mul);
 }
 
-A512 AINL void q45k_row_512(const int t, const uint8_t *row, int n, const tokv *tv, float *res, const int T) {
+/* min terms of one superblock: 16 per-16-group mins (lanes) x DS */
+A512 AINL void kmin_512(__m512 mins16, const tile *tv, int i, const int T, __m512 *acc) {
+    const float *db = tv->ds + (size_t)i * T * 16;
+    for (int k = 0; k < T; k++) acc[k] = _mm512_fmadd_ps(mins16, _mm512_loadu_ps(db + 16 * k), acc[k]);
+}
+
+A512 AINL void q45k_row_512(const int t, const uint8_t *row, int n, const tile *tv, float *res, const int T) {
     const int nsb = n / QK_K;
-    ZERO_ACC_512(T);
+    const int P = NPAR512(T);
+    ACC_DECL_512(T);
     const __m512i m0f = _mm512_set1_epi8(0x0F);
     const __m512i sh04 = mk_w16_512(0, 4);
     for (int i = 0; i < nsb; i++) {
@@ -818,32 +914,29 @@ A512 AINL void q45k_row_512(const int t, const uint8_t *row, int n, const tokv *
             qs = x->qs;
             qh = x->qh;
         }
+        kmin_512(_mm512_permutexvar_ps(mk_dup2_512(8), sm), tv, i, T, acc[P - 1]);
         __m512i H = _mm512_setzero_si512();
         if (t == RQ_Q5_K) H = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)qh));
-        for (int c = 0; c < 4; c += 2) {
-            for (int e = 0; e < 2; e++) {
-                const int cc = c + e;
-                __m512i x = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(qs + 32 * cc)));
-                __m512i U = _mm512_and_si512(_mm512_srlv_epi16(x, sh04), m0f);
-                if (t == RQ_Q5_K) {
-                    __mmask64 k = _mm512_test_epi8_mask(H, mk_b8_512(1 << (2 * cc), 1 << (2 * cc + 1)));
-                    U = _mm512_mask_add_epi8(U, k, U, _mm512_set1_epi8(16));
-                }
-                __m512 WD = _mm512_permutexvar_ps(mk_i32_512(2 * cc, 2 * cc + 1), sm);
-                __m512 MW = _mm512_permutexvar_ps(mk_i32_512(2 * cc + 8, 2 * cc + 9), sm);
-                acc_512(U, WD, MW, tv, 8 * i + 2 * cc, T, 0, acc[e], accm[e]);
+        for (int c = 0; c < 4; c++) {
+            __m512i x = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(qs + 32 * c)));
+            __m512i U = _mm512_and_si512(_mm512_srlv_epi16(x, sh04), m0f);
+            if (t == RQ_Q5_K) {
+                __mmask64 k = _mm512_test_epi8_mask(H, mk_b8_512(1 << (2 * c), 1 << (2 * c + 1)));
+                U = _mm512_mask_add_epi8(U, k, U, _mm512_set1_epi8(16));
             }
+            __m512 WD = _mm512_permutexvar_ps(mk_i32_512(2 * c, 2 * c + 1), sm);
+            pair_512(U, WD, tv, 8 * i + 2 * c, T, 0, acc[(c & 1) & (P - 1)]);
         }
     }
-    finish_512(acc, accm, res, T);
+    finish_512(acc, res, T);
 }
 
-A512 AINL void q6k_row_512(const uint8_t *row, int n, const tokv *tv, float *res, const int T) {
+A512 AINL void q6k_row_512(const uint8_t *row, int n, const tile *tv, float *res, const int T) {
     const int nsb = n / QK_K;
-    ZERO_ACC_512(T);
+    const int P = NPAR512(T);
+    ACC_DECL_512(T);
     const __m512i m0f = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
     const __m512i shl42 = mk_w16_512(4, 2), shr02 = mk_w16_512(0, 2);
-    const __m512 neg32 = _mm512_set1_ps(-32.0f);
     for (int i = 0; i < nsb; i++) {
         const blk_q6_K *x = (const blk_q6_K *)row + i;
         __m512 sc = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)x->scales))),
@@ -854,13 +947,11 @@ A512 AINL void q6k_row_512(const uint8_t *row, int n, const tokv *tv, float *res
             __m512i U01 = _mm512_or_si512(_mm512_and_si512(L, m0f), _mm512_and_si512(_mm512_sllv_epi16(H, shl42), m30));
             __m512i U23 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(L, 4), m0f),
                                           _mm512_and_si512(_mm512_srlv_epi16(H, shr02), m30));
-            __m512 WD = _mm512_permutexvar_ps(mk_g4_512(8 * h), sc);
-            acc_512(U01, WD, _mm512_mul_ps(WD, neg32), tv, 8 * i + 4 * h, T, 0, acc[0], accm[0]);
-            WD = _mm512_permutexvar_ps(mk_g4_512(8 * h + 4), sc);
-            acc_512(U23, WD, _mm512_mul_ps(WD, neg32), tv, 8 * i + 4 * h + 2, T, 0, acc[1], accm[1]);
+            pair_512(U01, _mm512_permutexvar_ps(mk_g4_512(8 * h), sc), tv, 8 * i + 4 * h, T, 1, acc[0]);
+            pair_512(U23, _mm512_permutexvar_ps(mk_g4_512(8 * h + 4), sc), tv, 8 * i + 4 * h + 2, T, 1, acc[P - 1]);
         }
     }
-    finish_512(acc, accm, res, T);
+    finish_512(acc, res, T);
 }
 
 static inline void q3k_scale_bytes(const uint8_t *s, uint32_t a[4]) {
@@ -874,13 +965,15 @@ static inline void q3k_scale_bytes(const uint8_t *s, uint32_t a[4]) {
 }
 
 /* Q2_K and Q3_K share the 2-bit layout: per 128-half, 32 bytes, shifts 0/2/4/6. */
-A512 AINL void q23k_row_512(const int t, const uint8_t *row, int n, const tokv *tv, float *res, const int T) {
+A512 AINL void q23k_row_512(const int t, const uint8_t *row, int n, const tile *tv, float *res, const int T) {
     const int nsb = n / QK_K;
-    ZERO_ACC_512(T);
+    const int P = NPAR512(T);
+    const int offs = (t == RQ_Q3_K);
+    ACC_DECL_512(T);
     const __m512i m03 = _mm512_set1_epi8(3);
     for (int i = 0; i < nsb; i++) {
         const uint8_t *qs;
-        __m512 wd16, mw16 = _mm512_setzero_ps();
+        __m512 wd16;
         __m512i HM = _mm512_setzero_si512();
         if (t == RQ_Q3_K) {
             const blk_q3_K *x = (const blk_q3_K *)row + i;
@@ -895,27 +988,24 @@ A512 AINL void q23k_row_512(const int t, const uint8_t *row, int n, const tokv *
             __m512i s = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)x->scales));
             wd16 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_and_si512(s, _mm512_set1_epi32(15))),
                                  _mm512_set1_ps(_cvtsh_ss(x->d)));
-            mw16 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(s, 4)), _mm512_set1_ps(-_cvtsh_ss(x->dmin)));
+            __m512 mw16 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(s, 4)), _mm512_set1_ps(-_cvtsh_ss(x->dmin)));
+            kmin_512(mw16, tv, i, T, acc[P - 1]);
             qs = x->qs;
         }
         for (int h = 0; h < 2; h++) {
             __m512i Q = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(qs + 32 * h)));
             for (int pp = 0; pp < 2; pp++) {
                 __m512i U = _mm512_and_si512(_mm512_srlv_epi16(Q, mk_w16_512(4 * pp, 4 * pp + 2)), m03);
-                __m512i gi = mk_g4_512(8 * h + 4 * pp);
-                __m512 WD = _mm512_permutexvar_ps(gi, wd16), MW;
                 if (t == RQ_Q3_K) {
                     __mmask64 k = _mm512_test_epi8_mask(HM, mk_b8_512(1 << (4 * h + 2 * pp), 1 << (4 * h + 2 * pp + 1)));
                     U = _mm512_mask_add_epi8(U, k, U, _mm512_set1_epi8(4));
-                    MW = _mm512_mul_ps(WD, _mm512_set1_ps(-4.0f));
-                } else {
-                    MW = _mm512_permutexvar_ps(gi, mw16);
                 }
-                acc_512(U, WD, MW, tv, 8 * i + 4 * h + 2 * pp, T, 0, acc[pp], accm[pp]);
+                __m512 WD = _mm512_permutexvar_ps(mk_g4_512(8 * h + 4 * pp), wd16);
+                pair_512(U, WD, tv, 8 * i + 4 * h + 2 * pp, T, offs, acc[pp & (P - 1)]);
             }
         }
     }
-    finish_512(acc, accm, res, T);
+    finish_512(acc, res, T);
 }
 
 /* --- float weights --- */
@@ -926,28 +1016,29 @@ A512 AINL __m512 fload_512(const int t, const uint8_t *row, int i, __mmask16 m) 
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
-A512 AINL void float_row_512(const int t, const uint8_t *row, int n, const tokv *tv, float *res, const int T) {
+A512 AINL void float_row_512(const int t, const uint8_t *row, int n, const tile *tv, float *res, const int T) {
     __m512 acc[2][TMAX];
     for (int k = 0; k < T; k++) acc[0][k] = acc[1][k] = _mm512_setzero_ps();
     int i = 0;
     for (; i + 32 <= n; i += 32) {
         __m512 w0 = fload_512(t, row, i, 0xFFFF), w1 = fload_512(t, row, i + 16, 0xFFFF);
         for (int k = 0; k < T; k++) {
-            acc[0][k] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(tv[k].f + i), acc[0][k]);
-            acc[1][k] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(tv[k].f + i + 16), acc[1][k]);
+            acc[0][k] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(tv->f[k] + i), acc[0][k]);
+            acc[1][k] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(tv->f[k] + i + 16), acc[1][k]);
         }
     }
     for (; i < n; i += 16) {
         __mmask16 m = (n - i >= 16) ? 0xFFFF : (__mmask16)((1u << (n - i)) - 1);
         __m512 w = fload_512(t, row, i, m);
-        for (int k = 0; k < T; k++) acc[0][k] = _mm512_fmadd_ps(w, _mm512_maskz_loadu_ps(m, tv[k].f + i), acc[0][k]);
+        for (int k = 0; k < T; k++) acc[0][k] = _mm512_fmadd_ps(w, _mm512_maskz_loadu_ps(m, tv->f[k] + i), acc[0][k]);
     }
     for (int k = 0; k < T; k++) res[k] = _mm512_reduce_add_ps(_mm512_add_ps(acc[0][k], acc[1][k]));
 }
 
 #define KERN512(name, IMPL, ...)                                                        \
-    A512 static void name(const uint8_t *row, int n, const tokv *tv, int T, float *res) { \
-        DISPATCH_T(IMPL, __VA_ARGS__);                                                  \
+    A512 static void name(const uint8_t *row, int n, const tile *tv, float *res) {      \
+        const int T = tv->T;                                                            \
+        DISPATCH_T8(IMPL, __VA_ARGS__);                                                 \
     }
 
 KERN512(k512_q4_0, legacy_row_512, RQ_Q4_0, row, n, tv, res)
@@ -967,17 +1058,21 @@ KERN512(k512_bf16, float_row_512, RQ_BF16, row, n, tv, res)
 /* ============================== AVX2 ====================================================== */
 
 #define A256 __attribute__((target("avx2,fma,f16c")))
+#define TMAX2 4
 
-/* One activation block b for T tokens (vpmaddubsw + vpmaddwd). */
-A256 AINL void acc_256(__m256i U, __m256 WD, __m256 MW, const tokv *tv, int b, const int T,
-                       __m256 *acc, __m256 *accm) {
+/* One activation block b for the T tokens of the tile (vpmaddubsw + vpmaddwd; U <= 63: no saturation). */
+A256 AINL void blk_256(__m256i U, __m256 WD, const tile *tv, int b, const int T, const int offs, __m256 *acc) {
     const __m256i ones = _mm256_set1_epi16(1);
+    const size_t u = (size_t)b * T;
+    const int8_t *qb = tv->qs + 32 * u;
+    const float *tb = tv->td + 8 * u;
+    const int32_t *nb = offs ? tv->nq + 8 * u : NULL;
     for (int t = 0; t < T; t++) {
-        __m256i q = _mm256_loadu_si256((const __m256i *)(tv[t].qs + 32 * (size_t)b));
+        __m256i q = _mm256_loadu_si256((const __m256i *)(qb + 32 * t));
         __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(U, q), ones);
-        __m256 s = _mm256_mul_ps(WD, _mm256_loadu_ps(tv[t].td + 8 * (size_t)b));
+        if (offs) p = _mm256_add_epi32(p, _mm256_loadu_si256((const __m256i *)(nb + 8 * t)));
+        __m256 s = _mm256_mul_ps(WD, _mm256_loadu_ps(tb + 8 * t));
         acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), s, acc[t]);
-        accm[t] = _mm256_fmadd_ps(MW, _mm256_loadu_ps(tv[t].tds + 8 * (size_t)b), accm[t]);
     }
 }
 
@@ -988,17 +1083,14 @@ A256 AINL float hsum_256(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
-#define NP256(T) ((T) <= 2 ? 2 : 1)
-#define ZERO_ACC_256(T)                                                        \
-    __m256 acc[2][TMAX], accm[2][TMAX];                                        \
-    for (int t_ = 0; t_ < (T); t_++) {                                         \
-        acc[0][t_] = acc[1][t_] = _mm256_setzero_ps();                         \
-        accm[0][t_] = accm[1][t_] = _mm256_setzero_ps();                       \
-    }
+#define NPAR256(T) ((T) <= 2 ? 2 : 1)
+#define ACC_DECL_256(T)                                                        \
+    __m256 acc[2][TMAX2];                                                      \
+    for (int t_ = 0; t_ < (T); t_++) acc[0][t_] = acc[1][t_] = _mm256_setzero_ps();
 
-A256 AINL void finish_256(__m256 (*acc)[TMAX], __m256 (*accm)[TMAX], float *res, const int T) {
+A256 AINL void finish_256(__m256 (*acc)[TMAX2], float *res, const int T) {
     for (int t = 0; t < T; t++)
-        res[t] = hsum_256(_mm256_add_ps(_mm256_add_ps(acc[0][t], acc[1][t]), _mm256_add_ps(accm[0][t], accm[1][t])));
+        res[t] = hsum_256(NPAR256(T) == 2 ? _mm256_add_ps(acc[0][t], acc[1][t]) : acc[0][t]);
 }
 
 /* 32 bits -> 32 bytes, 0xFF where the bit is set (byte i <-> bit i) */
@@ -1010,84 +1102,105 @@ A256 AINL __m256i bits_to_bytes_256(uint32_t x) {
     return _mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit);
 }
 
-A256 AINL void legacy_row_256(const int t, const uint8_t *row, int n, const tokv *tv, float *res, const int T) {
-    const int bs = (t == RQ_Q4_0) ? 18 : (t == RQ_Q4_1) ? 20 : (t == RQ_Q5_0) ? 22 : (t == RQ_Q5_1) ? 24 : 34;
-    const int nb = n / QK;
-    const int P = NP256(T);
-    ZERO_ACC_256(T);
+A256 AINL void legacy_group_256(const int t, const uint8_t *g, const int cnt, const tile *tv, int b,
+                                const int T, __m256 (*acc)[TMAX2]) {
+    const int bs = legacy_bs(t);
+    const int P = NPAR256(T);
+    const int offs = type_offset(t) != 0 && t != RQ_Q8_0;
     const __m256i m0f = _mm256_set1_epi8(0x0F);
-    for (int b = 0; b < nb; b++) {
-        const uint8_t *A = row + (size_t)b * bs;
-        const int par = (P == 2) ? (b & 1) : 0;
+    const uint8_t *blk[4];
+    for (int j = 0; j < 4; j++) blk[j] = j < cnt ? g + (size_t)j * bs : NULL;
+    __m256 dm;
+    if (type_has_min(t)) {
+        __m128i h = _mm_set_epi32(cnt > 3 ? (int)load_u32(blk[3]) : 0, cnt > 2 ? (int)load_u32(blk[2]) : 0,
+                                  cnt > 1 ? (int)load_u32(blk[1]) : 0, (int)load_u32(blk[0]));
+        dm = _mm256_cvtph_ps(h); /* dA mA dB mB dC mC dD mD */
+    } else {
+        __m128i h = _mm_set_epi16(0, 0, 0, 0, cnt > 3 ? (short)load_u16(blk[3]) : 0, cnt > 2 ? (short)load_u16(blk[2]) : 0,
+                                  cnt > 1 ? (short)load_u16(blk[1]) : 0, (short)load_u16(blk[0]));
+        dm = _mm256_castps128_ps256(_mm_cvtph_ps(h));
+    }
+    for (int j = 0; j < 4; j++) {
+        if (j >= cnt) break;
+        const uint8_t *A = blk[j];
+        const int pi = (P == 2) ? (j & 1) : 0;
+        __m256 WD = _mm256_permutevar8x32_ps(dm, _mm256_set1_epi32(type_has_min(t) ? 2 * j : j));
         if (t == RQ_Q8_0) {
-            /* signed x signed via |w| * sign(q, w): no offset correction needed */
-            const blk_q8_0 *a = (const blk_q8_0 *)A;
-            __m256i w = _mm256_loadu_si256((const __m256i *)a->qs);
+            /* signed x signed via |w| * sign(q, w): 128*127*2 fits vpmaddubsw; no offset needed */
+            __m256i w = _mm256_loadu_si256((const __m256i *)(A + 2));
             __m256i aw = _mm256_sign_epi8(w, w);
-            __m256 WD = _mm256_set1_ps(_cvtsh_ss(a->d));
+            const int8_t *qb = tv->qs + 32 * (size_t)(b + j) * T;
+            const float *tb = tv->td + 8 * (size_t)(b + j) * T;
             for (int k = 0; k < T; k++) {
-                __m256i q = _mm256_loadu_si256((const __m256i *)(tv[k].qs + 32 * (size_t)b));
+                __m256i q = _mm256_loadu_si256((const __m256i *)(qb + 32 * k));
                 __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(q, w)), _mm256_set1_epi16(1));
-                __m256 s = _mm256_mul_ps(WD, _mm256_loadu_ps(tv[k].td + 8 * (size_t)b));
-                if (par) acc[1][k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), s, acc[1][k]);
-                else acc[0][k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), s, acc[0][k]);
+                __m256 s = _mm256_mul_ps(WD, _mm256_loadu_ps(tb + 8 * k));
+                acc[pi][k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), s, acc[pi][k]);
             }
             continue;
         }
-        const int qoff = (t == RQ_Q4_0) ? 2 : (t == RQ_Q4_1) ? 4 : (t == RQ_Q5_0) ? 6 : 8;
-        __m128i x = _mm_loadu_si128((const __m128i *)(A + qoff));
+        __m128i x = _mm_loadu_si128((const __m128i *)(A + legacy_qoff(t)));
         __m256i U = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(x, 4), x), m0f);
         if (t == RQ_Q5_0 || t == RQ_Q5_1) {
             __m256i hb = bits_to_bytes_256(load_u32(A + ((t == RQ_Q5_0) ? 2 : 4)));
             U = _mm256_or_si256(U, _mm256_and_si256(hb, _mm256_set1_epi8(16)));
         }
-        uint16_t dh, mh = 0;
-        memcpy(&dh, A, 2);
-        __m256 WD = _mm256_set1_ps(_cvtsh_ss(dh)), MW;
-        if (t == RQ_Q4_1 || t == RQ_Q5_1) {
-            memcpy(&mh, A + 2, 2);
-            MW = _mm256_set1_ps(_cvtsh_ss(mh));
-        } else {
-            MW = _mm256_mul_ps(WD, _mm256_set1_ps(t == RQ_Q4_0 ? -8.0f : -16.0f));
-        }
-        if (par) acc_256(U, WD, MW, tv, b, T, acc[1], accm[1]);
-        else acc_256(U, WD, MW, tv, b, T, acc[0], accm[0]);
+        blk_256(U, WD, tv, b + j, T, offs, acc[pi]);
     }
-    finish_256(acc, accm, res, T);
+    if (type_has_min(t)) {
+        __m256 MEXP = _mm256_permutevar8x32_ps(dm, _mm256_setr_epi32(1, 1, 3, 3, 5, 5, 7, 7));
+        const float *db = tv->ds + (size_t)(b >> 3) * T * 16 + 2 * (b & 4);
+        for (int k = 0; k < T; k++) acc[P - 1][k] = _mm256_fmadd_ps(MEXP, _mm256_loadu_ps(db + 16 * k), acc[P - 1][k]);
+    }
 }
 
-A256 AINL void k4_scales_256(const uint8_t *scales, uint16_t dh, uint16_t dminh, float *dsc, float *dmn) {
-    uint32_t u[4];
-    memcpy(u, scales, 12);
-    u[3] = ((u[2] >> 4) & 0x0f0f0f0fu) | (((u[1] >> 6) & 0x03030303u) << 4);
-    uint32_t ua = u[1] & 0x3f3f3f3fu;
-    u[1] = (u[2] & 0x0f0f0f0fu) | (((u[0] >> 6) & 0x03030303u) << 4);
-    u[2] = ua;
-    u[0] &= 0x3f3f3f3fu;
-    __m128i v = _mm_loadu_si128((const __m128i *)u);
-    _mm256_storeu_ps(dsc, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)), _mm256_set1_ps(_cvtsh_ss(dh))));
-    _mm256_storeu_ps(dmn, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(v, 8))),
-                                        _mm256_set1_ps(-_cvtsh_ss(dminh))));
+A256 AINL void legacy_row_256(const int t, const uint8_t *row, int n, const tile *tv, float *res, const int T) {
+    const int bs = legacy_bs(t);
+    const int nb = n / QK;
+    ACC_DECL_256(T);
+    int b = 0;
+    for (; b + 4 <= nb; b += 4) legacy_group_256(t, row + (size_t)b * bs, 4, tv, b, T, acc);
+    if (b < nb) legacy_group_256(t, row + (size_t)b * bs, nb - b, tv, b, T, acc);
+    finish_256(acc, res, T);
 }
 
-A256 AINL void q45k_row_256(const int t, const uint8_t *row, int n, const tokv *tv, float *res, const int T) {
+/* 16 per-group mins (two vectors of 8) x DS of one superblock */
+A256 AINL void kmin_256(__m256 m_lo, __m256 m_hi, const tile *tv, int i, const int T, __m256 *acc0, __m256 *acc1) {
+    const float *db = tv->ds + (size_t)i * T * 16;
+    for (int k = 0; k < T; k++) {
+        acc0[k] = _mm256_fmadd_ps(m_lo, _mm256_loadu_ps(db + 16 * k), acc0[k]);
+        acc1[k] = _mm256_fmadd_ps(m_hi, _mm256_loadu_ps(db + 16 * k + 8), acc1[k]);
+    }
+}
+
+A256 AINL void q45k_row_256(const int t, const uint8_t *row, int n, const tile *tv, float *res, const int T) {
     const int nsb = n / QK_K;
-    const int P = NP256(T);
-    ZERO_ACC_256(T);
+    const int P = NPAR256(T);
+    ACC_DECL_256(T);
     const __m256i m0f = _mm256_set1_epi8(0x0F);
-    float dsc[8], dmn[8];
     for (int i = 0; i < nsb; i++) {
-        const uint8_t *qs, *qh = NULL;
+        const uint8_t *qs, *qh = NULL, *scales;
+        uint16_t dh, dminh;
         if (t == RQ_Q4_K) {
             const blk_q4_K *x = (const blk_q4_K *)row + i;
-            k4_scales_256(x->scales, x->d, x->dmin, dsc, dmn);
-            qs = x->qs;
+            scales = x->scales; dh = x->d; dminh = x->dmin; qs = x->qs;
         } else {
             const blk_q5_K *x = (const blk_q5_K *)row + i;
-            k4_scales_256(x->scales, x->d, x->dmin, dsc, dmn);
-            qs = x->qs;
-            qh = x->qh;
+            scales = x->scales; dh = x->d; dminh = x->dmin; qs = x->qs; qh = x->qh;
         }
+        uint32_t u[4];
+        memcpy(u, scales, 12);
+        u[3] = ((u[2] >> 4) & 0x0f0f0f0fu) | (((u[1] >> 6) & 0x03030303u) << 4);
+        uint32_t ua = u[1] & 0x3f3f3f3fu;
+        u[1] = (u[2] & 0x0f0f0f0fu) | (((u[0] >> 6) & 0x03030303u) << 4);
+        u[2] = ua;
+        u[0] &= 0x3f3f3f3fu;
+        __m128i v = _mm_loadu_si128((const __m128i *)u);
+        __m256 dsc = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)), _mm256_set1_ps(_cvtsh_ss(dh)));
+        __m256 dmn = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(v, 8))),
+                                   _mm256_set1_ps(-_cvtsh_ss(dminh)));
+        kmin_256(_mm256_permutevar8x32_ps(dmn, _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3)),
+                 _mm256_permutevar8x32_ps(dmn, _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7)), tv, i, T, acc[0], acc[P - 1]);
         __m256i H = _mm256_setzero_si256();
         if (t == RQ_Q5_K) H = _mm256_loadu_si256((const __m256i *)qh);
         for (int c = 0; c < 4; c++) {
@@ -1100,33 +1213,32 @@ A256 AINL void q45k_row_256(const int t, const uint8_t *row, int n, const tokv *
                     __m256i hb = _mm256_cmpeq_epi8(_mm256_and_si256(H, bit), bit);
                     U = _mm256_or_si256(U, _mm256_and_si256(hb, _mm256_set1_epi8(16)));
                 }
-                __m256 WD = _mm256_broadcast_ss(&dsc[j]), MW = _mm256_broadcast_ss(&dmn[j]);
-                if (P == 2 && e) acc_256(U, WD, MW, tv, 8 * i + j, T, acc[1], accm[1]);
-                else acc_256(U, WD, MW, tv, 8 * i + j, T, acc[0], accm[0]);
+                __m256 WD = _mm256_permutevar8x32_ps(dsc, _mm256_set1_epi32(j));
+                blk_256(U, WD, tv, 8 * i + j, T, 0, acc[e & (P - 1)]);
             }
         }
     }
-    finish_256(acc, accm, res, T);
+    finish_256(acc, res, T);
 }
 
-/* lanes 0-3 = v[g], lanes 4-7 = v[g+1] */
-A256 AINL __m256 pair4_256(const float *v, int g) {
-    return _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_broadcast_ss(&v[g])), _mm_broadcast_ss(&v[g + 1]), 1);
+/* lanes 0-3 = v[g], lanes 4-7 = v[g+1] of a 16-float scale set held in two vectors */
+A256 AINL __m256 pair4_256(__m256 lo, __m256 hi, int g) {
+    __m256 src = g < 8 ? lo : hi;
+    const int gg = g & 7;
+    return _mm256_permutevar8x32_ps(src, _mm256_setr_epi32(gg, gg, gg, gg, gg + 1, gg + 1, gg + 1, gg + 1));
 }
 
-A256 AINL void q6k_row_256(const uint8_t *row, int n, const tokv *tv, float *res, const int T) {
+A256 AINL void q6k_row_256(const uint8_t *row, int n, const tile *tv, float *res, const int T) {
     const int nsb = n / QK_K;
-    const int P = NP256(T);
-    ZERO_ACC_256(T);
+    const int P = NPAR256(T);
+    ACC_DECL_256(T);
     const __m256i m0f = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
-    const __m256 neg32 = _mm256_set1_ps(-32.0f);
-    float sc[16];
     for (int i = 0; i < nsb; i++) {
         const blk_q6_K *x = (const blk_q6_K *)row + i;
         __m128i s8 = _mm_loadu_si128((const __m128i *)x->scales);
         __m256 d = _mm256_set1_ps(_cvtsh_ss(x->d));
-        _mm256_storeu_ps(sc, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(s8)), d));
-        _mm256_storeu_ps(sc + 8, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(s8, 8))), d));
+        __m256 sc_lo = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(s8)), d);
+        __m256 sc_hi = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(s8, 8))), d);
         for (int h = 0; h < 2; h++) {
             __m256i L0 = _mm256_loadu_si256((const __m256i *)(x->ql + 64 * h));
             __m256i L1 = _mm256_loadu_si256((const __m256i *)(x->ql + 64 * h + 32));
@@ -1137,37 +1249,30 @@ A256 AINL void q6k_row_256(const uint8_t *row, int n, const tokv *tv, float *res
             U[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(L0, 4), m0f), _mm256_and_si256(H, m30));
             U[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(L1, 4), m0f),
                                    _mm256_and_si256(_mm256_srli_epi16(H, 2), m30));
-            for (int k = 0; k < 4; k++) {
-                __m256 WD = pair4_256(sc, 8 * h + 2 * k);
-                __m256 MW = _mm256_mul_ps(WD, neg32);
-                if (P == 2 && (k & 1)) acc_256(U[k], WD, MW, tv, 8 * i + 4 * h + k, T, acc[1], accm[1]);
-                else acc_256(U[k], WD, MW, tv, 8 * i + 4 * h + k, T, acc[0], accm[0]);
-            }
+            for (int k = 0; k < 4; k++)
+                blk_256(U[k], pair4_256(sc_lo, sc_hi, 8 * h + 2 * k), tv, 8 * i + 4 * h + k, T, 1, acc[k & (P - 1)]);
         }
     }
-    finish_256(acc, accm, res, T);
+    finish_256(acc, res, T);
 }
 
-A256 AINL void q23k_row_256(const int t, const uint8_t *row, int n, const tokv *tv, float *res, const int T) {
+A256 AINL void q23k_row_256(const int t, const uint8_t *row, int n, const tile *tv, float *res, const int T) {
     const int nsb = n / QK_K;
-    const int P = NP256(T);
-    ZERO_ACC_256(T);
+    const int P = NPAR256(T);
+    const int offs = (t == RQ_Q3_K);
+    ACC_DECL_256(T);
     const __m256i m03 = _mm256_set1_epi8(3);
-    float wd[16], mw[16];
     for (int i = 0; i < nsb; i++) {
         const uint8_t *qs, *hm = NULL;
+        __m256 wd_lo, wd_hi;
         if (t == RQ_Q3_K) {
             const blk_q3_K *x = (const blk_q3_K *)row + i;
             uint32_t a[4];
             q3k_scale_bytes(x->scales, a);
             __m128i s8 = _mm_sub_epi8(_mm_loadu_si128((const __m128i *)a), _mm_set1_epi8(32));
-            __m256 d = _mm256_set1_ps(_cvtsh_ss(x->d)), m4 = _mm256_set1_ps(-4.0f);
-            __m256 lo = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(s8)), d);
-            __m256 hi = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(s8, 8))), d);
-            _mm256_storeu_ps(wd, lo);
-            _mm256_storeu_ps(wd + 8, hi);
-            _mm256_storeu_ps(mw, _mm256_mul_ps(lo, m4));
-            _mm256_storeu_ps(mw + 8, _mm256_mul_ps(hi, m4));
+            __m256 d = _mm256_set1_ps(_cvtsh_ss(x->d));
+            wd_lo = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(s8)), d);
+            wd_hi = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(s8, 8))), d);
             qs = x->qs;
             hm = x->hmask;
         } else {
@@ -1176,10 +1281,10 @@ A256 AINL void q23k_row_256(const int t, const uint8_t *row, int n, const tokv *
             __m128i lo4 = _mm_and_si128(s8, _mm_set1_epi8(15));
             __m128i hi4 = _mm_and_si128(_mm_srli_epi16(s8, 4), _mm_set1_epi8(15));
             __m256 d = _mm256_set1_ps(_cvtsh_ss(x->d)), dm = _mm256_set1_ps(-_cvtsh_ss(x->dmin));
-            _mm256_storeu_ps(wd, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo4)), d));
-            _mm256_storeu_ps(wd + 8, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo4, 8))), d));
-            _mm256_storeu_ps(mw, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi4)), dm));
-            _mm256_storeu_ps(mw + 8, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi4, 8))), dm));
+            wd_lo = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo4)), d);
+            wd_hi = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo4, 8))), d);
+            kmin_256(_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi4)), dm),
+                     _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi4, 8))), dm), tv, i, T, acc[0], acc[P - 1]);
             qs = x->qs;
         }
         __m256i HM = _mm256_setzero_si256();
@@ -1193,14 +1298,11 @@ A256 AINL void q23k_row_256(const int t, const uint8_t *row, int n, const tokv *
                     __m256i hb = _mm256_cmpeq_epi8(_mm256_and_si256(HM, bit), bit);
                     U = _mm256_or_si256(U, _mm256_and_si256(hb, _mm256_set1_epi8(4)));
                 }
-                const int g = 8 * h + 2 * k;
-                __m256 WD = pair4_256(wd, g), MW = pair4_256(mw, g);
-                if (P == 2 && (k & 1)) acc_256(U, WD, MW, tv, 8 * i + 4 * h + k, T, acc[1], accm[1]);
-                else acc_256(U, WD, MW, tv, 8 * i + 4 * h + k, T, acc[0], accm[0]);
+                blk_256(U, pair4_256(wd_lo, wd_hi, 8 * h + 2 * k), tv, 8 * i + 4 * h + k, T, offs, acc[k & (P - 1)]);
             }
         }
     }
-    finish_256(acc, accm, res, T);
+    finish_256(acc, res, T);
 }
 
 A256 AINL __m256 fload_256(const int t, const uint8_t *row, int i) {
@@ -1216,31 +1318,32 @@ A256 AINL float fscalar(const int t, const uint8_t *row, int i) {
     return t == RQ_F16 ? _cvtsh_ss(h) : rq_bf16_to_f32(h);
 }
 
-A256 AINL void float_row_256(const int t, const uint8_t *row, int n, const tokv *tv, float *res, const int T) {
-    __m256 acc[2][TMAX];
+A256 AINL void float_row_256(const int t, const uint8_t *row, int n, const tile *tv, float *res, const int T) {
+    __m256 acc[2][TMAX2];
     for (int k = 0; k < T; k++) acc[0][k] = acc[1][k] = _mm256_setzero_ps();
     int i = 0;
     for (; i + 16 <= n; i += 16) {
         __m256 w0 = fload_256(t, row, i), w1 = fload_256(t, row, i + 8);
         for (int k = 0; k < T; k++) {
-            acc[0][k] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(tv[k].f + i), acc[0][k]);
-            acc[1][k] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(tv[k].f + i + 8), acc[1][k]);
+            acc[0][k] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(tv->f[k] + i), acc[0][k]);
+            acc[1][k] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(tv->f[k] + i + 8), acc[1][k]);
         }
     }
     for (; i + 8 <= n; i += 8) {
         __m256 w = fload_256(t, row, i);
-        for (int k = 0; k < T; k++) acc[0][k] = _mm256_fmadd_ps(w, _mm256_loadu_ps(tv[k].f + i), acc[0][k]);
+        for (int k = 0; k < T; k++) acc[0][k] = _mm256_fmadd_ps(w, _mm256_loadu_ps(tv->f[k] + i), acc[0][k]);
     }
     for (int k = 0; k < T; k++) {
         float s = hsum_256(_mm256_add_ps(acc[0][k], acc[1][k]));
-        for (int j = i; j < n; j++) s += fscalar(t, row, j) * tv[k].f[j];
+        for (int j = i; j < n; j++) s += fscalar(t, row, j) * tv->f[k][j];
         res[k] = s;
     }
 }
 
 #define KERN256(name, IMPL, ...)                                                        \
-    A256 static void name(const uint8_t *row, int n, const tokv *tv, int T, float *res) { \
-        DISPATCH_T(IMPL, __VA_ARGS__);                                                  \
+    A256 static void name(const uint8_t *row, int n, const tile *tv, float *res) {      \
+        const int T = tv->T;                                                            \
+        DISPATCH_T4(IMPL, __VA_ARGS__);                                                 \
     }
 
 KERN256(k256_q4_0, legacy_row_256, RQ_Q4_0, row, n, tv, res)
@@ -1259,9 +1362,14 @@ KERN256(k256_bf16, float_row_256, RQ_BF16, row, n, tv, res)
 
 #endif /* x86 */
 
-static kern_fn simd_kernel(int path, int t) {
+/* Kernel for (path, type) and the largest token tile it takes; NULL: use the scalar reference. */
+static kern_fn simd_kernel(int path, int t, int *tmax, int *ub) {
+    *tmax = 1;
+    *ub = 1;
 #ifdef RQ_HAVE_X86
     if (path == RQ_PATH_AVX512) {
+        *tmax = TMAX;
+        *ub = 2;
         switch (t) {
         case RQ_F32: return k512_f32;
         case RQ_F16: return k512_f16;
@@ -1280,6 +1388,7 @@ static kern_fn simd_kernel(int path, int t) {
         }
     }
     if (path == RQ_PATH_AVX2) {
+        *tmax = TMAX2;
         switch (t) {
         case RQ_F32: return k256_f32;
         case RQ_F16: return k256_f16;
@@ -1360,24 +1469,19 @@ int rq_set_kernel_path(int path) {
 /* Dispatched dot and matmul                                                                   */
 
 float rq_vec_dot(int t, int n, const void *row, const rq_act *x) {
-    int path = rq_kernel_path();
-    kern_fn k = path == RQ_PATH_SCALAR ? NULL : simd_kernel(path, t);
+    int path = rq_kernel_path(), tmax, ub;
+    kern_fn k = path == RQ_PATH_SCALAR ? NULL : simd_kernel(path, t, &tmax, &ub);
     if (!k) return rq_vec_dot_ref(t, n, row, x);
-    tokv tv = { x->qs, NULL, NULL, x->f };
-    float res = 0.0f;
-    if (is_float_type(t)) {
-        k(row, n, &tv, 1, &res);
-        return res;
-    }
     int nb = n / QK;
-    float sbuf[2 * 8 * (64 + 1)];
-    float *buf = nb <= 64 ? sbuf : malloc(sizeof(float) * 16 * (size_t)(nb + 1));
-    if (!buf) return rq_vec_dot_ref(t, n, row, x);
-    tv.td = buf;
-    tv.tds = buf + 8 * (size_t)(nb + 1);
-    prep_tok(x, nb, buf, buf + 8 * (size_t)(nb + 1));
-    k(row, n, &tv, 1, &res);
-    if (buf != sbuf) free(buf);
+    size_t need = tile_bytes(t, ub, 1, nb);
+    _Alignas(64) uint8_t sbuf[8192];
+    uint8_t *mem = need <= sizeof(sbuf) ? sbuf : aligned_alloc(64, need);
+    if (!mem) return rq_vec_dot_ref(t, n, row, x);
+    tile tl;
+    prep_tile(t, ub, x, 1, nb, mem, &tl);
+    float res = 0.0f;
+    k(row, n, &tl, &res);
+    if (mem != sbuf) free(mem);
     return res;
 }
 
@@ -1392,50 +1496,45 @@ static void matmul_rows_ref(int t, const void *W, int cols, int r0, int r1,
     }
 }
 
-static int matmul_rows_simd(kern_fn kern, int t, const uint8_t *W, int cols, int r0, int r1,
+static int matmul_rows_simd(kern_fn kern, int tmax, int ub, int t, const uint8_t *W, int cols, int r0, int r1,
                             const rq_act *acts, int ntok, float *out, int ldo) {
     size_t rb = rq_row_bytes(t, cols);
     int nb = cols / QK;
-    size_t per = is_float_type(t) ? 0 : (size_t)16 * (size_t)(nb + 1);   /* floats per token */
-    tokv tvs[TMAX * 4];
-    tokv *tv = ntok <= TMAX * 4 ? tvs : malloc(sizeof(tokv) * (size_t)ntok);
-    float *buf = per ? malloc(sizeof(float) * per * (size_t)ntok) : NULL;
-    if (!tv || (per && !buf)) {
-        if (tv && tv != tvs) free(tv);
-        free(buf);
+    int ntiles = (ntok + tmax - 1) / tmax;
+    size_t full = tile_bytes(t, ub, tmax, nb);
+    size_t total = full * (size_t)ntiles + 64;
+    tile tls[4];
+    tile *tl = ntiles <= 4 ? tls : malloc(sizeof(tile) * (size_t)ntiles);
+    _Alignas(64) uint8_t sbuf[16384];
+    uint8_t *mem = total <= sizeof(sbuf) ? sbuf : aligned_alloc(64, (total + 63) & ~(size_t)63);
+    if (!tl || !mem) {
+        if (tl && tl != tls) free(tl);
+        if (mem && mem != sbuf) free(mem);
         return -1;
     }
-    for (int k = 0; k < ntok; k++) {
-        tv[k].qs = acts[k].qs;
-        tv[k].f = acts[k].f;
-        tv[k].td = tv[k].tds = NULL;
-        if (per) {
-            float *td = buf + per * (size_t)k, *tds = td + 8 * (size_t)(nb + 1);
-            prep_tok(&acts[k], nb, td, tds);
-            tv[k].td = td;
-            tv[k].tds = tds;
-        }
+    for (int i = 0; i < ntiles; i++) {
+        int k0 = i * tmax, T = ntok - k0 < tmax ? ntok - k0 : tmax;
+        prep_tile(t, ub, acts + k0, T, nb, mem + full * (size_t)i, &tl[i]);
     }
     /* Row chunks small enough to stay in L2 while every token tile passes over them. */
     int R = r1 - r0;
-    if (ntok > TMAX) {
-        size_t target = 96 * 1024;
-        R = (int)(target / (rb ? rb : 1));
+    if (ntiles > 1) {
+        R = (int)((size_t)(128 * 1024) / (rb ? rb : 1));
         if (R < 4) R = 4;
     }
     float res[TMAX];
     for (int rc = r0; rc < r1; rc += R) {
         int re = rc + R < r1 ? rc + R : r1;
-        for (int k0 = 0; k0 < ntok; k0 += TMAX) {
-            int T = ntok - k0 < TMAX ? ntok - k0 : TMAX;
+        for (int i = 0; i < ntiles; i++) {
+            int k0 = i * tmax, T = tl[i].T;
             for (int r = rc; r < re; r++) {
-                kern(W + (size_t)r * rb, cols, tv + k0, T, res);
+                kern(W + (size_t)r * rb, cols, &tl[i], res);
                 for (int j = 0; j < T; j++) out[(size_t)(k0 + j) * ldo + r] = res[j];
             }
         }
     }
-    if (tv != tvs) free(tv);
-    free(buf);
+    if (tl != tls) free(tl);
+    if (mem != sbuf) free(mem);
     return 0;
 }
 
@@ -1447,9 +1546,9 @@ void rq_matmul_rows(int t, const void *W, int cols, int r0, int r1,
             for (int r = r0; r < r1; r++) out[(size_t)k * ldo + r] = NAN;
         return;
     }
-    int path = rq_kernel_path();
-    kern_fn k = path == RQ_PATH_SCALAR ? NULL : simd_kernel(path, t);
-    if (k && matmul_rows_simd(k, t, W, cols, r0, r1, acts, ntok, out, ldo) == 0) return;
+    int path = rq_kernel_path(), tmax, ub;
+    kern_fn k = path == RQ_PATH_SCALAR ? NULL : simd_kernel(path, t, &tmax, &ub);
+    if (k && matmul_rows_simd(k, tmax, ub, t, W, cols, r0, r1, acts, ntok, out, ldo) == 0) return;
     matmul_rows_ref(t, W, cols, r0, r1, acts, ntok, out, ldo);
 }
 
