@@ -39,7 +39,7 @@ from typing import Any
 import click
 import redis.exceptions
 from rq import SimpleWorker
-from rq.exceptions import NoSuchJobError, StopRequested
+from rq.exceptions import StopRequested
 from rq.job import Job, JobStatus
 from rq.timeouts import BaseDeathPenalty
 from rq.utils import as_text, now
@@ -58,6 +58,18 @@ DEFAULT_HEARTBEAT_INTERVAL = 10
 DEFAULT_MAINTENANCE_INTERVAL = 60
 DEFAULT_HEARTBEAT_GRACE = 60  # a job's started-registry entry outlives the last beat by this much
 DOORBELL_WAIT = 1
+
+
+# KEYS: queue1, intermediate1, queue2, intermediate2, ... (priority order); ARGV[1]: job key prefix
+_POP_FIRST = """
+for i = 1, #KEYS, 2 do
+  local id = redis.call('LMOVE', KEYS[i], KEYS[i + 1], 'LEFT', 'RIGHT')
+  if id then
+    return {(i + 1) / 2, id, redis.call('HGETALL', ARGV[1] .. id)}
+  end
+end
+return false
+"""
 
 
 class NoDeathPenalty(BaseDeathPenalty):
@@ -79,19 +91,36 @@ def _say(msg: str) -> None:
 
 
 class _Heartbeat(threading.Thread):
-    def __init__(self, worker: LLMWorker, job: Job, execution: Any, interval: float):
+    """One long-lived thread that beats for the job in progress (no thread start/join per job)."""
+
+    def __init__(self, worker: LLMWorker, interval: float):
         super().__init__(name="rqllm-heartbeat", daemon=True)
-        self.worker, self.job, self.execution, self.interval = worker, job, execution, interval
+        self.worker, self.interval = worker, interval
+        self._lock = threading.Lock()
+        self._current: tuple[Job, Any] | None = None
         self._halt = threading.Event()
         self.beats = 0
 
+    def begin(self, job: Job, execution: Any) -> None:
+        with self._lock:
+            self._current = (job, execution)
+
+    def end(self) -> None:
+        with self._lock:
+            self._current = None
+
     def run(self) -> None:
         while not self._halt.wait(self.interval):
+            with self._lock:
+                current = self._current
+            if current is None:
+                continue
             try:
-                self.worker.maintain_heartbeats(self.job, self.execution)
+                # xx-only updates: a beat racing the job's end cannot re-register it
+                self.worker.maintain_heartbeats(*current)
                 self.beats += 1
             except Exception:  # noqa: BLE001 - a missed beat is retried next interval
-                log.warning("heartbeat for job %s failed", self.job.id, exc_info=True)
+                log.warning("heartbeat for job %s failed", current[0].id, exc_info=True)
 
     def stop(self) -> None:
         self._halt.set()
@@ -112,9 +141,17 @@ class LLMWorker(SimpleWorker):
         self.doorbell = keys.doorbell_key(self.model_key)
         self.heartbeat_interval = heartbeat_interval
         self.heartbeat_grace = heartbeat_grace
+        self._pop_script = self.connection.register_script(_POP_FIRST)
         self._force_stop = False
+        self._beat: _Heartbeat | None = None
         self._current_job_id: str | None = None
         self._last_idle_beat = 0.0
+
+    def teardown(self) -> None:
+        if self._beat is not None:
+            self._beat.stop()
+            self._beat = None
+        super().teardown()
 
     # ------------------------------------------------------------ identity
     def serialize(self) -> dict:
@@ -145,18 +182,23 @@ class LLMWorker(SimpleWorker):
 
     # ------------------------------------------------------------ dequeue
     def _pop_any(self) -> tuple[Job, Any] | None:
-        for queue in self._ordered_queues:
-            raw = self.connection.lmove(queue.key, queue.intermediate_queue_key, "LEFT", "RIGHT")
-            if raw is None:
+        """One round trip: LMOVE from the first non-empty queue in priority order into that queue's
+        intermediate list, and read the job hash (as Job.fetch would)."""
+        queues = self._ordered_queues
+        keys_ = [k for q in queues for k in (q.key, q.intermediate_queue_key)]
+        while True:
+            reply = self._pop_script(keys=keys_, args=[self.job_class.redis_job_namespace_prefix])
+            if not reply:
+                return None
+            idx, raw_id, flat = reply
+            queue = queues[int(idx) - 1]
+            job_id = as_text(raw_id)
+            if not flat:
+                self.connection.lrem(queue.intermediate_queue_key, 1, job_id)  # job hash gone: skip it
                 continue
-            job_id = as_text(raw)
-            try:
-                job = self.job_class.fetch(job_id, connection=self.connection, serializer=self.serializer)
-            except NoSuchJobError:
-                self.connection.lrem(queue.intermediate_queue_key, 1, job_id)
-                continue
+            job = self.job_class(job_id, connection=self.connection, serializer=self.serializer)
+            job.restore(dict(zip(flat[::2], flat[1::2])))
             return job, queue
-        return None
 
     def dequeue_job_and_maintain_ttl(self, timeout: int | None, max_idle_time: int | None = None):
         qnames = ",".join(self.queue_names())
@@ -178,7 +220,6 @@ class LLMWorker(SimpleWorker):
                     job, queue = result
                     job.redis_server_version = self.get_redis_server_version()
                     self.log.info("Worker %s: %s: %s", self.name, queue.name, job.id)
-                    self.heartbeat()
                     return result
                 if timeout is None:
                     return None  # burst: all queues empty
@@ -190,6 +231,24 @@ class LLMWorker(SimpleWorker):
                 self.log.error("Worker %s: Redis unreachable (%s), retrying in %.0f s", self.name, e, backoff)
                 time.sleep(backoff)
                 backoff = min(backoff * 2, self.max_connection_wait_time)
+
+    def heartbeat(self, timeout: int | None = None, pipeline: Any = None) -> None:
+        """rq's heartbeat is three commands; send them as one pipeline. A bare call less than a second
+        after the previous beat (rq's work loop beats after every job) is skipped."""
+        if pipeline is not None:
+            return super().heartbeat(timeout, pipeline=pipeline)
+        if timeout is None and self.last_heartbeat is not None and \
+                (now() - self.last_heartbeat).total_seconds() < 1.0:
+            return None
+        with self.connection.pipeline(transaction=False) as p:
+            super().heartbeat(timeout, pipeline=p)
+            p.execute()
+        return None
+
+    def set_state(self, state: str, pipeline: Any = None) -> None:
+        if pipeline is None and state == self._state == WorkerStatus.IDLE:
+            return  # already recorded (SimpleWorker and the dequeue loop both set IDLE)
+        super().set_state(state, pipeline=pipeline)
 
     # ------------------------------------------------------------ execution
     def get_heartbeat_ttl(self, job: Job, working_time: float = 0.0) -> int:
@@ -209,12 +268,14 @@ class LLMWorker(SimpleWorker):
             return
         execution = self.prepare_execution(job)
         self._current_job_id = job.id
-        beat = _Heartbeat(self, job, execution, self.heartbeat_interval)
-        beat.start()
+        if self._beat is None:
+            self._beat = _Heartbeat(self, self.heartbeat_interval)
+            self._beat.start()
+        self._beat.begin(job, execution)
         try:
             self.perform_job(job, queue, execution)
         finally:
-            beat.stop()
+            self._beat.end()
             self._current_job_id = None
         self.set_state(WorkerStatus.IDLE)
 
