@@ -1,0 +1,78 @@
+"""LLMWorker's parts that need no engine: priority pop into intermediate lists, TTLs, signal flags,
+token-stream chunk batching. Real Redis, real rq objects."""
+from __future__ import annotations
+
+import signal
+from datetime import timedelta
+
+from jobs import keys
+from jobs.schemas import queue_names
+from pipeline.streams import TokenStreamWriter, final_text, read_all
+from pipeline.worker import LLMWorker
+from tests.conftest_redis import client, redis_conn, redis_server, redis_url  # noqa: F401
+
+M = "smollm2-135m"
+
+
+def one(client, tag, prio):
+    bid = client.submit_batch([{"model": M, "prompt": f"Say {tag}.", "params": {"max_tokens": 2}}], priority=prio)
+    return client.batch_entries(bid)[0][1]
+
+
+def test_pop_in_priority_order_into_intermediate_lists(client):
+    low, d1, high, d2 = one(client, "low", "low"), one(client, "d1", "default"), one(client, "hi", "high"), \
+        one(client, "d2", "default")
+    w = LLMWorker(queue_names(M), model=M, connection=client.connection, name="pop-test")
+    order = []
+    while (got := w._pop_any()) is not None:
+        job, queue = got
+        order.append(job.id)
+        assert client.connection.lrange(queue.intermediate_queue_key, 0, -1) == [job.id.encode()]
+        assert job.func_name == "jobs.tasks.generate" and job.origin == queue.name
+        client.connection.lrem(queue.intermediate_queue_key, 1, job.id)
+    assert order == [high, d1, d2, low]
+
+
+def test_pop_skips_deleted_jobs(client):
+    a, b = one(client, "a", "default"), one(client, "b", "default")
+    client.connection.delete(f"rq:job:{a}")
+    w = LLMWorker(queue_names(M), model=M, connection=client.connection, name="pop-test2")
+    job, queue = w._pop_any()
+    assert job.id == b
+    assert client.connection.lrange(queue.intermediate_queue_key, 0, -1) == [b.encode()]
+
+
+def test_heartbeat_ttl_and_signal_flags(client):
+    w = LLMWorker(queue_names(M), model=M, connection=client.connection, name="sig-test",
+                  heartbeat_interval=3, heartbeat_grace=5)
+    job = client.queue(M).enqueue("jobs.tasks.generate", {}, job_timeout=600)
+    assert w.get_heartbeat_ttl(job) == 8  # interval + grace, not timeout + 60
+    w._on_signal(signal.SIGTERM, None)
+    assert w._stop_requested and not w._force_stop and not w.should_stop_generating()
+    w._on_signal(signal.SIGTERM, None)  # same signal twice within a second: ignored
+    assert not w._force_stop
+    w._shutdown_requested_date -= timedelta(seconds=2)
+    w._on_signal(signal.SIGINT, None)
+    assert w._force_stop and w.should_stop_generating()
+    w.register_birth()
+    assert client.connection.hget(w.key, "rqllm_model") == M.encode()
+    w.register_death()
+
+
+def test_token_stream_batches_chunks_by_time(redis_conn):
+    t = [0.0]
+    wr = TokenStreamWriter(redis_conn, "gx", ttl=60, interval=0.05, clock=lambda: t[0])
+    wr.start(1, "w")
+    for i in range(10):  # 10 pieces within one interval -> one chunk
+        wr.add(f"a{i} ")
+        t[0] += 0.004
+    t[0] += 0.02
+    wr.add("b ")  # interval passed -> flush
+    wr.add("c")
+    entries = read_all(redis_conn, keys.token_stream_key("gx"))
+    assert [e.type for e in entries] == ["start", "text"]
+    assert wr.take() == "c"
+    assert final_text(entries) == "".join(f"a{i} " for i in range(10)) + "b "
+    assert 0 < redis_conn.ttl(keys.token_stream_key("gx")) <= 60
+    wr.start(2, "w")  # a rerun drops the earlier text
+    assert [e.type for e in read_all(redis_conn, keys.token_stream_key("gx"))] == ["start"]
