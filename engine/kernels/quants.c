@@ -777,8 +777,8 @@ A512 AINL __m512i mk_dup2_512(int g0) {          /* lanes 2j, 2j+1 = g0 + j */
 }
 
 /* Activation blocks b, b+1 (b even) for the T tokens of the tile. */
-A512 AINL void pair_512(__m512i U, __m512 WD, const tile *tv, int b, const int T, const int offs, __m512 *acc) {
-    const size_t u = (size_t)(b >> 1) * T;
+A512 AINL void pair_512(__m512i U, __m512 WD, const tile *tv, size_t b, const int T, const int offs, __m512 *acc) {
+    const size_t u = (b >> 1) * (size_t)T;
     const int8_t *qb = tv->qs + 64 * u;
     const float *tb = tv->td + 16 * u;
     const int32_t *nb = offs ? tv->nq + 16 * u : NULL;
@@ -826,7 +826,7 @@ A512 AINL __m512i legacy_u_512(const int t, const uint8_t *A, const uint8_t *B) 
 }
 
 /* Up to 4 legacy blocks starting at activation block b (cnt = how many exist). */
-A512 AINL void legacy_group_512(const int t, const uint8_t *g, const int cnt, const tile *tv, int b,
+A512 AINL void legacy_group_512(const int t, const uint8_t *g, const int cnt, const tile *tv, size_t b,
                                 const int T, __m512 (*acc)[TMAX]) {
     const int bs = legacy_bs(t);
     const int P = NPAR512(T);
@@ -836,16 +836,40 @@ A512 AINL void legacy_group_512(const int t, const uint8_t *g, const int cnt, co
     __m512 WD0, WD1 = _mm512_setzero_ps();
     __m512 MEXP = _mm512_setzero_ps();
     if (type_has_min(t)) {
-        __m128i h = _mm_set_epi32(cnt > 3 ? (int)load_u32(blk[3]) : 0, cnt > 2 ? (int)load_u32(blk[2]) : 0,
-                                  cnt > 1 ? (int)load_u32(blk[1]) : 0, (int)load_u32(blk[0]));
+        __m128i h;
+        if (cnt == 4 && t == RQ_Q4_1) {        /* d|m dwords at bytes 0, 20, 40, 60 */
+            h = _mm512_castsi512_si128(_mm512_permutexvar_epi32(_mm512_setr_epi32(0, 5, 10, 15, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0),
+                                                                 _mm512_loadu_si512(g)));
+        } else if (cnt == 4) {                 /* Q5_1: bytes 0, 24, 48, 72 */
+            h = _mm512_castsi512_si128(_mm512_permutex2var_epi32(
+                _mm512_loadu_si512(g), _mm512_setr_epi32(0, 6, 12, 26, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0),
+                _mm512_loadu_si512(g + 32)));
+        } else {
+            h = _mm_set_epi32(cnt > 3 ? (int)load_u32(blk[3]) : 0, cnt > 2 ? (int)load_u32(blk[2]) : 0,
+                              cnt > 1 ? (int)load_u32(blk[1]) : 0, (int)load_u32(blk[0]));
+        }
         __m256 dm = _mm256_cvtph_ps(h); /* dA mA dB mB dC mC dD mD */
         __m512 dmz = _mm512_castps256_ps512(dm);
         WD0 = _mm512_permutexvar_ps(mk_i32_512(0, 2), dmz);
         if (cnt > 2) WD1 = _mm512_permutexvar_ps(mk_i32_512(4, 6), dmz);
         MEXP = _mm512_maskz_permutexvar_ps(0x00FF, _mm512_castsi256_si512(_mm256_setr_epi32(1, 1, 3, 3, 5, 5, 7, 7)), dmz);
     } else {
-        __m128i h = _mm_set_epi16(0, 0, 0, 0, cnt > 3 ? (short)load_u16(blk[3]) : 0, cnt > 2 ? (short)load_u16(blk[2]) : 0,
-                                  cnt > 1 ? (short)load_u16(blk[1]) : 0, (short)load_u16(blk[0]));
+        __m128i h;
+        if (cnt == 4 && t == RQ_Q4_0) {        /* d words at bytes 0, 18, 36, 54 */
+            h = _mm512_castsi512_si128(_mm512_permutexvar_epi16(_mm512_set_epi64(0, 0, 0, 0, 0, 0, 0, 0x001b001200090000LL),
+                                                                 _mm512_loadu_si512(g)));
+        } else if (cnt == 4 && t == RQ_Q5_0) { /* bytes 0, 22, 44 | 66 = second load (g + 24) byte 42 */
+            h = _mm512_castsi512_si128(_mm512_permutex2var_epi16(
+                _mm512_loadu_si512(g), _mm512_set_epi64(0, 0, 0, 0, 0, 0, 0, 0x00350016000b0000LL),
+                _mm512_loadu_si512(g + 24)));
+        } else if (cnt == 4 && t == RQ_Q8_0) { /* bytes 0, 34 | 68, 102 = second load (g + 64) bytes 4, 38 */
+            h = _mm512_castsi512_si128(_mm512_permutex2var_epi16(
+                _mm512_loadu_si512(g), _mm512_set_epi64(0, 0, 0, 0, 0, 0, 0, 0x0033002200110000LL),
+                _mm512_loadu_si512(g + 64)));
+        } else {
+            h = _mm_set_epi16(0, 0, 0, 0, cnt > 3 ? (short)load_u16(blk[3]) : 0, cnt > 2 ? (short)load_u16(blk[2]) : 0,
+                              cnt > 1 ? (short)load_u16(blk[1]) : 0, (short)load_u16(blk[0]));
+        }
         __m512 dz = _mm512_castps128_ps512(_mm_cvtph_ps(h));
         WD0 = _mm512_permutexvar_ps(mk_i32_512(0, 1), dz);
         if (cnt > 2) WD1 = _mm512_permutexvar_ps(mk_i32_512(2, 3), dz);
@@ -857,7 +881,7 @@ A512 AINL void legacy_group_512(const int t, const uint8_t *g, const int cnt, co
         pair_512(U1, WD1, tv, b + 2, T, offs, acc[P - 1]);
     }
     if (type_has_min(t)) {
-        const float *db = tv->ds + (size_t)(b >> 3) * T * 16 + 2 * (b & 4);
+        const float *db = tv->ds + (b >> 3) * (size_t)T * 16 + 2 * (b & 4);
         for (int k = 0; k < T; k++)
             acc[P - 1][k] = _mm512_fmadd_ps(MEXP, _mm512_maskz_loadu_ps(0x00FF, db + 16 * k), acc[P - 1][k]);
     }
@@ -865,11 +889,11 @@ A512 AINL void legacy_group_512(const int t, const uint8_t *g, const int cnt, co
 
 A512 AINL void legacy_row_512(const int t, const uint8_t *row, int n, const tile *tv, float *res, const int T) {
     const int bs = legacy_bs(t);
-    const int nb = n / QK;
+    const size_t nb = (size_t)(n / QK);
     ACC_DECL_512(T);
-    int b = 0;
-    for (; b + 4 <= nb; b += 4) legacy_group_512(t, row + (size_t)b * bs, 4, tv, b, T, acc);
-    if (b < nb) legacy_group_512(t, row + (size_t)b * bs, nb - b, tv, b, T, acc);
+    size_t b = 0;
+    for (; b + 4 <= nb; b += 4) legacy_group_512(t, row + b * bs, 4, tv, b, T, acc);
+    if (b < nb) legacy_group_512(t, row + b * bs, (int)(nb - b), tv, b, T, acc);
     finish_512(acc, res, T);
 }
 
@@ -1061,9 +1085,9 @@ KERN512(k512_bf16, float_row_512, RQ_BF16, row, n, tv, res)
 #define TMAX2 4
 
 /* One activation block b for the T tokens of the tile (vpmaddubsw + vpmaddwd; U <= 63: no saturation). */
-A256 AINL void blk_256(__m256i U, __m256 WD, const tile *tv, int b, const int T, const int offs, __m256 *acc) {
+A256 AINL void blk_256(__m256i U, __m256 WD, const tile *tv, size_t b, const int T, const int offs, __m256 *acc) {
     const __m256i ones = _mm256_set1_epi16(1);
-    const size_t u = (size_t)b * T;
+    const size_t u = b * (size_t)T;
     const int8_t *qb = tv->qs + 32 * u;
     const float *tb = tv->td + 8 * u;
     const int32_t *nb = offs ? tv->nq + 8 * u : NULL;
@@ -1102,7 +1126,7 @@ A256 AINL __m256i bits_to_bytes_256(uint32_t x) {
     return _mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit);
 }
 
-A256 AINL void legacy_group_256(const int t, const uint8_t *g, const int cnt, const tile *tv, int b,
+A256 AINL void legacy_group_256(const int t, const uint8_t *g, const int cnt, const tile *tv, size_t b,
                                 const int T, __m256 (*acc)[TMAX2]) {
     const int bs = legacy_bs(t);
     const int P = NPAR256(T);
@@ -1149,18 +1173,18 @@ A256 AINL void legacy_group_256(const int t, const uint8_t *g, const int cnt, co
     }
     if (type_has_min(t)) {
         __m256 MEXP = _mm256_permutevar8x32_ps(dm, _mm256_setr_epi32(1, 1, 3, 3, 5, 5, 7, 7));
-        const float *db = tv->ds + (size_t)(b >> 3) * T * 16 + 2 * (b & 4);
+        const float *db = tv->ds + (b >> 3) * (size_t)T * 16 + 2 * (b & 4);
         for (int k = 0; k < T; k++) acc[P - 1][k] = _mm256_fmadd_ps(MEXP, _mm256_loadu_ps(db + 16 * k), acc[P - 1][k]);
     }
 }
 
 A256 AINL void legacy_row_256(const int t, const uint8_t *row, int n, const tile *tv, float *res, const int T) {
     const int bs = legacy_bs(t);
-    const int nb = n / QK;
+    const size_t nb = (size_t)(n / QK);
     ACC_DECL_256(T);
-    int b = 0;
-    for (; b + 4 <= nb; b += 4) legacy_group_256(t, row + (size_t)b * bs, 4, tv, b, T, acc);
-    if (b < nb) legacy_group_256(t, row + (size_t)b * bs, nb - b, tv, b, T, acc);
+    size_t b = 0;
+    for (; b + 4 <= nb; b += 4) legacy_group_256(t, row + b * bs, 4, tv, b, T, acc);
+    if (b < nb) legacy_group_256(t, row + b * bs, (int)(nb - b), tv, b, T, acc);
     finish_256(acc, res, T);
 }
 
