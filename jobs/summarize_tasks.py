@@ -49,7 +49,19 @@ def _attempt_and_timeout(rq_job: Any) -> tuple[int, float | None]:
     return attempt, timeout
 
 
-def _run(gjob: GenerationJob, options: dict[str, Any] | None, inputs: int) -> dict[str, Any]:
+def part_label_pattern(part: str) -> re.Pattern[str] | None:
+    """A regex for the label the reduce template puts before each summary ("Part {n}: ").
+
+    Small models copy that scaffolding into their answer; it is ours, so it is taken out again."""
+    head = part.split("{summary}", 1)[0]
+    if "{n}" not in head or not head.strip():
+        return None
+    pieces = [re.escape(x) for x in head.strip().split("{n}")]
+    return re.compile(r"(?m)^[ \t]*" + r"\d+".join(pieces) + r"[ \t]*")
+
+
+def _run(gjob: GenerationJob, options: dict[str, Any] | None, inputs: int,
+         labels: re.Pattern[str] | None = None) -> dict[str, Any]:
     rq_job = get_current_job()
     opts = TaskOptions.model_validate(options or {})
     attempt, timeout = _attempt_and_timeout(rq_job)
@@ -63,8 +75,9 @@ def _run(gjob: GenerationJob, options: dict[str, Any] | None, inputs: int) -> di
         if rq_job is not None:
             rq_job.retries_left = 0  # recorded as final (e.g. a prompt the engine refuses)
         raise
+    text = labels.sub("", result.text) if labels is not None else result.text
     return {
-        "summary": tidy_summary(result.text, result.finish_reason),
+        "summary": tidy_summary(text, result.finish_reason),
         "finish_reason": result.finish_reason,
         "prompt_tokens": result.prompt_tokens,
         "completion_tokens": result.completion_tokens,
@@ -148,4 +161,4 @@ def reduce_summaries(spec: dict[str, Any], inputs: list[str], options: dict[str,
                                   engine.tokenizer)
     gjob = GenerationJob(model=spec["model"], messages=reduce_messages(spec, summaries), params=params,
                          metadata=dict(spec.get("metadata") or {}))
-    return _run(gjob, options, inputs=len(inputs))
+    return _run(gjob, options, inputs=len(inputs), labels=part_label_pattern(spec["part"]))

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from jobs.summarize_tasks import fit_summaries, reduce_messages, tidy_summary
+from jobs.summarize_tasks import fit_summaries, part_label_pattern, reduce_messages, tidy_summary
 from pipeline.summarize import (
     Budget,
     Document,
@@ -199,6 +199,14 @@ def test_tidy_summary():
     assert tidy_summary("Decisions: the pool stays at 64.", "stop") == "Decisions: the pool stays at 64."
     assert tidy_summary("One sentence done. Another one that got cu", "length") == "One sentence done."
     assert tidy_summary("No sentence end at all", "length") == "No sentence end at all"
+
+
+def test_part_labels_copied_by_the_model_are_removed():
+    pat = part_label_pattern(Templates.load().part)
+    text = "Part 1: The plan works.\n\nPart 2: It ships in May. Part 3 is later."
+    assert pat.sub("", text) == "The plan works.\n\nIt ships in May. Part 3 is later."
+    assert part_label_pattern("- {summary}") is None
+    assert part_label_pattern("[{n}] {summary}").sub("", "[2] Done.") == "Done."
 
 
 def test_markdown_report_lists_failed_and_skipped():
