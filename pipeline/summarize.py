@@ -865,6 +865,9 @@ def summarize(paths: Sequence[str], *, output: IO[str], fmt: str = "jsonl", mode
     if url:
         from pipeline.redis_conn import connect
 
+        if workers != 1 or threads:
+            err.write("note: --workers and --threads only apply without REDIS_URL; the workers are the ones "
+                      "already serving that Redis\n")
         states = run(connect(url), None, True)
     else:
         from pipeline.embedded import embedded_cluster
