@@ -82,14 +82,16 @@ def dequant_rows(t, data: np.ndarray, n: int) -> np.ndarray:
 
 def quantize_act_np(x: np.ndarray):
     """Independent numpy twin of the activation format: per 32, d = amax/127, q = round(x / d)
-    (half away from zero, computed as x * (1/d) in f32), sum16 over each 16."""
+    (half away from zero, like C roundf; computed as x * (1/d) in f32), sum16 over each 16."""
     x = np.asarray(x, dtype=np.float32).reshape(-1, 32)
     amax = np.abs(x).max(axis=1)
     d = (amax / np.float32(127.0)).astype(np.float32)
     with np.errstate(divide="ignore"):
         idv = np.where(d > 0, np.float32(1.0) / d, np.float32(0.0)).astype(np.float32)
     v = (x * idv[:, None]).astype(np.float32)
-    q = np.sign(v) * np.floor(np.abs(v) + np.float32(0.5))
+    a = np.abs(v)
+    t = np.trunc(a)
+    q = np.sign(v) * (t + ((a - t) >= np.float32(0.5)))          # exact half-away-from-zero
     q = np.clip(q, -127, 127).astype(np.int8)
     s16 = q.reshape(-1, 16).astype(np.int32).sum(axis=1)
     return q.reshape(-1), d, s16

@@ -94,17 +94,23 @@ def test_bf16_to_f32():
     assert np.array_equal(got[~nan].view(np.uint32), want[~nan].view(np.uint32))
 
 
-def test_quantize_act_matches_numpy():
+@pytest.mark.parametrize("path", PATHS)
+def test_quantize_act_matches_numpy(path):
+    _need(path)
     rng = np.random.default_rng(3)
     x = _x(rng, 1, 1024, "outliers")[0]
-    x[100:132] = 1e-30  # tiny but non-zero block
-    qs, d, s16 = q.quantize_act(x)
+    x[96:128] = 1e-30  # tiny but non-zero block
+    # a block with amax 127 (d = 1): exact halves must round away from zero
+    x[128:160] = np.float32(0.25)
+    x[128:138] = [127.0, 2.5, -2.5, 0.5, -0.5, 126.5, -1.5, 3.49999976, -0.0, 1e-9]
+    qs, d, s16 = q.quantize_act(x, path=path)
     wq, wd, ws = qp.quantize_act_np(x)
     assert np.array_equal(d, wd)
     assert np.array_equal(qs, wq)
     assert np.array_equal(s16, ws)
     assert np.abs(qs.astype(np.int32)).max() <= 127
     assert np.all(d[1] == 0) and np.all(qs[32:64] == 0)
+    assert d[4] == 1.0 and list(qs[128:138]) == [127, 3, -3, 1, -1, 127, -2, 3, 0, 0]
 
 
 def test_path_selection():

@@ -148,7 +148,7 @@ cdef class Act:
     def __cinit__(self):
         self.acts = NULL
 
-    def __init__(self, X):
+    def __init__(self, X, path=None):
         X = np.ascontiguousarray(X, dtype=np.float32)
         if X.ndim == 1:
             X = X.reshape(1, -1)
@@ -172,21 +172,25 @@ cdef class Act:
         cdef cnp.int32_t[:, ::1] s16 = self.sum16
         cdef float[:, ::1] xv = self.x
         cdef int k, n = self.n
-        with nogil:
-            for k in range(self.ntok):
-                self.acts[k].qs = <int8_t *>&qs[k, 0]
-                self.acts[k].d = &d[k, 0]
-                self.acts[k].sum16 = <int32_t *>&s16[k, 0]
-                rq_quantize_act(&xv[k, 0], n, &self.acts[k])
+        g = _PathGuard(path)
+        try:
+            with nogil:
+                for k in range(self.ntok):
+                    self.acts[k].qs = <int8_t *>&qs[k, 0]
+                    self.acts[k].d = &d[k, 0]
+                    self.acts[k].sum16 = <int32_t *>&s16[k, 0]
+                    rq_quantize_act(&xv[k, 0], n, &self.acts[k])
+        finally:
+            g.restore()
 
     def __dealloc__(self):
         if self.acts != NULL:
             free(self.acts)
 
 
-def quantize_act(x):
+def quantize_act(x, path=None):
     """float32 vector (n multiple of 32) -> (qs int8[n], d float32[n/32], sum16 int32[n/16])."""
-    a = Act(np.asarray(x, dtype=np.float32).reshape(-1))
+    a = Act(np.asarray(x, dtype=np.float32).reshape(-1), path)
     return a.qs[0].copy(), a.d[0].copy(), a.sum16[0].copy()
 
 
@@ -213,7 +217,7 @@ def _dot(int t, w, x, path, bint ref):
     cdef cnp.uint8_t[::1] wb = _bytes_array(w)
     if wb.shape[0] < <Py_ssize_t>rq_row_bytes(t, n):
         raise ValueError("row too short")
-    cdef Act a = Act(x)
+    cdef Act a = Act(x, path)
     cdef float r
     g = _PathGuard(path)
     try:
@@ -237,7 +241,7 @@ def vec_dot_ref(int t, w, x):
     return _dot(t, w, x, None, True)
 
 
-def _mm_prep(int t, W, int rows, int cols, X):
+def _mm_prep(int t, W, int rows, int cols, X, path=None):
     _check_type(t, cols)
     wb = _bytes_array(W)
     if wb.shape[0] < rows * rq_row_bytes(t, cols):
@@ -247,12 +251,12 @@ def _mm_prep(int t, W, int rows, int cols, X):
         X = X.reshape(1, -1)
     if X.shape[1] != cols:
         raise ValueError("X must be ntok x cols")
-    return wb, Act(X)
+    return wb, Act(X, path)
 
 
 def matmul(int t, W, int rows, int cols, X, int nthreads=1, path=None):
     """out[k, r] = dot(W row r, X[k]) via rq_matmul; returns float32 (ntok x rows)."""
-    wb, act = _mm_prep(t, W, rows, cols, X)
+    wb, act = _mm_prep(t, W, rows, cols, X, path)
     cdef cnp.uint8_t[::1] wv = wb
     cdef Act a = act
     out = np.empty((a.ntok, rows), dtype=np.float32)
@@ -269,7 +273,7 @@ def matmul(int t, W, int rows, int cols, X, int nthreads=1, path=None):
 
 def matmul_rows(int t, W, int rows, int cols, X, int r0, int r1, path=None):
     """rq_matmul_rows over [r0, r1); other entries of the (ntok x rows) result are NaN."""
-    wb, act = _mm_prep(t, W, rows, cols, X)
+    wb, act = _mm_prep(t, W, rows, cols, X, path)
     if not (0 <= r0 <= r1 <= rows):
         raise ValueError("bad row range")
     cdef cnp.uint8_t[::1] wv = wb
@@ -299,10 +303,29 @@ def matmul_ref(int t, W, int rows, int cols, X):
     return out
 
 
+def bench_quantize(X, int reps=10, path=None):
+    """Seconds per rq_quantize_act pass over all rows of X (ntok x n)."""
+    import time
+    cdef Act a = Act(X, path)
+    cdef float[:, ::1] xv = a.x
+    cdef int k, i, n = a.n, ntok = a.ntok
+    g = _PathGuard(path)
+    try:
+        t0 = time.perf_counter()
+        with nogil:
+            for i in range(reps):
+                for k in range(ntok):
+                    rq_quantize_act(&xv[k, 0], n, &a.acts[k])
+        t1 = time.perf_counter()
+    finally:
+        g.restore()
+    return (t1 - t0) / reps
+
+
 def bench_matmul(int t, W, int rows, int cols, X, int nthreads=1, int reps=10, path=None):
     """Time rq_matmul (activations quantized once, outside the timing); returns seconds per call."""
     import time
-    wb, act = _mm_prep(t, W, rows, cols, X)
+    wb, act = _mm_prep(t, W, rows, cols, X, path)
     cdef cnp.uint8_t[::1] wv = wb
     cdef Act a = act
     out = np.empty((a.ntok, rows), dtype=np.float32)

@@ -337,7 +337,7 @@ void rq_dequant_row(int t, const void *row, float *y, int n) {
 /* ------------------------------------------------------------------------------------------ */
 /* Activation quantization                                                                     */
 
-void rq_quantize_act(const float *x, int n, rq_act *a) {
+static void quantize_act_ref(const float *x, int n, rq_act *a) {
     a->n = n;
     a->f = x;
     for (int b = 0; b < n / 32; b++) {
@@ -1059,6 +1059,39 @@ A512 AINL void float_row_512(const int t, const uint8_t *row, int n, const tile 
     for (int k = 0; k < T; k++) res[k] = _mm512_reduce_add_ps(_mm512_add_ps(acc[0][k], acc[1][k]));
 }
 
+
+/* --- activation quantization (same results as quantize_act_ref, bit for bit) --- */
+
+/* round half away from zero, like roundf: trunc(|v|) + (frac >= 0.5), sign restored */
+A512 AINL __m512i round_away_512(__m512 v) {
+    __m512 av = _mm512_abs_ps(v);
+    __m512 t = _mm512_roundscale_ps(av, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+    __mmask16 up = _mm512_cmp_ps_mask(_mm512_sub_ps(av, t), _mm512_set1_ps(0.5f), _CMP_GE_OQ);
+    t = _mm512_mask_add_ps(t, up, t, _mm512_set1_ps(1.0f));
+    __m512i r = _mm512_cvttps_epi32(t);
+    __mmask16 neg = _mm512_cmplt_epi32_mask(_mm512_castps_si512(v), _mm512_setzero_si512());
+    r = _mm512_mask_sub_epi32(r, neg, _mm512_setzero_si512(), r);
+    return _mm512_max_epi32(_mm512_min_epi32(r, _mm512_set1_epi32(127)), _mm512_set1_epi32(-127));
+}
+
+A512 static void quantize_act_512(const float *x, int n, rq_act *a) {
+    a->n = n;
+    a->f = x;
+    for (int b = 0; b < n / 32; b++) {
+        __m512 x0 = _mm512_loadu_ps(x + 32 * b), x1 = _mm512_loadu_ps(x + 32 * b + 16);
+        float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(x0), _mm512_abs_ps(x1)));
+        float d = amax / 127.0f;
+        float id = d > 0.0f ? 1.0f / d : 0.0f;
+        a->d[b] = d;
+        __m512 vid = _mm512_set1_ps(id);
+        __m512i q0 = round_away_512(_mm512_mul_ps(x0, vid)), q1 = round_away_512(_mm512_mul_ps(x1, vid));
+        a->sum16[2 * b] = _mm512_reduce_add_epi32(q0);
+        a->sum16[2 * b + 1] = _mm512_reduce_add_epi32(q1);
+        _mm_storeu_si128((__m128i *)(a->qs + 32 * b), _mm512_cvtepi32_epi8(q0));
+        _mm_storeu_si128((__m128i *)(a->qs + 32 * b + 16), _mm512_cvtepi32_epi8(q1));
+    }
+}
+
 #define KERN512(name, IMPL, ...)                                                        \
     A512 static void name(const uint8_t *row, int n, const tile *tv, float *res) {      \
         const int T = tv->T;                                                            \
@@ -1364,6 +1397,53 @@ A256 AINL void float_row_256(const int t, const uint8_t *row, int n, const tile 
     }
 }
 
+
+/* --- activation quantization (same results as quantize_act_ref, bit for bit) --- */
+
+A256 AINL __m256i round_away_256(__m256 v) {
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    __m256 av = _mm256_and_ps(v, absmask);
+    __m256 t = _mm256_round_ps(av, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+    __m256 up = _mm256_cmp_ps(_mm256_sub_ps(av, t), _mm256_set1_ps(0.5f), _CMP_GE_OQ);
+    t = _mm256_add_ps(t, _mm256_and_ps(up, _mm256_set1_ps(1.0f)));
+    __m256i r = _mm256_sign_epi32(_mm256_cvttps_epi32(t), _mm256_or_si256(_mm256_castps_si256(v), _mm256_set1_epi32(1)));
+    return _mm256_max_epi32(_mm256_min_epi32(r, _mm256_set1_epi32(127)), _mm256_set1_epi32(-127));
+}
+
+A256 AINL int hsum_epi32_256(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+    return _mm_cvtsi128_si32(s);
+}
+
+A256 static void quantize_act_256(const float *x, int n, rq_act *a) {
+    a->n = n;
+    a->f = x;
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    for (int b = 0; b < n / 32; b++) {
+        __m256 v[4];
+        for (int k = 0; k < 4; k++) v[k] = _mm256_loadu_ps(x + 32 * b + 8 * k);
+        __m256 m = _mm256_max_ps(_mm256_max_ps(_mm256_and_ps(v[0], absmask), _mm256_and_ps(v[1], absmask)),
+                                 _mm256_max_ps(_mm256_and_ps(v[2], absmask), _mm256_and_ps(v[3], absmask)));
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+        float amax = _mm_cvtss_f32(m4);
+        float d = amax / 127.0f;
+        float id = d > 0.0f ? 1.0f / d : 0.0f;
+        a->d[b] = d;
+        __m256 vid = _mm256_set1_ps(id);
+        __m256i r[4];
+        for (int k = 0; k < 4; k++) r[k] = round_away_256(_mm256_mul_ps(v[k], vid));
+        a->sum16[2 * b] = hsum_epi32_256(_mm256_add_epi32(r[0], r[1]));
+        a->sum16[2 * b + 1] = hsum_epi32_256(_mm256_add_epi32(r[2], r[3]));
+        __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(r[0], r[1]), _mm256_packs_epi32(r[2], r[3]));
+        p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        _mm256_storeu_si256((__m256i *)(a->qs + 32 * b), p);
+    }
+}
+
 #define KERN256(name, IMPL, ...)                                                        \
     A256 static void name(const uint8_t *row, int n, const tile *tv, float *res) {      \
         const int T = tv->T;                                                            \
@@ -1491,6 +1571,15 @@ int rq_set_kernel_path(int path) {
 
 /* ------------------------------------------------------------------------------------------ */
 /* Dispatched dot and matmul                                                                   */
+
+void rq_quantize_act(const float *x, int n, rq_act *a) {
+#ifdef RQ_HAVE_X86
+    int path = rq_kernel_path();
+    if (path == RQ_PATH_AVX512) { quantize_act_512(x, n, a); return; }
+    if (path == RQ_PATH_AVX2) { quantize_act_256(x, n, a); return; }
+#endif
+    quantize_act_ref(x, n, a);
+}
 
 float rq_vec_dot(int t, int n, const void *row, const rq_act *x) {
     int path = rq_kernel_path(), tmax, ub;
