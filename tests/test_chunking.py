@@ -175,12 +175,12 @@ def test_property_fit_and_cover(doc, limit, overlap):
 
 @pytest.fixture(scope="module")
 def smollm2_tokenizer():
-    tokenizer_mod = pytest.importorskip("engine.tokenizer")
     from engine.gguf_file import GGUFFile
     from engine.models import pull
+    from engine.tokenizer import Tokenizer
 
     path = pull("smollm2-135m", quiet=True)
-    return tokenizer_mod.Tokenizer.from_gguf(GGUFFile(str(path)))
+    return Tokenizer.from_gguf(GGUFFile(str(path)))
 
 
 @pytest.mark.parametrize("limit", [200, 700])
