@@ -215,8 +215,9 @@ class Model:
         self.kv = kv
         self.threads = threads
         config = asdict(cfg)
+        precise = os.environ.get("RQLLM_PRECISE_FFN_DOWN", "1") != "0"
         config.update(arch=ARCH_IDS[cfg.arch], rope_neox=int(cfg.rope_neox), ffn_gelu=int(cfg.ffn_gelu),
-                      max_ubatch=MAX_UBATCH, n_threads=threads)
+                      precise_ffn_down=int(precise), max_ubatch=MAX_UBATCH, n_threads=threads)
         self._fwd = ForwardModel(config, weights.globals, weights.layers, kv.k, kv.v, kv.capacity, gguf)
         self._logits = np.zeros(cfg.n_vocab, dtype=np.float32)
 

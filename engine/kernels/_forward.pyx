@@ -18,7 +18,7 @@ cdef extern from "forward.h":
         float norm_eps, rope_base, rope_base_local
         int rope_neox, sliding_window, swa_pattern
         float embd_scale, attn_scale
-        int ffn_gelu, max_ubatch, n_threads
+        int ffn_gelu, precise_ffn_down, max_ubatch, n_threads
     ctypedef struct rq_tensor:
         int type
         const void *data
@@ -89,7 +89,8 @@ cdef class ForwardModel:
         cfg.rope_base_local = config["rope_base_local"]; cfg.rope_neox = config["rope_neox"]
         cfg.sliding_window = config["sliding_window"]; cfg.swa_pattern = config["swa_pattern"]
         cfg.embd_scale = config["embd_scale"]; cfg.attn_scale = config["attn_scale"]
-        cfg.ffn_gelu = config["ffn_gelu"]; cfg.max_ubatch = config["max_ubatch"]
+        cfg.ffn_gelu = config["ffn_gelu"]; cfg.precise_ffn_down = config["precise_ffn_down"]
+        cfg.max_ubatch = config["max_ubatch"]
         cfg.n_threads = config["n_threads"]
 
         self.layers = <rq_layer_weights *>calloc(n_layer, sizeof(rq_layer_weights))

@@ -21,8 +21,9 @@ struct rq_model {
     float *k, *v;   /* [U][kv_dim] */
     float *att_out; /* [U][q_dim] */
     float *hb, *hb2;/* [U][n_ff] */
+    float *down2;   /* [2U][n_embd]: ffn_down of the activation and of its rounding residual */
     float *scores;  /* [threads][capacity] */
-    rq_act *acts;   /* [U], each over max_cols */
+    rq_act *acts;   /* [2U], each over max_cols */
     int8_t *act_qs;
     float *act_d;
     int32_t *act_sum16;
@@ -144,17 +145,18 @@ rq_model *rq_model_create(const rq_config *cfg, const rq_weights *w, const rq_kv
     m->att_out = alloc_aligned(sizeof(float) * U * m->q_dim);
     m->hb = alloc_aligned(sizeof(float) * U * c->n_ff);
     m->hb2 = alloc_aligned(sizeof(float) * U * c->n_ff);
+    m->down2 = alloc_aligned(sizeof(float) * 2 * U * c->n_embd);
     m->scores = alloc_aligned(sizeof(float) * (size_t)m->n_threads * (kv->capacity + 1));
-    m->acts = calloc(U, sizeof(rq_act));
-    m->act_qs = alloc_aligned((size_t)U * cols);
-    m->act_d = alloc_aligned(sizeof(float) * (size_t)U * (cols / 32));
-    m->act_sum16 = alloc_aligned(sizeof(int32_t) * (size_t)U * (cols / 16));
-    if (!m->x || !m->xb || !m->q || !m->k || !m->v || !m->att_out || !m->hb || !m->hb2 ||
+    m->acts = calloc(2 * U, sizeof(rq_act));
+    m->act_qs = alloc_aligned((size_t)2 * U * cols);
+    m->act_d = alloc_aligned(sizeof(float) * (size_t)2 * U * (cols / 32));
+    m->act_sum16 = alloc_aligned(sizeof(int32_t) * (size_t)2 * U * (cols / 16));
+    if (!m->x || !m->xb || !m->q || !m->k || !m->v || !m->att_out || !m->hb || !m->hb2 || !m->down2 ||
         !m->scores || !m->acts || !m->act_qs || !m->act_d || !m->act_sum16) {
         rq_model_free(m);
         return NULL;
     }
-    for (int t = 0; t < U; t++) {
+    for (int t = 0; t < 2 * U; t++) {
         m->acts[t].qs = m->act_qs + (size_t)t * cols;
         m->acts[t].d = m->act_d + (size_t)t * (cols / 32);
         m->acts[t].sum16 = m->act_sum16 + (size_t)t * (cols / 16);
@@ -165,7 +167,7 @@ rq_model *rq_model_create(const rq_config *cfg, const rq_weights *w, const rq_kv
 void rq_model_free(rq_model *m) {
     if (!m) return;
     free(m->x); free(m->xb); free(m->q); free(m->k); free(m->v); free(m->att_out);
-    free(m->hb); free(m->hb2); free(m->scores); free(m->acts);
+    free(m->hb); free(m->hb2); free(m->down2); free(m->scores); free(m->acts);
     free(m->act_qs); free(m->act_d); free(m->act_sum16);
     free(m);
 }
@@ -280,8 +282,29 @@ static void feed_forward(rq_model *m, int il, int n) {
         float g = m->hb[i];
         m->hb[i] = (c->ffn_gelu ? gelu_tanh(g) : silu(g)) * m->hb2[i];
     }
+    /* The gated activations carry outliers that make per-block int8 too coarse for the other
+     * values of their block (SmolLM2 loses top-1 agreement here). Since the product is linear,
+     * quantize x as int8 plus an int8 rounding residual and run both as 2n "tokens" of one
+     * matmul: the weights are still read once, the input gets ~15 bits. */
     quantize_rows(m, m->hb, n, ff, ff);
-    matmul(m, &L->ffn_down, n, m->xb, d);
+    if (!c->precise_ffn_down) {
+        matmul(m, &L->ffn_down, n, m->xb, d);
+    } else {
+    for (int t = 0; t < n; t++) {
+        const rq_act *a = &m->acts[t];
+        float *r = m->hb2 + (size_t)t * ff;  /* hb2 is free again: reuse for the residual */
+        const float *x = m->hb + (size_t)t * ff;
+        for (int i = 0; i < ff; i++) r[i] = x[i] - a->d[i / 32] * (float)a->qs[i];
+        m->acts[n + t].n = ff;
+        rq_quantize_act(r, ff, &m->acts[n + t]);
+    }
+    matmul(m, &L->ffn_down, 2 * n, m->down2, d);
+    for (int t = 0; t < n; t++) {
+        float *o = m->xb + (size_t)t * d;
+        const float *hi = m->down2 + (size_t)t * d, *lo = m->down2 + (size_t)(n + t) * d;
+        for (int i = 0; i < d; i++) o[i] = hi[i] + lo[i];
+    }
+    }
     if (L->post_ffw_norm.data)
         for (int t = 0; t < n; t++)
             rmsnorm(m->xb + (size_t)t * d, m->xb + (size_t)t * d, f32_data(&L->post_ffw_norm), d, c->norm_eps);

@@ -26,6 +26,7 @@ typedef struct {
     float embd_scale;       /* gemma3: sqrt(n_embd); else 1 */
     float attn_scale;       /* scale applied to q.k */
     int ffn_gelu;           /* 1: GELU-tanh gate (gemma3); 0: SiLU (SwiGLU) */
+    int precise_ffn_down;   /* 1: int8 + int8 residual activations into ffn_down (see feed_forward) */
     int max_ubatch;         /* most tokens per internal pass; longer inputs are split */
     int n_threads;
 } rq_config;
