@@ -1609,59 +1609,90 @@ static void matmul_rows_ref(int t, const void *W, int cols, int r0, int r1,
     }
 }
 
-static int matmul_rows_simd(kern_fn kern, int tmax, int ub, int t, const uint8_t *W, int cols, int r0, int r1,
-                            const rq_act *acts, int ntok, float *out, int ldo) {
-    size_t rb = rq_row_bytes(t, cols);
-    int nb = cols / QK;
-    int ntiles = (ntok + tmax - 1) / tmax;
-    size_t full = tile_bytes(t, ub, tmax, nb);
-    size_t total = full * (size_t)ntiles + 64;
-    tile tls[4];
-    tile *tl = ntiles <= 4 ? tls : malloc(sizeof(tile) * (size_t)ntiles);
-    _Alignas(64) uint8_t sbuf[16384];
-    uint8_t *mem = total <= sizeof(sbuf) ? sbuf : aligned_alloc(64, (total + 63) & ~(size_t)63);
-    if (!tl || !mem) {
-        if (tl && tl != tls) free(tl);
-        if (mem && mem != sbuf) free(mem);
+/* Token tiles of one matmul: prepared once, shared by every thread. */
+typedef struct {
+    int ntiles, tmax, ub, nb;
+    size_t full;      /* bytes per tile */
+    tile *tl;
+    uint8_t *mem;
+} tileset;
+
+static int tiles_alloc(tileset *ts, int t, int tmax, int ub, int cols, int ntok) {
+    ts->ntiles = (ntok + tmax - 1) / tmax;
+    ts->tmax = tmax;
+    ts->ub = ub;
+    ts->nb = cols / QK;
+    ts->full = tile_bytes(t, ub, tmax, ts->nb);
+    ts->tl = malloc(sizeof(tile) * (size_t)ts->ntiles);
+    ts->mem = ts->full ? aligned_alloc(64, ts->full * (size_t)ts->ntiles) : NULL;
+    if (!ts->tl || (ts->full && !ts->mem)) {
+        free(ts->tl);
+        free(ts->mem);
         return -1;
     }
-    for (int i = 0; i < ntiles; i++) {
-        int k0 = i * tmax, T = ntok - k0 < tmax ? ntok - k0 : tmax;
-        prep_tile(t, ub, acts + k0, T, nb, mem + full * (size_t)i, &tl[i]);
+    return 0;
+}
+
+static void tiles_free(tileset *ts) {
+    free(ts->tl);
+    free(ts->mem);
+}
+
+static void tiles_prep(tileset *ts, int t, const rq_act *acts, int ntok, int i) {
+    int k0 = i * ts->tmax, T = ntok - k0 < ts->tmax ? ntok - k0 : ts->tmax;
+    if (ts->full) {
+        prep_tile(t, ts->ub, acts + k0, T, ts->nb, ts->mem + ts->full * (size_t)i, &ts->tl[i]);
+    } else {
+        memset(&ts->tl[i], 0, sizeof(tile));
+        ts->tl[i].T = T;
+        for (int k = 0; k < T; k++) ts->tl[i].f[k] = acts[k0 + k].f;
     }
-    /* Row chunks small enough to stay in L2 while every token tile passes over them. */
+}
+
+static void tiles_run(const tileset *ts, kern_fn kern, int t, const uint8_t *W, int cols, int r0, int r1,
+                      float *out, int ldo) {
+    size_t rb = rq_row_bytes(t, cols);
+    /* With several tiles, row chunks small enough to stay in L2 while every tile passes over them. */
     int R = r1 - r0;
-    if (ntiles > 1) {
+    if (ts->ntiles > 1) {
         R = (int)((size_t)(128 * 1024) / (rb ? rb : 1));
         if (R < 4) R = 4;
     }
     float res[TMAX];
     for (int rc = r0; rc < r1; rc += R) {
         int re = rc + R < r1 ? rc + R : r1;
-        for (int i = 0; i < ntiles; i++) {
-            int k0 = i * tmax, T = tl[i].T;
+        for (int i = 0; i < ts->ntiles; i++) {
+            const tile *tl = &ts->tl[i];
+            int k0 = i * ts->tmax, T = tl->T;
             for (int r = rc; r < re; r++) {
-                kern(W + (size_t)r * rb, cols, &tl[i], res);
+                kern(W + (size_t)r * rb, cols, tl, res);
                 for (int j = 0; j < T; j++) out[(size_t)(k0 + j) * ldo + r] = res[j];
             }
         }
     }
-    if (tl != tls) free(tl);
-    if (mem != sbuf) free(mem);
-    return 0;
+}
+
+static void fill_nan(int r0, int r1, int ntok, float *out, int ldo) {
+    for (int k = 0; k < ntok; k++)
+        for (int r = r0; r < r1; r++) out[(size_t)k * ldo + r] = NAN;
 }
 
 void rq_matmul_rows(int t, const void *W, int cols, int r0, int r1,
                     const rq_act *acts, int ntok, float *out, int ldo) {
     if (r1 <= r0 || ntok <= 0) return;
     if (!rq_type_supported(t)) {
-        for (int k = 0; k < ntok; k++)
-            for (int r = r0; r < r1; r++) out[(size_t)k * ldo + r] = NAN;
+        fill_nan(r0, r1, ntok, out, ldo);
         return;
     }
     int path = rq_kernel_path(), tmax, ub;
     kern_fn k = path == RQ_PATH_SCALAR ? NULL : simd_kernel(path, t, &tmax, &ub);
-    if (k && matmul_rows_simd(k, tmax, ub, t, W, cols, r0, r1, acts, ntok, out, ldo) == 0) return;
+    tileset ts;
+    if (k && tiles_alloc(&ts, t, tmax, ub, cols, ntok) == 0) {
+        for (int i = 0; i < ts.ntiles; i++) tiles_prep(&ts, t, acts, ntok, i);
+        tiles_run(&ts, k, t, W, cols, r0, r1, out, ldo);
+        tiles_free(&ts);
+        return;
+    }
     matmul_rows_ref(t, W, cols, r0, r1, acts, ntok, out, ldo);
 }
 
@@ -1669,12 +1700,34 @@ void rq_matmul(int t, const void *W, int rows, int cols,
                const rq_act *acts, int ntok, float *out, int ldo, int nthreads) {
     rq_kernels_init();
     if (rows <= 0 || ntok <= 0) return;
+    if (!rq_type_supported(t)) {
+        fill_nan(0, rows, ntok, out, ldo);
+        return;
+    }
 #ifdef _OPENMP
     int nt = nthreads > 0 ? nthreads : omp_get_max_threads();
-    /* Enough rows per chunk to amortize the per-row work; chunks aligned to 16 rows. */
+    /* Rows are split in chunks of 16 (whole cache lines of output for every token). */
     int nchunk = (rows + 15) / 16;
     if (nt > nchunk) nt = nchunk;
     if (nt <= 1) {
+        rq_matmul_rows(t, W, cols, 0, rows, acts, ntok, out, ldo);
+        return;
+    }
+    int path = rq_kernel_path(), tmax, ub;
+    kern_fn k = path == RQ_PATH_SCALAR ? NULL : simd_kernel(path, t, &tmax, &ub);
+    if (!k || ntok <= 2 * tmax) {
+        /* decode-sized: each thread prepares its own (small) tiles, no barrier */
+#pragma omp parallel num_threads(nt)
+        {
+            int ith = omp_get_thread_num(), nth = omp_get_num_threads();
+            int c0 = (int)((long)nchunk * ith / nth), c1 = (int)((long)nchunk * (ith + 1) / nth);
+            int r0 = c0 * 16, r1 = c1 * 16 < rows ? c1 * 16 : rows;
+            if (r1 > r0) rq_matmul_rows(t, W, cols, r0, r1, acts, ntok, out, ldo);
+        }
+        return;
+    }
+    tileset ts;
+    if (tiles_alloc(&ts, t, tmax, ub, cols, ntok) != 0) {
         rq_matmul_rows(t, W, cols, 0, rows, acts, ntok, out, ldo);
         return;
     }
@@ -1683,8 +1736,12 @@ void rq_matmul(int t, const void *W, int rows, int cols,
         int ith = omp_get_thread_num(), nth = omp_get_num_threads();
         int c0 = (int)((long)nchunk * ith / nth), c1 = (int)((long)nchunk * (ith + 1) / nth);
         int r0 = c0 * 16, r1 = c1 * 16 < rows ? c1 * 16 : rows;
-        rq_matmul_rows(t, W, cols, r0, r1, acts, ntok, out, ldo);
+        /* token tiles are prepared once, in parallel (implicit barrier), then each thread runs its rows */
+#pragma omp for schedule(static)
+        for (int i = 0; i < ts.ntiles; i++) tiles_prep(&ts, t, acts, ntok, i);
+        if (r1 > r0) tiles_run(&ts, k, t, W, cols, r0, r1, out, ldo);
     }
+    tiles_free(&ts);
 #else
     (void)nthreads;
     rq_matmul_rows(t, W, cols, 0, rows, acts, ntok, out, ldo);
