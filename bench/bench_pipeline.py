@@ -110,8 +110,13 @@ def main() -> None:
             time.sleep(0.1)
         run_pipeline(client, a.model, msgs[:2], params, tmp / "warm.jsonl")  # warm-up
         for r in range(a.runs):
-            p, toks_p = run_plain(eng, msgs, params)
-            q, sub, toks_q, side = run_pipeline(client, a.model, msgs, params, tmp / "out.jsonl")
+            # alternate which side goes first so drifting load on the machine hits both alike
+            if r % 2 == 0:
+                p, toks_p = run_plain(eng, msgs, params)
+                q, sub, toks_q, side = run_pipeline(client, a.model, msgs, params, tmp / "out.jsonl")
+            else:
+                q, sub, toks_q, side = run_pipeline(client, a.model, msgs, params, tmp / "out.jsonl")
+                p, toks_p = run_plain(eng, msgs, params)
             plain.append(p)
             pipe.append(q)
             submit.append(sub)
@@ -136,6 +141,7 @@ def main() -> None:
         "submit_median_ms": round(1000 * statistics.median(submit), 1),
         "overhead_ratio": round(mq / mp - 1, 4),
         "overhead_ms_per_job": round(1000 * (mq - mp) / a.jobs, 3),
+        "worker_engine_median_s": round(statistics.median(x["engine"] for x in sides), 4),
         "worker_in_job_ms_per_job": round(1000 * statistics.median(x["in_job"] for x in sides) / a.jobs, 3),
         "worker_between_jobs_ms_per_job": round(1000 * statistics.median(x["between"] for x in sides) / a.jobs, 3),
         "worker_overhead_ratio": round(statistics.median((x["in_job"] + x["between"]) / x["engine"] for x in sides), 4),
