@@ -371,3 +371,21 @@ def test_matmul_every_tile_size(t, path):
                 ref = q.vec_dot_ref(int(t), W[r], X[k])
                 mass = float(np.abs(w[r]) @ np.abs(X[k].astype(np.float64)))
                 assert abs(got[k, r] - ref) <= 2e-6 * mass + 1e-30, f"{T(t).name} ntok={ntok} ({k},{r})"
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("t", [T.F32, T.F16, T.BF16], ids=_ids([T.F32, T.F16, T.BF16]))
+def test_float_weights_long_rows(t, path):
+    """Float weights use only the float activations; long rows (8192) and many tokens."""
+    _need(path)
+    rng = np.random.default_rng(500 + int(t))
+    n, rows = 8192, 9
+    W = qp.random_rows(t, rows, n, rng)
+    w = qp.dequant_rows(t, W, n).astype(np.float64)
+    X = _x(rng, 10, n)
+    exact = X.astype(np.float64) @ w.T
+    mass = qp.abs_mass(w, X)
+    for r in (0, rows - 1):
+        assert abs(q.vec_dot(int(t), W[r], X[0], path=path) - exact[0, r]) <= 2e-6 * mass[0, r]
+    got = q.matmul(int(t), W, rows, n, X, nthreads=2, path=path)
+    assert np.all(np.abs(got - exact) <= 2e-6 * mass)

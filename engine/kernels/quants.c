@@ -677,6 +677,10 @@ static size_t tile_bytes(int t, int ub, int T, int nb) {
 }
 
 static void prep_tile(int t, int ub, const rq_act *acts, int T, int nb, uint8_t *mem, tile *tl) {
+    memset(tl, 0, sizeof(*tl));
+    tl->T = T;
+    for (int k = 0; k < T; k++) tl->f[k] = acts[k].f;
+    if (is_float_type(t)) return;   /* float weights use acts[k].f only */
     size_t nu = (size_t)((nb + ub - 1) / ub), nc = (size_t)((nb + 7) / 8);
     memset(mem, 0, tile_bytes(t, ub, T, nb));
     int8_t *qs = (int8_t *)mem;
@@ -707,12 +711,10 @@ static void prep_tile(int t, int ub, const rq_act *acts, int T, int nb, uint8_t 
         }
     }
     (void)nc;
-    tl->T = T;
     tl->qs = qs;
     tl->td = td;
     tl->nq = nq;
     tl->ds = ds;
-    for (int k = 0; k < TMAX; k++) tl->f[k] = k < T ? acts[k].f : NULL;
 }
 
 #define AINL static inline __attribute__((always_inline))
@@ -1640,13 +1642,7 @@ static void tiles_free(tileset *ts) {
 
 static void tiles_prep(tileset *ts, int t, const rq_act *acts, int ntok, int i) {
     int k0 = i * ts->tmax, T = ntok - k0 < ts->tmax ? ntok - k0 : ts->tmax;
-    if (ts->full) {
-        prep_tile(t, ts->ub, acts + k0, T, ts->nb, ts->mem + ts->full * (size_t)i, &ts->tl[i]);
-    } else {
-        memset(&ts->tl[i], 0, sizeof(tile));
-        ts->tl[i].T = T;
-        for (int k = 0; k < T; k++) ts->tl[i].f[k] = acts[k0 + k].f;
-    }
+    prep_tile(t, ts->ub, acts + k0, T, ts->nb, ts->full ? ts->mem + ts->full * (size_t)i : NULL, &ts->tl[i]);
 }
 
 static void tiles_run(const tileset *ts, kern_fn kern, int t, const uint8_t *W, int cols, int r0, int r1,
