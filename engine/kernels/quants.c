@@ -895,7 +895,12 @@ A512 AINL void legacy_row_512(const int t, const uint8_t *row, int n, const tile
     ACC_DECL_512(T);
     size_t b = 0;
     for (; b + 4 <= nb; b += 4) legacy_group_512(t, row + b * bs, 4, tv, b, T, acc);
-    if (b < nb) legacy_group_512(t, row + b * bs, (int)(nb - b), tv, b, T, acc);
+    switch (nb - b) {   /* tail group, specialized on its size */
+    case 1: legacy_group_512(t, row + b * bs, 1, tv, b, T, acc); break;
+    case 2: legacy_group_512(t, row + b * bs, 2, tv, b, T, acc); break;
+    case 3: legacy_group_512(t, row + b * bs, 3, tv, b, T, acc); break;
+    default: break;
+    }
     finish_512(acc, res, T);
 }
 
@@ -1219,7 +1224,12 @@ A256 AINL void legacy_row_256(const int t, const uint8_t *row, int n, const tile
     ACC_DECL_256(T);
     size_t b = 0;
     for (; b + 4 <= nb; b += 4) legacy_group_256(t, row + b * bs, 4, tv, b, T, acc);
-    if (b < nb) legacy_group_256(t, row + b * bs, (int)(nb - b), tv, b, T, acc);
+    switch (nb - b) {   /* tail group, specialized on its size */
+    case 1: legacy_group_256(t, row + b * bs, 1, tv, b, T, acc); break;
+    case 2: legacy_group_256(t, row + b * bs, 2, tv, b, T, acc); break;
+    case 3: legacy_group_256(t, row + b * bs, 3, tv, b, T, acc); break;
+    default: break;
+    }
     finish_256(acc, res, T);
 }
 
