@@ -180,3 +180,23 @@ cdef class ForwardModel:
             raise ValueError("record buffer must be float32 [(n_layer+1), max_tokens, n_embd]")
         self.record_buf = arr
         rq_model_record_layers(self.model, <float *>cnp.PyArray_DATA(arr), max_tokens)
+
+
+cdef extern from "quants.h":
+    int rq_set_kernel_path(int path)
+    int rq_kernel_path()
+    void rq_kernels_init()
+
+KERNEL_PATHS = {"scalar": 0, "avx2": 1, "avx512": 2}
+
+
+def set_kernel_path(str name):
+    """Force this module's kernel path (tests); raises if the CPU cannot run it."""
+    rq_kernels_init()
+    if name not in KERNEL_PATHS or rq_set_kernel_path(KERNEL_PATHS[name]) != 0:
+        raise ValueError(f"kernel path {name!r} is not available on this CPU")
+
+
+def kernel_path() -> str:
+    rq_kernels_init()
+    return {v: k for k, v in KERNEL_PATHS.items()}[rq_kernel_path()]
