@@ -752,6 +752,25 @@ static inline int legacy_qoff(int t) {   /* offset of qs in the block */
     return (t == RQ_Q4_0) ? 2 : (t == RQ_Q4_1) ? 4 : (t == RQ_Q5_0) ? 6 : (t == RQ_Q5_1) ? 8 : 2;
 }
 
+/* Q4_K/Q5_K 12-byte scales -> 8 scales (u0,u1) and 8 mins (u2,u3) as bytes, in registers
+ * (building the vector from an array in memory would stall on store forwarding). */
+static inline void k4_unpack(const uint8_t *s, uint32_t *o0, uint32_t *o1, uint32_t *o2, uint32_t *o3) {
+    uint32_t a0 = load_u32(s), a1 = load_u32(s + 4), a2 = load_u32(s + 8);
+    *o0 = a0 & 0x3f3f3f3fu;
+    *o1 = (a2 & 0x0f0f0f0fu) | (((a0 >> 6) & 0x03030303u) << 4);
+    *o2 = a1 & 0x3f3f3f3fu;
+    *o3 = ((a2 >> 4) & 0x0f0f0f0fu) | (((a1 >> 6) & 0x03030303u) << 4);
+}
+
+/* Q3_K 12-byte scales -> 16 six-bit scales as bytes (not yet minus 32). */
+static inline void q3k_unpack(const uint8_t *s, uint32_t *o0, uint32_t *o1, uint32_t *o2, uint32_t *o3) {
+    uint32_t a0 = load_u32(s), a1 = load_u32(s + 4), tmp = load_u32(s + 8);
+    *o0 = (a0 & 0x0f0f0f0fu) | (((tmp >> 0) & 0x03030303u) << 4);
+    *o1 = (a1 & 0x0f0f0f0fu) | (((tmp >> 2) & 0x03030303u) << 4);
+    *o2 = ((a0 >> 4) & 0x0f0f0f0fu) | (((tmp >> 4) & 0x03030303u) << 4);
+    *o3 = ((a1 >> 4) & 0x0f0f0f0fu) | (((tmp >> 6) & 0x03030303u) << 4);
+}
+
 #if defined(__x86_64__) || defined(__i386__)
 #define RQ_HAVE_X86 1
 #include <immintrin.h>
@@ -793,7 +812,9 @@ A512 AINL void pair_512(__m512i U, __m512 WD, const tile *tv, size_t b, const in
     }
 }
 
-#define NPAR512(T) ((T) <= 2 ? 2 : 1)
+/* Always two accumulators per token: a token's sum order must not depend on how many tokens
+ * share its tile, or prefix reuse and batch splits change results (same seed, other tokens). */
+#define NPAR512(T) 2
 
 #define ACC_DECL_512(T)                                                        \
     __m512 acc[2][TMAX];                                                       \
@@ -908,14 +929,9 @@ A512 AINL void legacy_row_512(const int t, const uint8_t *row, int n, const tile
 
 /* Q4_K/Q5_K: lanes 0-7 = d*sc_j, lanes 8-15 = -dmin*m_j */
 A512 AINL __m512 k4_scales_512(const uint8_t *scales, uint16_t dh, uint16_t dminh) {
-    uint32_t u[4];
-    memcpy(u, scales, 12);
-    u[3] = ((u[2] >> 4) & 0x0f0f0f0fu) | (((u[1] >> 6) & 0x03030303u) << 4);
-    uint32_t ua = u[1] & 0x3f3f3f3fu;
-    u[1] = (u[2] & 0x0f0f0f0fu) | (((u[0] >> 6) & 0x03030303u) << 4);
-    u[2] = ua;
-    u[0] &= 0x3f3f3f3fu;
-    __m512 v = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)u)));
+    uint32_t u0, u1, u2, u3;
+    k4_unpack(scales, &u0, &u1, &u2, &u3);
+    __m512 v = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_set_epi32((int)u3, (int)u2, (int)u1, (int)u0)));
     __m512 mul = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(_cvtsh_ss(dh)), _mm512_set1_ps(-_cvtsh_ss(dminh)));
     return _mm512_mul_ps(v, mul);
 }
@@ -985,16 +1001,6 @@ A512 AINL void q6k_row_512(const uint8_t *row, int n, const tile *tv, float *res
     finish_512(acc, res, T);
 }
 
-static inline void q3k_scale_bytes(const uint8_t *s, uint32_t a[4]) {
-    uint32_t aux[3];
-    memcpy(aux, s, 12);
-    uint32_t tmp = aux[2];
-    a[0] = (aux[0] & 0x0f0f0f0fu) | (((tmp >> 0) & 0x03030303u) << 4);
-    a[1] = (aux[1] & 0x0f0f0f0fu) | (((tmp >> 2) & 0x03030303u) << 4);
-    a[2] = ((aux[0] >> 4) & 0x0f0f0f0fu) | (((tmp >> 4) & 0x03030303u) << 4);
-    a[3] = ((aux[1] >> 4) & 0x0f0f0f0fu) | (((tmp >> 6) & 0x03030303u) << 4);
-}
-
 /* Q2_K and Q3_K share the 2-bit layout: per 128-half, 32 bytes, shifts 0/2/4/6. */
 A512 AINL void q23k_row_512(const int t, const uint8_t *row, int n, const tile *tv, float *res, const int T) {
     const int nsb = n / QK_K;
@@ -1008,9 +1014,10 @@ A512 AINL void q23k_row_512(const int t, const uint8_t *row, int n, const tile *
         __m512i HM = _mm512_setzero_si512();
         if (t == RQ_Q3_K) {
             const blk_q3_K *x = (const blk_q3_K *)row + i;
-            uint32_t a[4];
-            q3k_scale_bytes(x->scales, a);
-            __m512i s = _mm512_sub_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)a)), _mm512_set1_epi32(32));
+            uint32_t a0, a1, a2, a3;
+            q3k_unpack(x->scales, &a0, &a1, &a2, &a3);
+            __m512i s = _mm512_sub_epi32(_mm512_cvtepu8_epi32(_mm_set_epi32((int)a3, (int)a2, (int)a1, (int)a0)),
+                                         _mm512_set1_epi32(32));
             wd16 = _mm512_mul_ps(_mm512_cvtepi32_ps(s), _mm512_set1_ps(_cvtsh_ss(x->d)));
             qs = x->qs;
             HM = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)x->hmask));
@@ -1147,7 +1154,7 @@ A256 AINL float hsum_256(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
-#define NPAR256(T) ((T) <= 2 ? 2 : 1)
+#define NPAR256(T) 2  /* see NPAR512 */
 #define ACC_DECL_256(T)                                                        \
     __m256 acc[2][TMAX2];                                                      \
     for (int t_ = 0; t_ < (T); t_++) acc[0][t_] = acc[1][t_] = _mm256_setzero_ps();
@@ -1257,14 +1264,9 @@ A256 AINL void q45k_row_256(const int t, const uint8_t *row, int n, const tile *
             const blk_q5_K *x = (const blk_q5_K *)row + i;
             scales = x->scales; dh = x->d; dminh = x->dmin; qs = x->qs; qh = x->qh;
         }
-        uint32_t u[4];
-        memcpy(u, scales, 12);
-        u[3] = ((u[2] >> 4) & 0x0f0f0f0fu) | (((u[1] >> 6) & 0x03030303u) << 4);
-        uint32_t ua = u[1] & 0x3f3f3f3fu;
-        u[1] = (u[2] & 0x0f0f0f0fu) | (((u[0] >> 6) & 0x03030303u) << 4);
-        u[2] = ua;
-        u[0] &= 0x3f3f3f3fu;
-        __m128i v = _mm_loadu_si128((const __m128i *)u);
+        uint32_t u0, u1, u2, u3;
+        k4_unpack(scales, &u0, &u1, &u2, &u3);
+        __m128i v = _mm_set_epi32((int)u3, (int)u2, (int)u1, (int)u0);
         __m256 dsc = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)), _mm256_set1_ps(_cvtsh_ss(dh)));
         __m256 dmn = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(v, 8))),
                                    _mm256_set1_ps(-_cvtsh_ss(dminh)));
@@ -1336,9 +1338,9 @@ A256 AINL void q23k_row_256(const int t, const uint8_t *row, int n, const tile *
         __m256 wd_lo, wd_hi;
         if (t == RQ_Q3_K) {
             const blk_q3_K *x = (const blk_q3_K *)row + i;
-            uint32_t a[4];
-            q3k_scale_bytes(x->scales, a);
-            __m128i s8 = _mm_sub_epi8(_mm_loadu_si128((const __m128i *)a), _mm_set1_epi8(32));
+            uint32_t a0, a1, a2, a3;
+            q3k_unpack(x->scales, &a0, &a1, &a2, &a3);
+            __m128i s8 = _mm_sub_epi8(_mm_set_epi32((int)a3, (int)a2, (int)a1, (int)a0), _mm_set1_epi8(32));
             __m256 d = _mm256_set1_ps(_cvtsh_ss(x->d));
             wd_lo = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(s8)), d);
             wd_hi = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(s8, 8))), d);
