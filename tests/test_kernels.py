@@ -389,3 +389,20 @@ def test_float_weights_long_rows(t, path):
         assert abs(q.vec_dot(int(t), W[r], X[0], path=path) - exact[0, r]) <= 2e-6 * mass[0, r]
     got = q.matmul(int(t), W, rows, n, X, nthreads=2, path=path)
     assert np.all(np.abs(got - exact) <= 2e-6 * mass)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_matmul_team_matches_matmul(path):
+    """rq_matmul_team inside a parallel region (any team size) gives exactly rq_matmul's results."""
+    _need(path)
+    rng = np.random.default_rng(9)
+    for t in (T.Q4_1, T.Q8_0, T.Q4_K, T.Q6_K, T.F32):
+        n = 512
+        rows = 75
+        W = qp.random_rows(t, rows, n, rng)
+        for ntok in (1, 3, 40):
+            X = _x(rng, ntok, n)
+            want = q.matmul(int(t), W, rows, n, X, nthreads=1, path=path)
+            for nth in (1, 2, 3):
+                got = q.matmul_team(int(t), W, rows, n, X, nthreads=nth, path=path)
+                np.testing.assert_array_equal(got, want, err_msg=f"{T(t).name} ntok={ntok} team={nth}")

@@ -4,6 +4,7 @@ import numpy as np
 cimport numpy as cnp
 from libc.stdint cimport int8_t, int32_t, uint8_t, uint16_t
 from libc.stdlib cimport malloc, free
+from cython.parallel cimport parallel
 
 cnp.import_array()
 
@@ -33,6 +34,8 @@ cdef extern from "quants.h":
                         const rq_act *acts, int ntok, float *out, int ldo) nogil
     void rq_matmul(int t, const void *W, int rows, int cols,
                    const rq_act *acts, int ntok, float *out, int ldo, int nthreads) nogil
+    void rq_matmul_team(int t, const void *W, int rows, int cols,
+                        const rq_act *acts, int ntok, float *out, int ldo) nogil
     void rq_matmul_ref(int t, const void *W, int rows, int cols,
                        const rq_act *acts, int ntok, float *out, int ldo) nogil
     float rq_f16_to_f32(uint16_t h) nogil
@@ -266,6 +269,23 @@ def matmul(int t, W, int rows, int cols, X, int nthreads=1, path=None):
     try:
         with nogil:
             rq_matmul(t, &wv[0], rows, cols, a.acts, ntok, &ov[0, 0], rows, nthreads)
+    finally:
+        g.restore()
+    return out
+
+
+def matmul_team(int t, W, int rows, int cols, X, int nthreads=2, path=None):
+    """rq_matmul_team called by every thread of an OpenMP parallel region of nthreads."""
+    wb, act = _mm_prep(t, W, rows, cols, X, path)
+    cdef cnp.uint8_t[::1] wv = wb
+    cdef Act a = act
+    out = np.full((a.ntok, rows), np.nan, dtype=np.float32)
+    cdef float[:, ::1] ov = out
+    cdef int ntok = a.ntok
+    g = _PathGuard(path)
+    try:
+        with nogil, parallel(num_threads=nthreads):
+            rq_matmul_team(t, &wv[0], rows, cols, a.acts, ntok, &ov[0, 0], rows)
     finally:
         g.restore()
     return out

@@ -812,9 +812,7 @@ A512 AINL void pair_512(__m512i U, __m512 WD, const tile *tv, size_t b, const in
     }
 }
 
-/* Always two accumulators per token: a token's sum order must not depend on how many tokens
- * share its tile, or prefix reuse and batch splits change results (same seed, other tokens). */
-#define NPAR512(T) 2
+#define NPAR512(T) ((T) <= 2 ? 2 : 1)
 
 #define ACC_DECL_512(T)                                                        \
     __m512 acc[2][TMAX];                                                       \
@@ -1154,7 +1152,7 @@ A256 AINL float hsum_256(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
-#define NPAR256(T) 2  /* see NPAR512 */
+#define NPAR256(T) ((T) <= 2 ? 2 : 1)
 #define ACC_DECL_256(T)                                                        \
     __m256 acc[2][TMAX2];                                                      \
     for (int t_ = 0; t_ < (T); t_++) acc[0][t_] = acc[1][t_] = _mm256_setzero_ps();
@@ -1704,6 +1702,10 @@ void rq_matmul_rows(int t, const void *W, int cols, int r0, int r1,
     matmul_rows_ref(t, W, cols, r0, r1, acts, ntok, out, ldo);
 }
 
+/* Below this much weight data (decode-sized calls), opening a parallel region costs more than
+ * it saves. */
+#define RQ_SERIAL_BYTES (64 * 1024)
+
 void rq_matmul(int t, const void *W, int rows, int cols,
                const rq_act *acts, int ntok, float *out, int ldo, int nthreads) {
     rq_kernels_init();
@@ -1717,6 +1719,7 @@ void rq_matmul(int t, const void *W, int rows, int cols,
     /* Rows are split in chunks of 16 (whole cache lines of output for every token). */
     int nchunk = (rows + 15) / 16;
     if (nt > nchunk) nt = nchunk;
+    if (ntok <= 2 && rq_row_bytes(t, cols) * (size_t)rows < RQ_SERIAL_BYTES) nt = 1;
     if (nt <= 1) {
         rq_matmul_rows(t, W, cols, 0, rows, acts, ntok, out, ldo);
         return;
@@ -1753,6 +1756,55 @@ void rq_matmul(int t, const void *W, int rows, int cols,
 #else
     (void)nthreads;
     rq_matmul_rows(t, W, cols, 0, rows, acts, ntok, out, ldo);
+#endif
+}
+
+void rq_matmul_team(int t, const void *W, int rows, int cols,
+                    const rq_act *acts, int ntok, float *out, int ldo) {
+    rq_kernels_init();
+    if (rows <= 0 || ntok <= 0) return;
+#ifdef _OPENMP
+    int ith = omp_get_thread_num(), nth = omp_get_num_threads();
+#else
+    int ith = 0, nth = 1;
+#endif
+    int nchunk = (rows + 15) / 16;
+    int c0 = (int)((long)nchunk * ith / nth), c1 = (int)((long)nchunk * (ith + 1) / nth);
+    int r0 = c0 * 16, r1 = c1 * 16 < rows ? c1 * 16 : rows;
+    int path = rq_kernel_path(), tmax = 1, ub = 1;
+    kern_fn k = (path == RQ_PATH_SCALAR || !rq_type_supported(t)) ? NULL : simd_kernel(path, t, &tmax, &ub);
+    if (nth == 1 || !k || ntok <= 2 * tmax) {
+        /* decode-sized: each thread prepares its own tiles */
+        if (r1 > r0) rq_matmul_rows(t, W, cols, r0, r1, acts, ntok, out, ldo);
+#ifdef _OPENMP
+#pragma omp barrier
+#endif
+        return;
+    }
+#ifdef _OPENMP
+    /* prefill: one shared set of token tiles, prepared by the whole team */
+    tileset *ts = NULL;
+    int ok = 0;
+#pragma omp single copyprivate(ts, ok)
+    {
+        ts = malloc(sizeof(tileset));
+        ok = ts && tiles_alloc(ts, t, tmax, ub, cols, ntok) == 0;
+        if (!ok) { free(ts); ts = NULL; }
+    }
+    if (!ok) {
+        if (r1 > r0) rq_matmul_rows(t, W, cols, r0, r1, acts, ntok, out, ldo);
+#pragma omp barrier
+        return;
+    }
+#pragma omp for schedule(static)
+    for (int i = 0; i < ts->ntiles; i++) tiles_prep(ts, t, acts, ntok, i);
+    if (r1 > r0) tiles_run(ts, k, t, W, cols, r0, r1, out, ldo);
+#pragma omp barrier
+#pragma omp single
+    {
+        tiles_free(ts);
+        free(ts);
+    }
 #endif
 }
 

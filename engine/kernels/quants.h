@@ -89,6 +89,13 @@ void rq_matmul_rows(int t, const void *W, int cols, int r0, int r1,
 void rq_matmul(int t, const void *W, int rows, int cols,
                const rq_act *acts, int ntok, float *out, int ldo, int nthreads);
 
+/* rq_matmul for code that already runs an OpenMP parallel region (one region per layer or per
+ * token avoids the cost of opening one per matmul): every thread of the team calls it with the
+ * same arguments; rows are split across the team; it ends with a barrier, so out is complete
+ * for every thread on return. Outside a parallel region it runs single-threaded. */
+void rq_matmul_team(int t, const void *W, int rows, int cols,
+                    const rq_act *acts, int ntok, float *out, int ldo);
+
 /* Reference twin of rq_matmul: dequantizes rows and multiplies in f32 with the float
  * activations (acts[k].f). Slow; for tests. */
 void rq_matmul_ref(int t, const void *W, int rows, int cols,
