@@ -247,7 +247,9 @@ def test_dockerfile_installs_like_the_readme():
     if not README.exists():
         pytest.skip("README.md does not exist yet")
     readme = README.read_text()
-    wanted = {normalise_pip(c) for c in re.findall(r"(?m)^\s*(?:\$\s*)?((?:python3? -m )?pip install [^\n#]+)", readme)}
+    lines = re.findall(r"(?m)^\s*(?:\$\s*)?((?:python3? -m )?pip install [^\n#]+)", readme)
+    commands = [part.strip() for line in lines for part in re.split(r"&&|;", line)]
+    wanted = {normalise_pip(c) for c in commands if re.match(r"(python3? -m )?pip install ", c)}
     wanted = {w for w in wanted if w and project_spec(w)}
     assert wanted, "README.md has no `pip install` line for the project"
     have = {normalise_pip(c) for c in dockerfile_install_commands(DOCKERFILE.read_text())}
