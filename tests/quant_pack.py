@@ -86,9 +86,11 @@ def quantize_act_np(x: np.ndarray):
     x = np.asarray(x, dtype=np.float32).reshape(-1, 32)
     amax = np.abs(x).max(axis=1)
     d = (amax / np.float32(127.0)).astype(np.float32)
-    with np.errstate(divide="ignore"):
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
         idv = np.where(d > 0, np.float32(1.0) / d, np.float32(0.0)).astype(np.float32)
-    v = (x * idv[:, None]).astype(np.float32)
+        # subnormal d: 1/d overflows, the kernels divide by d instead
+        v = np.where(np.isinf(idv)[:, None], x / d[:, None], x * idv[:, None]).astype(np.float32)
+    v = np.clip(v, np.float32(-127), np.float32(127))
     a = np.abs(v)
     t = np.trunc(a)
     q = np.sign(v) * (t + ((a - t) >= np.float32(0.5)))          # exact half-away-from-zero

@@ -100,6 +100,7 @@ def test_quantize_act_matches_numpy(path):
     rng = np.random.default_rng(3)
     x = _x(rng, 1, 1024, "outliers")[0]
     x[96:128] = 1e-30  # tiny but non-zero block
+    x[160:192] *= np.float32(1e-39)  # subnormal amax: 1/d overflows
     # a block with amax 127 (d = 1): exact halves must round away from zero
     x[128:160] = np.float32(0.25)
     x[128:138] = [127.0, 2.5, -2.5, 0.5, -0.5, 126.5, -1.5, 3.49999976, -0.0, 1e-9]
@@ -111,6 +112,7 @@ def test_quantize_act_matches_numpy(path):
     assert np.abs(qs.astype(np.int32)).max() <= 127
     assert np.all(d[1] == 0) and np.all(qs[32:64] == 0)
     assert d[4] == 1.0 and list(qs[128:138]) == [127, 3, -3, 1, -1, 127, -2, 3, 0, 0]
+    assert np.abs(qs[160:192].astype(int)).max() == 127
 
 
 def test_path_selection():

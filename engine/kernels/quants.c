@@ -349,12 +349,15 @@ static void quantize_act_ref(const float *x, int n, rq_act *a) {
         }
         float d = amax / 127.0f;
         float id = d > 0.0f ? 1.0f / d : 0.0f;
+        int use_div = isinf(id);   /* subnormal d: 1/d overflows, divide instead */
         a->d[b] = d;
         int8_t *q = a->qs + 32 * b;
         int s0 = 0, s1 = 0;
         for (int j = 0; j < 32; j++) {
-            int v = (int)roundf(xb[j] * id);
-            v = v > 127 ? 127 : (v < -127 ? -127 : v);
+            float f = use_div ? xb[j] / d : xb[j] * id;
+            f = f > -127.0f ? f : -127.0f;   /* same NaN handling as maxps/minps */
+            f = f < 127.0f ? f : 127.0f;
+            int v = (int)roundf(f);
             q[j] = (int8_t)v;
             if (j < 16) s0 += v; else s1 += v;
         }
@@ -1076,14 +1079,14 @@ A512 AINL void float_row_512(const int t, const uint8_t *row, int n, const tile 
 
 /* round half away from zero, like roundf: trunc(|v|) + (frac >= 0.5), sign restored */
 A512 AINL __m512i round_away_512(__m512 v) {
+    v = _mm512_min_ps(_mm512_max_ps(v, _mm512_set1_ps(-127.0f)), _mm512_set1_ps(127.0f));
     __m512 av = _mm512_abs_ps(v);
     __m512 t = _mm512_roundscale_ps(av, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
     __mmask16 up = _mm512_cmp_ps_mask(_mm512_sub_ps(av, t), _mm512_set1_ps(0.5f), _CMP_GE_OQ);
     t = _mm512_mask_add_ps(t, up, t, _mm512_set1_ps(1.0f));
     __m512i r = _mm512_cvttps_epi32(t);
     __mmask16 neg = _mm512_cmplt_epi32_mask(_mm512_castps_si512(v), _mm512_setzero_si512());
-    r = _mm512_mask_sub_epi32(r, neg, _mm512_setzero_si512(), r);
-    return _mm512_max_epi32(_mm512_min_epi32(r, _mm512_set1_epi32(127)), _mm512_set1_epi32(-127));
+    return _mm512_mask_sub_epi32(r, neg, _mm512_setzero_si512(), r);
 }
 
 A512 static void quantize_act_512(const float *x, int n, rq_act *a) {
@@ -1095,8 +1098,10 @@ A512 static void quantize_act_512(const float *x, int n, rq_act *a) {
         float d = amax / 127.0f;
         float id = d > 0.0f ? 1.0f / d : 0.0f;
         a->d[b] = d;
-        __m512 vid = _mm512_set1_ps(id);
-        __m512i q0 = round_away_512(_mm512_mul_ps(x0, vid)), q1 = round_away_512(_mm512_mul_ps(x1, vid));
+        __m512 vid = _mm512_set1_ps(id), vd = _mm512_set1_ps(d);
+        int use_div = isinf(id);
+        __m512i q0 = round_away_512(use_div ? _mm512_div_ps(x0, vd) : _mm512_mul_ps(x0, vid));
+        __m512i q1 = round_away_512(use_div ? _mm512_div_ps(x1, vd) : _mm512_mul_ps(x1, vid));
         a->sum16[2 * b] = _mm512_reduce_add_epi32(q0);
         a->sum16[2 * b + 1] = _mm512_reduce_add_epi32(q1);
         _mm_storeu_si128((__m128i *)(a->qs + 32 * b), _mm512_cvtepi32_epi8(q0));
@@ -1413,13 +1418,13 @@ A256 AINL void float_row_256(const int t, const uint8_t *row, int n, const tile 
 /* --- activation quantization (same results as quantize_act_ref, bit for bit) --- */
 
 A256 AINL __m256i round_away_256(__m256 v) {
+    v = _mm256_min_ps(_mm256_max_ps(v, _mm256_set1_ps(-127.0f)), _mm256_set1_ps(127.0f));
     const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
     __m256 av = _mm256_and_ps(v, absmask);
     __m256 t = _mm256_round_ps(av, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
     __m256 up = _mm256_cmp_ps(_mm256_sub_ps(av, t), _mm256_set1_ps(0.5f), _CMP_GE_OQ);
     t = _mm256_add_ps(t, _mm256_and_ps(up, _mm256_set1_ps(1.0f)));
-    __m256i r = _mm256_sign_epi32(_mm256_cvttps_epi32(t), _mm256_or_si256(_mm256_castps_si256(v), _mm256_set1_epi32(1)));
-    return _mm256_max_epi32(_mm256_min_epi32(r, _mm256_set1_epi32(127)), _mm256_set1_epi32(-127));
+    return _mm256_sign_epi32(_mm256_cvttps_epi32(t), _mm256_or_si256(_mm256_castps_si256(v), _mm256_set1_epi32(1)));
 }
 
 A256 AINL int hsum_epi32_256(__m256i v) {
@@ -1445,9 +1450,10 @@ A256 static void quantize_act_256(const float *x, int n, rq_act *a) {
         float d = amax / 127.0f;
         float id = d > 0.0f ? 1.0f / d : 0.0f;
         a->d[b] = d;
-        __m256 vid = _mm256_set1_ps(id);
+        __m256 vid = _mm256_set1_ps(id), vd = _mm256_set1_ps(d);
+        int use_div = isinf(id);
         __m256i r[4];
-        for (int k = 0; k < 4; k++) r[k] = round_away_256(_mm256_mul_ps(v[k], vid));
+        for (int k = 0; k < 4; k++) r[k] = round_away_256(use_div ? _mm256_div_ps(v[k], vd) : _mm256_mul_ps(v[k], vid));
         a->sum16[2 * b] = hsum_epi32_256(_mm256_add_epi32(r[0], r[1]));
         a->sum16[2 * b + 1] = hsum_epi32_256(_mm256_add_epi32(r[2], r[3]));
         __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(r[0], r[1]), _mm256_packs_epi32(r[2], r[3]));
