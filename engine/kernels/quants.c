@@ -815,7 +815,9 @@ A512 AINL void pair_512(__m512i U, __m512 WD, const tile *tv, size_t b, const in
     }
 }
 
-#define NPAR512(T) ((T) <= 2 ? 2 : 1)
+/* Always two accumulators per token: a token's sum order must not depend on how many tokens
+ * share its tile, or prefix reuse and batch splits change results (same seed, other tokens). */
+#define NPAR512(T) 2
 
 #define ACC_DECL_512(T)                                                        \
     __m512 acc[2][TMAX];                                                       \
@@ -1157,7 +1159,7 @@ A256 AINL float hsum_256(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
-#define NPAR256(T) ((T) <= 2 ? 2 : 1)
+#define NPAR256(T) 2  /* see NPAR512 */
 #define ACC_DECL_256(T)                                                        \
     __m256 acc[2][TMAX2];                                                      \
     for (int t_ = 0; t_ < (T); t_++) acc[0][t_] = acc[1][t_] = _mm256_setzero_ps();
@@ -1712,6 +1714,94 @@ void rq_matmul_rows(int t, const void *W, int cols, int r0, int r1,
  * it saves. */
 #define RQ_SERIAL_BYTES (64 * 1024)
 
+/* Rows per work item when threads share a matmul, a multiple of 16. Decode: one contiguous
+ * share per thread. Prefill: L2-sized items handed out dynamically (a thread slowed down by
+ * other load on its core takes fewer). */
+static int chunk_rows(int t, int cols, int rows, int nth, int prefill) {
+    long c;
+    if (prefill) {
+        size_t rb = rq_row_bytes(t, cols);
+        c = (long)((size_t)(128 * 1024) / (rb ? rb : 1));
+        long cap = rows / (2 * (long)nth);
+        if (c > cap) c = cap;
+    } else {
+        c = (rows + nth - 1) / nth;
+    }
+    c = (c + 15) / 16 * 16;
+    return c < 16 ? 16 : (int)c;
+}
+
+#ifdef _OPENMP
+/* Body shared by rq_matmul (inside its own region) and rq_matmul_team (inside the caller's):
+ * called by every thread of the current team. out is complete for all threads on return when
+ * barrier is set (rq_matmul relies on the join at the end of its region instead). */
+static void matmul_in_team(int t, const uint8_t *W, int rows, int cols,
+                           const rq_act *acts, int ntok, float *out, int ldo, int barrier) {
+    int nth = omp_get_num_threads();
+    int path = rq_kernel_path(), tmax = 1, ub = 1;
+    kern_fn k = (path == RQ_PATH_SCALAR || !rq_type_supported(t)) ? NULL : simd_kernel(path, t, &tmax, &ub);
+    if (!rq_type_supported(t)) {
+#pragma omp single
+        fill_nan(0, rows, ntok, out, ldo);
+        return;
+    }
+    int prefill = k && ntok > 2 * tmax;
+    int cr = chunk_rows(t, cols, rows, nth, prefill);
+    int nch = (rows + cr - 1) / cr;
+    if (!prefill) {
+        /* decode-sized: each thread prepares its own (small) token tiles, no extra barrier */
+        tileset ts;
+        int have = k && tiles_alloc(&ts, t, tmax, ub, cols, ntok) == 0;
+        if (have)
+            for (int i = 0; i < ts.ntiles; i++) tiles_prep(&ts, t, acts, ntok, i);
+#pragma omp for schedule(static, 1) nowait
+        for (int c = 0; c < nch; c++) {
+            int r0 = c * cr, r1 = r0 + cr < rows ? r0 + cr : rows;
+            if (have) tiles_run(&ts, k, t, W, cols, r0, r1, out, ldo);
+            else matmul_rows_ref(t, W, cols, r0, r1, acts, ntok, out, ldo);
+        }
+        if (have) tiles_free(&ts);
+        if (barrier) {
+#pragma omp barrier
+        }
+        return;
+    }
+    /* prefill: one shared set of token tiles, prepared by the whole team */
+    tileset *ts = NULL;
+    int ok = 0;
+#pragma omp single copyprivate(ts, ok)
+    {
+        ts = malloc(sizeof(tileset));
+        ok = ts && tiles_alloc(ts, t, tmax, ub, cols, ntok) == 0;
+        if (!ok) { free(ts); ts = NULL; }
+    }
+    if (!ok) {
+#pragma omp for schedule(dynamic, 1)
+        for (int c = 0; c < nch; c++) {
+            int r0 = c * cr, r1 = r0 + cr < rows ? r0 + cr : rows;
+            matmul_rows_ref(t, W, cols, r0, r1, acts, ntok, out, ldo);
+        }
+        return;
+    }
+#pragma omp for schedule(static)
+    for (int i = 0; i < ts->ntiles; i++) tiles_prep(ts, t, acts, ntok, i);
+#pragma omp for schedule(dynamic, 1)
+    for (int c = 0; c < nch; c++) {
+        int r0 = c * cr, r1 = r0 + cr < rows ? r0 + cr : rows;
+        tiles_run(ts, k, t, W, cols, r0, r1, out, ldo);
+    }
+#pragma omp single nowait
+    {
+        tiles_free(ts);
+        free(ts);
+    }
+}
+#endif
+
+/* Below this much weight data (decode-sized calls), opening a parallel region costs more than
+ * it saves. */
+#define RQ_SERIAL_BYTES (64 * 1024)
+
 void rq_matmul(int t, const void *W, int rows, int cols,
                const rq_act *acts, int ntok, float *out, int ldo, int nthreads) {
     rq_kernels_init();
@@ -1722,7 +1812,6 @@ void rq_matmul(int t, const void *W, int rows, int cols,
     }
 #ifdef _OPENMP
     int nt = nthreads > 0 ? nthreads : omp_get_max_threads();
-    /* Rows are split in chunks of 16 (whole cache lines of output for every token). */
     int nchunk = (rows + 15) / 16;
     if (nt > nchunk) nt = nchunk;
     if (ntok <= 2 && rq_row_bytes(t, cols) * (size_t)rows < RQ_SERIAL_BYTES) nt = 1;
@@ -1730,35 +1819,8 @@ void rq_matmul(int t, const void *W, int rows, int cols,
         rq_matmul_rows(t, W, cols, 0, rows, acts, ntok, out, ldo);
         return;
     }
-    int path = rq_kernel_path(), tmax, ub;
-    kern_fn k = path == RQ_PATH_SCALAR ? NULL : simd_kernel(path, t, &tmax, &ub);
-    if (!k || ntok <= 2 * tmax) {
-        /* decode-sized: each thread prepares its own (small) tiles, no barrier */
 #pragma omp parallel num_threads(nt)
-        {
-            int ith = omp_get_thread_num(), nth = omp_get_num_threads();
-            int c0 = (int)((long)nchunk * ith / nth), c1 = (int)((long)nchunk * (ith + 1) / nth);
-            int r0 = c0 * 16, r1 = c1 * 16 < rows ? c1 * 16 : rows;
-            if (r1 > r0) rq_matmul_rows(t, W, cols, r0, r1, acts, ntok, out, ldo);
-        }
-        return;
-    }
-    tileset ts;
-    if (tiles_alloc(&ts, t, tmax, ub, cols, ntok) != 0) {
-        rq_matmul_rows(t, W, cols, 0, rows, acts, ntok, out, ldo);
-        return;
-    }
-#pragma omp parallel num_threads(nt)
-    {
-        int ith = omp_get_thread_num(), nth = omp_get_num_threads();
-        int c0 = (int)((long)nchunk * ith / nth), c1 = (int)((long)nchunk * (ith + 1) / nth);
-        int r0 = c0 * 16, r1 = c1 * 16 < rows ? c1 * 16 : rows;
-        /* token tiles are prepared once, in parallel (implicit barrier), then each thread runs its rows */
-#pragma omp for schedule(static)
-        for (int i = 0; i < ts.ntiles; i++) tiles_prep(&ts, t, acts, ntok, i);
-        if (r1 > r0) tiles_run(&ts, k, t, W, cols, r0, r1, out, ldo);
-    }
-    tiles_free(&ts);
+    matmul_in_team(t, W, rows, cols, acts, ntok, out, ldo, 0);   /* the region's end joins */
 #else
     (void)nthreads;
     rq_matmul_rows(t, W, cols, 0, rows, acts, ntok, out, ldo);
@@ -1770,48 +1832,12 @@ void rq_matmul_team(int t, const void *W, int rows, int cols,
     rq_kernels_init();
     if (rows <= 0 || ntok <= 0) return;
 #ifdef _OPENMP
-    int ith = omp_get_thread_num(), nth = omp_get_num_threads();
-#else
-    int ith = 0, nth = 1;
-#endif
-    int nchunk = (rows + 15) / 16;
-    int c0 = (int)((long)nchunk * ith / nth), c1 = (int)((long)nchunk * (ith + 1) / nth);
-    int r0 = c0 * 16, r1 = c1 * 16 < rows ? c1 * 16 : rows;
-    int path = rq_kernel_path(), tmax = 1, ub = 1;
-    kern_fn k = (path == RQ_PATH_SCALAR || !rq_type_supported(t)) ? NULL : simd_kernel(path, t, &tmax, &ub);
-    if (nth == 1 || !k || ntok <= 2 * tmax) {
-        /* decode-sized: each thread prepares its own tiles */
-        if (r1 > r0) rq_matmul_rows(t, W, cols, r0, r1, acts, ntok, out, ldo);
-#ifdef _OPENMP
-#pragma omp barrier
-#endif
+    if (omp_get_num_threads() > 1) {
+        matmul_in_team(t, W, rows, cols, acts, ntok, out, ldo, 1);   /* ends with a barrier */
         return;
     }
-#ifdef _OPENMP
-    /* prefill: one shared set of token tiles, prepared by the whole team */
-    tileset *ts = NULL;
-    int ok = 0;
-#pragma omp single copyprivate(ts, ok)
-    {
-        ts = malloc(sizeof(tileset));
-        ok = ts && tiles_alloc(ts, t, tmax, ub, cols, ntok) == 0;
-        if (!ok) { free(ts); ts = NULL; }
-    }
-    if (!ok) {
-        if (r1 > r0) rq_matmul_rows(t, W, cols, r0, r1, acts, ntok, out, ldo);
-#pragma omp barrier
-        return;
-    }
-#pragma omp for schedule(static)
-    for (int i = 0; i < ts->ntiles; i++) tiles_prep(ts, t, acts, ntok, i);
-    if (r1 > r0) tiles_run(ts, k, t, W, cols, r0, r1, out, ldo);
-#pragma omp barrier
-#pragma omp single
-    {
-        tiles_free(ts);
-        free(ts);
-    }
 #endif
+    rq_matmul_rows(t, W, cols, 0, rows, acts, ntok, out, ldo);
 }
 
 void rq_matmul_ref(int t, const void *W, int rows, int cols,
