@@ -101,13 +101,51 @@ def test_top1_matches_llamacpp(model_case):
     assert agree / total >= 0.95, f"top-1 agrees with llama.cpp at {agree}/{total} positions"
 
 
-def test_decode_one_token_at_a_time_equals_prefill(smollm2_path):
+@pytest.fixture
+def kernel_path():
+    """Run a test on one kernel path of the forward module, then restore the default."""
+    from engine.kernels import _forward
+
+    before = _forward.kernel_path()
+    yield _forward.set_kernel_path
+    _forward.set_kernel_path(before)
+
+
+@pytest.mark.parametrize("splits", [[1] * 24, [20, 4], [7, 17]], ids=["one-by-one", "20+4", "7+17"])
+def test_split_passes_equal_one_pass_exactly_on_the_scalar_path(smollm2_path, kernel_path, splits):
+    """How a prompt is split into passes (prefix reuse, decode) must not change the result: on
+    the scalar path, bit for bit."""
+    kernel_path("scalar")
     rng = np.random.default_rng(1)
     tokens = [int(t) for t in rng.integers(100, 40000, size=24)]
-    batched = Model.load(smollm2_path, threads=2, kv_budget="16MiB").forward_all(tokens)
+    whole = Model.load(smollm2_path, threads=2, kv_budget="16MiB").forward(tokens, 0).copy()
     model = Model.load(smollm2_path, threads=2, kv_budget="16MiB")
-    stepwise = np.stack([model.forward([t], i).copy() for i, t in enumerate(tokens)])
-    np.testing.assert_allclose(stepwise, batched, atol=1e-3, rtol=1e-4)
+    pos = 0
+    for n in splits:
+        part = model.forward(tokens[pos:pos + n], pos)
+        pos += n
+    np.testing.assert_array_equal(part, whole)
+
+
+@pytest.mark.parametrize("path", ["avx2", "avx512"])
+def test_split_passes_equal_one_pass_exactly_on_simd_paths(smollm2_path, gemma3_path, kernel_path, path):
+    """The SIMD kernels sum each token in the same order whatever its tile holds, so splitting
+    stays bit-exact there too (else int8 rounding amplifies the difference: same seed, other text)."""
+    from engine.kernels import _forward
+
+    try:
+        kernel_path(path)
+    except ValueError:
+        pytest.skip(f"this CPU has no {path}")
+    assert _forward.kernel_path() == path
+    rng = np.random.default_rng(1)
+    for model_path, vocab in ((smollm2_path, 40000), (gemma3_path, 200000)):
+        tokens = [int(t) for t in rng.integers(100, vocab, size=24)]
+        batched = Model.load(model_path, threads=2, kv_budget="16MiB").forward_all(tokens)
+        model = Model.load(model_path, threads=2, kv_budget="16MiB")
+        model.forward(tokens[:9], 0)
+        for i in range(9, len(tokens)):
+            np.testing.assert_array_equal(model.forward([tokens[i]], i), batched[i], err_msg=f"position {i}")
 
 
 def rel_l2(a: np.ndarray, b: np.ndarray) -> float:

@@ -133,6 +133,7 @@ def redis_and_worker(engine_ready, tmp_path):
         server.stop()
 
 
+@pytest.mark.slow  # ~3 min on 2 cores; the embedded test covers map -> reduce in the default run
 def test_summarize_remote_markdown(redis_and_worker, tmp_path):
     """With REDIS_URL the command only submits and follows; the worker is someone else's."""
     out = tmp_path / "report.md"
