@@ -177,15 +177,21 @@ def test_bad_gguf_files_give_clear_errors(tmp_path, smollm2_path):
             Engine(_write(tmp_path / name, data))
 
 
-def test_unknown_tensor_type_is_named(tmp_path):
-    gguf = pytest.importorskip("gguf")
-    path = tmp_path / "weird.gguf"
-    w = gguf.GGUFWriter(str(path), "llama")
+def _tiny_gguf(path: Path, arch: str) -> Path:
+    """A valid GGUF holding one small F32 tensor, written by the gguf package."""
+    import gguf
+
+    w = gguf.GGUFWriter(str(path), arch)
     w.add_tensor("token_embd.weight", np.zeros((4, 32), dtype=np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+    return path
+
+
+def test_unknown_tensor_type_is_named(tmp_path):
+    path = _tiny_gguf(tmp_path / "weird.gguf", "llama")
     data = bytearray(path.read_bytes())
     # Patch the tensor's type id (after its name, n_dims and dims) to an unassigned one.
     name = b"token_embd.weight"
@@ -197,14 +203,7 @@ def test_unknown_tensor_type_is_named(tmp_path):
 
 
 def test_unsupported_architecture_lists_the_supported_ones(tmp_path):
-    gguf = pytest.importorskip("gguf")
-    path = tmp_path / "mamba.gguf"
-    w = gguf.GGUFWriter(str(path), "mamba")
-    w.add_tensor("token_embd.weight", np.zeros((4, 32), dtype=np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    path = _tiny_gguf(tmp_path / "mamba.gguf", "mamba")
     with pytest.raises(EngineError, match="mamba.*llama.*gemma3"):
         Engine(str(path))
 
