@@ -2,7 +2,6 @@
 layer as llm.c does, and against llama.cpp's recorded outputs (tests/fixtures)."""
 from __future__ import annotations
 
-import functools
 import json
 from pathlib import Path
 
@@ -11,14 +10,14 @@ import pytest
 
 from engine.model import MAX_UBATCH, Model
 from tests.reference import ReferenceModel
+from tests.reference import load as load_reference
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
 
-@functools.lru_cache(maxsize=2)
 def reference(path: str) -> ReferenceModel:
-    # Dequantizing a whole model takes ~30-60 s: load each once, shared across tests.
-    return ReferenceModel(path)
+    # Dequantizing a whole model takes ~30-60 s: tests.reference.load caches it for every module.
+    return load_reference(Path(path))  # same key type as tests/test_reference.py
 
 
 def logits_fixture(name: str) -> dict:
