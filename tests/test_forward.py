@@ -17,7 +17,7 @@ FIXTURES = Path(__file__).parent / "fixtures"
 
 def reference(path: str) -> ReferenceModel:
     # Dequantizing a whole model takes ~30-60 s: tests.reference.load caches it for every module.
-    return load_reference(Path(path))  # same key type as tests/test_reference.py
+    return load_reference(str(path))  # same key as tests/test_reference.py uses
 
 
 def logits_fixture(name: str) -> dict:
