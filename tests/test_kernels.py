@@ -408,3 +408,23 @@ def test_matmul_team_matches_matmul(path):
             for nth in (1, 2, 3):
                 got = q.matmul_team(int(t), W, rows, n, X, nthreads=nth, path=path)
                 np.testing.assert_array_equal(got, want, err_msg=f"{T(t).name} ntok={ntok} team={nth}")
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("t", TYPES, ids=_ids(TYPES))
+def test_matmul_batch_invariant(t, path):
+    """A token's result must not depend on which other tokens share its matmul (tile sizes 1..8,
+    prefill vs decode, threads): bit for bit, so prefix reuse and pass splits give equal outputs."""
+    _need(path)
+    rng = np.random.default_rng(600 + int(t))
+    n = _n_for(t, 11, 2)
+    rows = 21
+    W = qp.random_rows(t, rows, n, rng)
+    X = _x(rng, 19, n)
+    alone = np.stack([q.matmul(int(t), W, rows, n, X[k:k + 1], nthreads=1, path=path)[0] for k in range(19)])
+    for ntok, threads in ((19, 1), (19, 2), (5, 1), (2, 2)):
+        got = q.matmul(int(t), W, rows, n, X[:ntok], nthreads=threads, path=path)
+        np.testing.assert_array_equal(got, alone[:ntok], err_msg=f"ntok={ntok} threads={threads}")
+    for k in (0, 7):
+        for r in (0, rows - 1):
+            assert q.vec_dot(int(t), W[r], X[k], path=path) == alone[k, r]
