@@ -93,7 +93,7 @@ def run_generation(job: GenerationJob, options: TaskOptions, *, attempt: int = 1
     writer = TokenStreamWriter(ctx.connection, job.id, ttl=options.stream_ttl, maxlen=ctx.stream_maxlen,
                                interval=ctx.flush_interval)
     started = time.time()
-    writer.start(attempt, ctx.worker_name)
+    attempt = writer.start(attempt, ctx.worker_name)  # counts runs lost with a dead worker too
     deadline = time.monotonic() + timeout if timeout and timeout > 0 else None
     timed_out = False
 

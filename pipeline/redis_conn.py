@@ -1,14 +1,37 @@
-"""Redis connections and the one serializer rqllm uses with rq (JSON: nothing is ever pickled)."""
+"""Redis connections and the one serializer rqllm uses with rq (JSON: nothing is ever pickled).
+
+Every rqllm connection (producer, worker, collector, watch) comes from `connect()`, which sets up
+redis-py's own reconnect: a command that hits ConnectionError/TimeoutError (Redis restarting, a
+dropped socket) reconnects and is retried with exponential backoff (0.05 s doubling up to 2 s, about
+30 s in all) before the error reaches the caller. A Redis restart of a few seconds is therefore
+invisible to rq's worker loop, the heartbeat thread and the collector; longer outages surface as
+ConnectionError, which the worker (pipeline.worker.run_worker) and collector handle by waiting.
+"""
 from __future__ import annotations
 
 import os
+import socket
+import time
 
+import redis.exceptions
 from redis import Redis
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
 from rq.serializers import JSONSerializer
 
 SERIALIZER = JSONSerializer
 ENV_VAR = "REDIS_URL"
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
+
+RETRY_BACKOFF_BASE = 0.05  # seconds before the first retry; doubles each time
+RETRY_BACKOFF_CAP = 2.0
+RETRY_ATTEMPTS = 20  # 0.05 + 0.1 + ... + 2 + 2 ... ~= 31 s of retrying in all
+REDIS_DOWN_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, socket.timeout)
+
+
+def reconnect_policy() -> Retry:
+    return Retry(ExponentialBackoff(cap=RETRY_BACKOFF_CAP, base=RETRY_BACKOFF_BASE), RETRY_ATTEMPTS,
+                 supported_errors=REDIS_DOWN_ERRORS)
 
 
 def redis_url_from_env() -> str | None:
@@ -18,7 +41,28 @@ def redis_url_from_env() -> str | None:
 
 
 def connect(url: str | None = None, **kwargs) -> Redis:
-    """A Redis client for url (or REDIS_URL, or the local default). Replies stay bytes (rq needs that)."""
+    """A Redis client for url (or REDIS_URL, or the local default) that reconnects with backoff.
+    Replies stay bytes (rq needs that)."""
     url = url or redis_url_from_env() or DEFAULT_URL
     kwargs.setdefault("health_check_interval", 30)
+    kwargs.setdefault("retry", reconnect_policy())
+    kwargs.setdefault("retry_on_error", list(REDIS_DOWN_ERRORS))
+    kwargs.setdefault("socket_connect_timeout", 5)
+    kwargs.setdefault("socket_keepalive", True)
     return Redis.from_url(url, **kwargs)
+
+
+def wait_for_redis(connection: Redis, *, stop: callable = lambda: False, log: callable = lambda msg: None,
+                   max_wait: float = 30.0) -> bool:
+    """Block until `connection` answers PING (backing off up to max_wait between tries) or stop() is true.
+    Returns whether Redis answered."""
+    delay = 1.0
+    while not stop():
+        try:
+            if connection.ping():
+                return True
+        except REDIS_DOWN_ERRORS as e:
+            log(f"Redis still unreachable ({e}); next try in {delay:.0f} s")
+        time.sleep(delay)
+        delay = min(delay * 2, max_wait)
+    return False

@@ -2,6 +2,8 @@
 
 Token stream `rqllm:tokens:<job_id>`, one field `d` holding JSON per entry:
     {"type": "start", "attempt": n, "worker": name}   a (re)run begins: readers drop earlier text
+                                                       (n counts runs of this job: a run that left no
+                                                       end marker - its worker died - makes the next n+1)
     {"type": "text", "text": "..."}                    text produced since the previous chunk
     {"type": "interrupted"}                            the run stopped (worker shut down); it will rerun
     {"type": "end", "status": "done"|"failed", ...}    the job ended (written with the stored result)
@@ -22,6 +24,29 @@ from jobs.ledger import DEFAULT_STREAM_MAXLEN, dumps
 
 if TYPE_CHECKING:
     from redis import Redis
+
+
+# KEYS[1]: token stream. ARGV: attempt (as rq counts it), worker name, maxlen, ttl. Returns the attempt.
+# The attempt number comes from the stream itself when the previous run never ended (a SIGKILLed worker
+# writes no marker, and rq's abandoned-job retry does not count in number_of_retries).
+_START = """
+local attempt = tonumber(ARGV[1])
+local first = redis.call('XRANGE', KEYS[1], '-', '+', 'COUNT', 1)
+local last = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
+if #first > 0 and #last > 0 then
+  local ok1, f = pcall(cjson.decode, first[1][2][2])
+  local ok2, l = pcall(cjson.decode, last[1][2][2])
+  if ok1 and ok2 and type(f) == 'table' and type(l) == 'table' and f['type'] == 'start'
+      and l['type'] ~= 'end' and tonumber(f['attempt']) then
+    attempt = math.max(attempt, tonumber(f['attempt']) + 1)
+  end
+end
+redis.call('DEL', KEYS[1])
+redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[3], '*', 'd',
+           cjson.encode({type = 'start', attempt = attempt, worker = ARGV[2]}))
+redis.call('EXPIRE', KEYS[1], ARGV[4])
+return attempt
+"""
 
 
 class TokenStreamWriter:
@@ -46,17 +71,17 @@ class TokenStreamWriter:
         self._buf: list[str] = []
         self._last_flush = clock()
         self.xadds = 0
+        self.attempt = 0
 
-    def start(self, attempt: int, worker: str) -> None:
-        """A new run: earlier text (from an interrupted or failed attempt) is dropped."""
-        with self.connection.pipeline(transaction=True) as p:
-            p.delete(self.key)
-            p.xadd(self.key, {"d": dumps({"type": "start", "attempt": attempt, "worker": worker})},
-                   maxlen=self.maxlen, approximate=True)
-            p.expire(self.key, self.ttl)
-            p.execute()
+    def start(self, attempt: int, worker: str) -> int:
+        """A new run: earlier text (from an interrupted, failed or dead attempt) is dropped, and readers
+        following the stream see a start marker, so they drop what they showed. Returns the attempt number
+        written (higher than `attempt` when the previous run died without an end marker)."""
+        script = self.connection.register_script(_START)
+        self.attempt = int(script(keys=[self.key], args=[int(attempt), worker, int(self.maxlen), self.ttl]))
         self._buf.clear()
         self._last_flush = self._clock()
+        return self.attempt
 
     def add(self, text: str) -> None:
         if text:

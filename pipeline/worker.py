@@ -7,9 +7,17 @@ noticed only after timeout + 60 s, and (b) enforces job timeouts with SIGALRM, w
 e.g. in the middle of a Redis reply. LLMWorker is a SimpleWorker with:
 
 * a heartbeat thread during each job: extends the worker key, the execution, the started-registry
-  entry and the job's last_heartbeat every `heartbeat_interval` s with a short TTL (interval + 60 s),
-  so a SIGKILLed worker's job is found abandoned by the next maintenance pass (every 60 s) of any
-  worker and is retried (retries left) or recorded failed, which ends it for the batches;
+  entry and the job's last_heartbeat every `heartbeat_interval` s (5 s) with a short TTL
+  (interval + grace = 15 s), so the started-registry entry of a SIGKILLed worker's job expires ~15 s
+  after its last beat;
+* a reaper (class Reaper) that every worker runs every few seconds, idle or busy (from the heartbeat
+  thread), and that collectors run too: rq's own StartedJobRegistry.cleanup() on the worker's queues,
+  under a lock that expires in seconds (rq's maintenance lock lives 15 min, so a worker killed while
+  holding it would stop all cleanups), plus recovery of job ids a dead worker had popped but not yet
+  registered. rq would notice a dead worker's job only at timeout + 60 s plus up to a 10-minute
+  maintenance interval; this finds it within ~20 s. A job lost with its worker gets up to
+  WORKER_LOSS_RETRIES extra runs (through rq's retries_left, so `--retries` stays for errors), at the
+  front of its queue, then is recorded failed (worker_lost) - a job that kills every worker is bounded;
 * cooperative timeouts: no SIGALRM; the engine's should_stop() checks the job's deadline between tokens;
 * a loss-free priority dequeue (below);
 * an allowlist check before running anything (jobs.allowlist);
@@ -21,12 +29,15 @@ Dequeue: rq's Queue.dequeue_any uses BLMOVE (atomic, into the queue's intermedia
 single queue; for several queues (our high/default/low) it uses BLPOP, and a worker dying between
 the pop and registering the job loses it (rq #1716). LLMWorker never BLPOPs a queue: it tries a
 non-blocking LMOVE on each queue in priority order (each job id lands atomically in that queue's
-intermediate list, which rq's maintenance recovers if we die), and when all are empty it blocks on a
+intermediate list, with a short-lived "popped" mark; if we die before registering the job, the reaper
+puts the id back at the front of its queue once the mark has expired), and when all are empty it blocks on a
 per-model "doorbell" list that producers push to (BLPOP of a doorbell token loses nothing but a
 wake-up; the wait is capped at 1 s so jobs requeued by rq itself are also seen).
 """
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
 import os
 import signal
@@ -34,6 +45,7 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import click
@@ -43,6 +55,8 @@ from rq.exceptions import StopRequested
 from rq.job import Job, JobStatus
 from rq.timeouts import BaseDeathPenalty
 from rq.utils import as_text, now
+from rq import worker_registration
+from rq.registry import clean_registries
 from rq.worker.base import WorkerStatus
 
 from jobs import keys, runtime
@@ -50,26 +64,143 @@ from jobs.allowlist import check_job
 from jobs.runtime import JobInterrupted, TaskFailed
 from jobs.schemas import model_key, queue_names
 from jobs.tasks import record_rq_failure
-from pipeline.redis_conn import SERIALIZER, connect
+from pipeline.redis_conn import REDIS_DOWN_ERRORS, SERIALIZER, connect, wait_for_redis
 
 log = logging.getLogger("rqllm.worker")
 
-DEFAULT_HEARTBEAT_INTERVAL = 10
+DEFAULT_HEARTBEAT_INTERVAL = 5
 DEFAULT_MAINTENANCE_INTERVAL = 60
-DEFAULT_HEARTBEAT_GRACE = 60  # a job's started-registry entry outlives the last beat by this much
+DEFAULT_HEARTBEAT_GRACE = 10  # a job's started-registry entry outlives the last beat by this much
+DEFAULT_REAP_INTERVAL = 5.0  # seconds between reaper passes (per worker / collector)
+REAP_LOCK_TTL = 30  # the per-queue cleaning lock frees itself this fast when its holder dies
+POPPED_MARK_TTL = 20  # a popped id not registered as started within this long is put back
+WORKER_LOSS_RETRIES = 2  # extra runs for a job whose worker died under it, on top of --retries
 DOORBELL_WAIT = 1
+POPPED_PREFIX = "rqllm:popped:"
 
 
-# KEYS: queue1, intermediate1, queue2, intermediate2, ... (priority order); ARGV[1]: job key prefix
+# KEYS: queue1, intermediate1, queue2, intermediate2, ... (priority order)
+# ARGV[1]: job key prefix, ARGV[2]: popped-mark prefix, ARGV[3]: worker name, ARGV[4]: mark ttl
 _POP_FIRST = """
 for i = 1, #KEYS, 2 do
   local id = redis.call('LMOVE', KEYS[i], KEYS[i + 1], 'LEFT', 'RIGHT')
   if id then
+    redis.call('SET', ARGV[2] .. id, ARGV[3], 'EX', ARGV[4])
     return {(i + 1) / 2, id, redis.call('HGETALL', ARGV[1] .. id)}
   end
 end
 return false
 """
+
+# A started job whose registry entry expired (its worker stopped beating): allow one more run through
+# rq's own retry, up to ARGV[1] times per job, at the front of the queue (rq's enqueue_at_front_on_retry).
+# KEYS[1]: job hash. Returns the job's loss count, or -1 when it is not started (nothing to do).
+_ALLOW_LOSS_RETRY = """
+if redis.call('HGET', KEYS[1], 'status') ~= 'started' then return -1 end
+local n = redis.call('HINCRBY', KEYS[1], 'rqllm_worker_losses', 1)
+if n <= tonumber(ARGV[1]) then
+  redis.call('HINCRBY', KEYS[1], 'retries_left', 1)
+  redis.call('HSET', KEYS[1], 'enqueue_at_front_on_retry', '1')
+end
+return n
+"""
+
+# A job id left in an intermediate list by a worker that died between popping and registering it.
+# KEYS: intermediate list, queue list, job hash, popped mark; ARGV[1]: job id.
+# Returns 1 requeued at the front, 2 stale id dropped (job ended or gone), 0 left alone.
+_REQUEUE_ORPHAN = """
+if redis.call('EXISTS', KEYS[4]) == 1 then return 0 end
+local status = redis.call('HGET', KEYS[3], 'status')
+if status == 'started' then return 0 end
+if redis.call('LREM', KEYS[1], 1, ARGV[1]) == 0 then return 0 end
+if status == 'queued' then
+  redis.call('LPUSH', KEYS[2], ARGV[1])
+  return 1
+end
+return 2
+"""
+
+
+class Reaper:
+    """Finds jobs whose worker died and gives them back to the queue (or fails them), within seconds.
+
+    Run by every worker (idle loop and heartbeat thread) and by collectors, so a batch recovers even
+    when all other workers are busy with long jobs. Passes on one queue never overlap: they hold the
+    queue's rq cleaning lock (rq's registry_cleaning_key), taken here with a short TTL.
+    """
+
+    def __init__(self, connection: Any, queue_names: list[str], *, name: str,
+                 interval: float = DEFAULT_REAP_INTERVAL, exception_handlers: list | None = None):
+        from rq import Queue
+
+        self.connection = connection
+        self.name = name
+        self.interval = interval
+        self.queues = [Queue(q, connection=connection, serializer=SERIALIZER) for q in queue_names]
+        self.exception_handlers = exception_handlers
+        self._allow = connection.register_script(_ALLOW_LOSS_RETRY)
+        self._orphan = connection.register_script(_REQUEUE_ORPHAN)
+        self._mutex = threading.Lock()
+        self._last = 0.0
+
+    def maybe_run(self) -> list[tuple[str, str]]:
+        """run() when the last pass is `interval` seconds old; never raises (logs instead)."""
+        with self._mutex:
+            if time.monotonic() - self._last < self.interval:
+                return []
+            self._last = time.monotonic()
+        try:
+            return self.run()
+        except Exception:  # noqa: BLE001 - the next pass tries again
+            log.warning("%s: reaper pass failed", self.name, exc_info=True)
+            return []
+
+    def run(self) -> list[tuple[str, str]]:
+        """One pass over every queue; returns (job id, what happened) for each job acted on."""
+        out: list[tuple[str, str]] = []
+        for queue in self.queues:
+            with self.locked(queue) as got:
+                if got:
+                    out += self.reap_queue(queue)
+        return out
+
+    @contextlib.contextmanager
+    def locked(self, queue: Any) -> Iterator[bool]:
+        lock = self.connection.lock(queue.registry_cleaning_key, timeout=REAP_LOCK_TTL, blocking=False)
+        got = lock.acquire()
+        try:
+            yield bool(got)
+        finally:
+            if got:
+                with contextlib.suppress(redis.exceptions.LockError):
+                    lock.release()
+
+    def reap_queue(self, queue: Any) -> list[tuple[str, str]]:
+        """The caller holds the queue's cleaning lock."""
+        out: list[tuple[str, str]] = []
+        registry = queue.started_job_registry
+        expired = registry.get_expired_job_ids()
+        losses: dict[str, int] = {}
+        for job_id in expired:
+            n = int(self._allow(keys=[Job.key_for(job_id)], args=[WORKER_LOSS_RETRIES]))
+            if n >= 0:
+                losses[job_id] = n
+        if expired:
+            registry.cleanup(exception_handlers=self.exception_handlers)  # rq: retry, or fail (AbandonedJobError)
+        for job_id, n in losses.items():
+            status = self.connection.hget(Job.key_for(job_id), "status")
+            what = f"worker lost ({n}x): " + (as_text(status) if status else "gone")
+            log.warning("%s: job %s abandoned by its worker; now %s", self.name, job_id, what.split(": ")[1])
+            out.append((job_id, what))
+        for raw in self.connection.lrange(queue.intermediate_queue_key, 0, -1):
+            job_id = as_text(raw)
+            r = int(self._orphan(keys=[queue.intermediate_queue_key, queue.key, Job.key_for(job_id),
+                                       POPPED_PREFIX + job_id], args=[job_id]))
+            if r == 1:
+                log.warning("%s: job %s was popped by a worker that died before starting it; requeued",
+                            self.name, job_id)
+                out.append((job_id, "requeued (popped, never started)"))
+        return out
 
 
 class NoDeathPenalty(BaseDeathPenalty):
@@ -121,6 +252,8 @@ class _Heartbeat(threading.Thread):
                 self.beats += 1
             except Exception:  # noqa: BLE001 - a missed beat is retried next interval
                 log.warning("heartbeat for job %s failed", current[0].id, exc_info=True)
+            # A busy worker reaps too, so a dead worker's job is found even when no worker is idle.
+            self.worker.reaper.maybe_run()
 
     def stop(self) -> None:
         self._halt.set()
@@ -146,6 +279,13 @@ class LLMWorker(SimpleWorker):
         self._beat: _Heartbeat | None = None
         self._current_job_id: str | None = None
         self._last_idle_beat = 0.0
+        self._popped_by = json.dumps(self.name)  # every rqllm:* value is JSON
+        self.reaper = Reaper(self.connection, self.queue_names(), name=self.name,
+                             exception_handlers=self._exc_handlers)
+        # Why work() returned: rq's loop quits on any exception; run_worker starts again when it was Redis.
+        self.redis_error: BaseException | None = None
+        self.idle_exit = False
+        self.jobs_run = 0
 
     def teardown(self) -> None:
         if self._beat is not None:
@@ -187,7 +327,8 @@ class LLMWorker(SimpleWorker):
         queues = self._ordered_queues
         keys_ = [k for q in queues for k in (q.key, q.intermediate_queue_key)]
         while True:
-            reply = self._pop_script(keys=keys_, args=[self.job_class.redis_job_namespace_prefix])
+            reply = self._pop_script(keys=keys_, args=[self.job_class.redis_job_namespace_prefix, POPPED_PREFIX,
+                                                       self._popped_by, POPPED_MARK_TTL])
             if not reply:
                 return None
             idx, raw_id, flat = reply
@@ -215,6 +356,7 @@ class LLMWorker(SimpleWorker):
                     self._last_idle_beat = time.monotonic()
                 if self.should_run_maintenance_tasks:
                     self.run_maintenance_tasks()
+                self.reaper.maybe_run()
                 result = self._pop_any()
                 if result is not None:
                     job, queue = result
@@ -222,12 +364,14 @@ class LLMWorker(SimpleWorker):
                     self.log.info("Worker %s: %s: %s", self.name, queue.name, job.id)
                     return result
                 if timeout is None:
+                    self.idle_exit = True
                     return None  # burst: all queues empty
                 if max_idle_time is not None and time.monotonic() - idle_since >= max_idle_time:
+                    self.idle_exit = True
                     return None
                 self.connection.blpop([self.doorbell], timeout=DOORBELL_WAIT)
                 backoff = 1.0
-            except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as e:
+            except REDIS_DOWN_ERRORS as e:
                 self.log.error("Worker %s: Redis unreachable (%s), retrying in %.0f s", self.name, e, backoff)
                 time.sleep(backoff)
                 backoff = min(backoff * 2, self.max_connection_wait_time)
@@ -240,7 +384,7 @@ class LLMWorker(SimpleWorker):
         if timeout is None and self.last_heartbeat is not None and \
                 (now() - self.last_heartbeat).total_seconds() < 1.0:
             return None
-        with self.connection.pipeline(transaction=False) as p:
+        with self._noting_redis_errors(), self.connection.pipeline(transaction=False) as p:
             super().heartbeat(timeout, pipeline=p)
             p.execute()
         return None
@@ -249,6 +393,35 @@ class LLMWorker(SimpleWorker):
         if pipeline is None and state == self._state == WorkerStatus.IDLE:
             return  # already recorded (SimpleWorker and the dequeue loop both set IDLE)
         super().set_state(state, pipeline=pipeline)
+
+    def clean_registries(self) -> None:
+        """rq's maintenance, under the reaper's short-lived lock (rq's own lock lives 15 min, so a worker
+        killed mid-pass would block every cleanup that long), with the reaper's pass first."""
+        for queue in self.queues:
+            with self.reaper.locked(queue) as got:
+                if got:
+                    self.reaper.reap_queue(queue)
+                    clean_registries(queue, self._exc_handlers)
+                    worker_registration.clean_worker_registry(queue)
+                    queue.intermediate_queue.cleanup(self, queue)
+        self.last_cleaned_at = now()
+
+    # rq's work loop quits on any exception from these; note when it was Redis going away.
+    def check_for_suspension(self, burst: bool) -> None:
+        with self._noting_redis_errors():
+            super().check_for_suspension(burst)
+
+    def run_maintenance_tasks(self) -> None:
+        with self._noting_redis_errors():
+            super().run_maintenance_tasks()
+
+    @contextlib.contextmanager
+    def _noting_redis_errors(self) -> Iterator[None]:
+        try:
+            yield
+        except REDIS_DOWN_ERRORS as e:
+            self.redis_error = e
+            raise
 
     # ------------------------------------------------------------ execution
     def get_heartbeat_ttl(self, job: Job, working_time: float = 0.0) -> int:
@@ -261,6 +434,10 @@ class LLMWorker(SimpleWorker):
         super().prepare_job_execution(job, remove_from_intermediate_queue=True)
 
     def execute_job(self, job: Job, queue: Any) -> None:
+        with self._noting_redis_errors():
+            self._execute_job(job, queue)
+
+    def _execute_job(self, job: Job, queue: Any) -> None:
         reason = check_job(job)
         if reason is not None:
             self._refuse(job, queue, reason)
@@ -277,6 +454,7 @@ class LLMWorker(SimpleWorker):
         finally:
             self._beat.end()
             self._current_job_id = None
+            self.jobs_run += 1
         self.set_state(WorkerStatus.IDLE)
 
     def _refuse(self, job: Job, queue: Any, reason: str) -> None:
@@ -374,8 +552,29 @@ def run_worker(model: str, *, redis_url: str | None = None, threads: int | None 
     ))
     worker.log.info("Worker %s: model %s loaded in %.1f s; queues %s", worker.name, model,
                     time.monotonic() - t0, ", ".join(worker.queue_names()))
+    worked = False
     try:
-        return worker.work(burst=burst, max_jobs=max_jobs, logging_level=logging_level)
+        while True:
+            try:
+                worked = worker.work(burst=burst, max_jobs=max_jobs, logging_level=logging_level) or worked
+            except REDIS_DOWN_ERRORS as e:  # teardown (register_death) with Redis away
+                worker.redis_error = worker.redis_error or e
+            if worker.redis_error is None or worker._stop_requested or worker.idle_exit or \
+                    (max_jobs is not None and worker.jobs_run >= max_jobs):
+                return worked
+            # rq's loop quit because Redis stayed away longer than the client's retries: wait, go on.
+            old = worker
+            worker.log.error("Worker %s: lost Redis (%s); waiting for it", name, worker.redis_error)
+            if not wait_for_redis(connection, stop=lambda: old._stop_requested, log=worker.log.warning):
+                return worked
+            connection.delete(old.key)  # our own stale registration (its teardown could not reach Redis)
+            worker = LLMWorker(queue_names(model), model=model, name=name, connection=connection,
+                               heartbeat_interval=heartbeat_interval, maintenance_interval=maintenance_interval,
+                               heartbeat_grace=heartbeat_grace)
+            if max_jobs is not None:
+                max_jobs -= old.jobs_run
+            runtime.get_context().force_stop = worker.should_stop_generating
+            worker.log.info("Worker %s: Redis is back; resuming", name)
     finally:
         runtime.set_context(None)
 

@@ -105,3 +105,53 @@ def test_read_written_truncates_garbage(tmp_path):
     p.write_bytes(b'{"custom_id": "a"}\n{"custom_id": "b"}\n{"custom_id": "c"')
     assert read_written(p) == {"a", "b"}
     assert p.read_bytes() == b'{"custom_id": "a"}\n{"custom_id": "b"}\n'
+
+
+def test_collector_process_killed_and_restarted_writes_each_line_once(client, redis_url, tmp_path):
+    """`rqllm collect` SIGKILLed while jobs keep ending, then started again: every custom_id once."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    n = 60
+    bid, ids = submit(client, n)
+    out = tmp_path / "out.jsonl"
+    stop = threading.Event()
+
+    def finish_slowly():
+        for j in ids:
+            if stop.is_set():
+                return
+            end(client, j)
+            time.sleep(0.03)
+
+    def start_collector():
+        return subprocess.Popen([sys.executable, "-c", "from pipeline.cli import main; main()", "collect", bid,
+                                 "-o", str(out), "--redis-url", redis_url, "--no-progress", "--timeout", "60"],
+                                cwd=root, env={**os.environ, "PYTHONPATH": str(root)},
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+    t = threading.Thread(target=finish_slowly)
+    t.start()
+    try:
+        first = start_collector()
+        deadline = time.monotonic() + 30
+        while not out.exists() or len(out.read_bytes().splitlines()) < 10:
+            assert time.monotonic() < deadline and first.poll() is None
+            time.sleep(0.01)
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+        written_before = out.read_bytes().count(b"\n")  # whole lines; a torn last one is cut on resume
+        assert 10 <= written_before < n
+        second = start_collector()
+        _, err = second.communicate(timeout=90)
+        assert second.returncode == 0, err
+    finally:
+        stop.set()
+        t.join()
+    got = [x["custom_id"] for x in lines(out)]
+    assert sorted(got) == sorted(f"c{i}" for i in range(n))  # none missing, none twice
+    assert f"{written_before} already written" in err.decode()
