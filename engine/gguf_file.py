@@ -34,6 +34,8 @@ __all__ = ["GGUFError", "TensorInfo", "GGUFFile"]
 SUPPORTED_VERSIONS = (2, 3)
 MAX_DIMS = 4  # GGML_MAX_DIMS
 HEADER_SIZE = 24
+MAX_KEY_BYTES = 65535  # the GGUF spec: keys are at most 2^16 - 1 bytes
+MAX_NAME_BYTES = 63  # GGML_MAX_NAME is 64 including the terminating NUL
 
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
@@ -177,8 +179,11 @@ class GGUFFile:
         self._need(pos, 8, what)
         return _U64.unpack_from(self._mm, pos)[0]
 
-    def _str(self, pos: int, what: str) -> tuple[str, int]:
+    def _str(self, pos: int, what: str, max_len: int | None = None) -> tuple[str, int]:
         n = self._u64(pos, f"{what} length")
+        if max_len is not None and n > max_len:
+            # checked before slicing: a corrupt length must not make us copy and decode megabytes
+            raise self._err(f"{what} is {n} bytes long (at most {max_len} allowed)", pos)
         self._need(pos + 8, n, f"{what} ({n} bytes)")
         raw = self._mm[pos + 8 : pos + 8 + n]
         try:
@@ -210,7 +215,7 @@ class GGUFFile:
         pos = HEADER_SIZE
         raw: dict[str, Any] = {}
         for i in range(n_kv):
-            key, pos = self._str(pos, f"metadata key #{i}")
+            key, pos = self._str(pos, f"metadata key #{i}", MAX_KEY_BYTES)
             if key in raw:
                 raise self._err(f"duplicate metadata key {key!r}", pos)
             vtype = self._u32(pos, f"value type of {key!r}")
@@ -230,7 +235,7 @@ class GGUFFile:
         names: set[str] = set()
         for i in range(n_tensors):
             start = pos
-            name, pos = self._str(pos, f"name of tensor #{i}")
+            name, pos = self._str(pos, f"name of tensor #{i}", MAX_NAME_BYTES)
             if name in names:
                 raise self._err(f"duplicate tensor name {name!r}", start)
             names.add(name)

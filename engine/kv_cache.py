@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 1000**2, "mb": 1000**2, "mib": 1024**2,
-          "g": 1000**3, "gb": 1000**3, "gib": 1024**3}
+          "g": 1000**3, "gb": 1000**3, "gib": 1024**3, "t": 1000**4, "tb": 1000**4, "tib": 1024**4}
 
 
 def parse_bytes(text: str | int) -> int:
@@ -45,11 +45,9 @@ class KVCache:
     def nbytes(self) -> int:
         return sum(a.nbytes for a in self.k) + sum(a.nbytes for a in self.v)
 
-    @classmethod
-    def from_budget(cls, budget_bytes: int, n_layer: int, kv_dim: int, local_slots: list[int | None],
-                    max_capacity: int) -> KVCache:
-        """Largest capacity whose arrays fit the budget. local_slots[l] is the ring size a
-        sliding-window layer needs at most (None for global layers)."""
+    @staticmethod
+    def plan(budget_bytes: int, kv_dim: int, local_slots: list[int | None], max_capacity: int) -> tuple[int, int]:
+        """(capacity in tokens, bytes the arrays will take) for a budget, without allocating anything."""
         row = 2 * kv_dim * 4  # K and V, f32
 
         def cost(cap: int) -> int:
@@ -66,7 +64,14 @@ class KVCache:
                 lo = mid
             else:
                 hi = mid - 1
-        cap = lo
+        return lo, cost(lo)
+
+    @classmethod
+    def from_budget(cls, budget_bytes: int, n_layer: int, kv_dim: int, local_slots: list[int | None],
+                    max_capacity: int) -> KVCache:
+        """Largest capacity whose arrays fit the budget. local_slots[l] is the ring size a
+        sliding-window layer needs at most (None for global layers)."""
+        cap, _ = cls.plan(budget_bytes, kv_dim, local_slots, max_capacity)
         k, v = [], []
         for s in local_slots:
             slots = cap if s is None else min(cap, s)

@@ -72,20 +72,28 @@ class Config:
         if arch not in ARCH_IDS:
             raise ModelError(f"{gguf.path}: unsupported architecture {arch!r}; supported: {', '.join(SUPPORTED_ARCHS)}")
 
-        def key(name: str, default=None):
+        def key(name: str, default=None, kind: type = int):
             value = gguf.get(f"{arch}.{name}", default)
             if value is None:
                 raise ModelError(f"{gguf.path}: metadata key {arch}.{name} is missing")
+            # A corrupt file can store any type under any key: only plain numbers are taken.
+            if isinstance(value, bool) or not isinstance(value, int if kind is int else (int, float)):
+                raise ModelError(f"{gguf.path}: metadata key {arch}.{name} should be a{'n integer' if kind is int else ' number'}, "
+                                 f"is {type(value).__name__} {str(value)[:40]}")
             return value
 
         n_embd = int(key("embedding_length"))
         n_head = int(key("attention.head_count"))
         n_head_kv = int(key("attention.head_count_kv", n_head))
         head_dim = int(key("attention.key_length", n_embd // max(n_head, 1)))
+        for name, value in (("embedding_length", n_embd), ("attention.head_count", n_head),
+                            ("attention.key_length", head_dim)):
+            if not 0 < value < 1 << 24:  # checked before the square roots below
+                raise ModelError(f"{gguf.path}: metadata key {arch}.{name} = {value} is out of range")
         embd = gguf.tensors.get("token_embd.weight")
         if embd is None:
             raise ModelError(f"{gguf.path}: tensor token_embd.weight is missing")
-        n_vocab = int(gguf.get(f"{arch}.vocab_size", embd.shape[1] if len(embd.shape) > 1 else 0))
+        n_vocab = int(key("vocab_size", embd.shape[1] if len(embd.shape) > 1 else 0))
         gemma = arch == "gemma3"
         cfg = cls(
             arch=arch,
@@ -97,9 +105,9 @@ class Config:
             head_dim=head_dim,
             n_vocab=n_vocab,
             n_ctx_train=int(key("context_length", 4096)),
-            norm_eps=float(key("attention.layer_norm_rms_epsilon", 1e-5)),
-            rope_base=float(key("rope.freq_base", 10000.0)),
-            rope_base_local=10000.0 if gemma else float(key("rope.freq_base", 10000.0)),
+            norm_eps=float(key("attention.layer_norm_rms_epsilon", 1e-5, float)),
+            rope_base=float(key("rope.freq_base", 10000.0, float)),
+            rope_base_local=10000.0 if gemma else float(key("rope.freq_base", 10000.0, float)),
             rope_neox=arch in ("gemma3", "qwen2"),
             sliding_window=int(key("attention.sliding_window", 0)) if gemma else 0,
             swa_pattern=6 if gemma else 0,
@@ -203,6 +211,14 @@ def _type_name(t: int) -> str:
         return f"#{t}"
 
 
+def kv_layout(cfg: Config, kv_budget: str | int, max_context: int | None = None
+              ) -> tuple[int, int, int, list[int | None], int]:
+    """KVCache.from_budget's arguments for a model: (budget bytes, n_layer, kv_dim, local slots, max capacity)."""
+    limit = min(cfg.n_ctx_train, max_context or cfg.n_ctx_train)
+    local = [cfg.sliding_window + MAX_UBATCH - 1 if cfg.layer_is_local(il) else None for il in range(cfg.n_layer)]
+    return parse_bytes(kv_budget), cfg.n_layer, cfg.kv_dim, local, limit
+
+
 class Model:
     """Config + mapped weights + KV cache + the compiled forward pass."""
 
@@ -230,10 +246,7 @@ class Model:
             raise ModelError(str(exc)) from None
         cfg = Config.from_gguf(gguf)
         weights = Weights(gguf, cfg)
-        budget = parse_bytes(kv_budget)
-        limit = min(cfg.n_ctx_train, max_context or cfg.n_ctx_train)
-        local = [cfg.sliding_window + MAX_UBATCH - 1 if cfg.layer_is_local(il) else None for il in range(cfg.n_layer)]
-        kv = KVCache.from_budget(budget, cfg.n_layer, cfg.kv_dim, local, limit)
+        kv = KVCache.from_budget(*kv_layout(cfg, kv_budget, max_context))
         return cls(gguf, cfg, weights, kv, threads or default_threads())
 
     @property
