@@ -64,6 +64,7 @@ from jobs.allowlist import check_job
 from jobs.runtime import JobInterrupted, TaskFailed
 from jobs.schemas import model_key, queue_names
 from jobs.tasks import record_rq_failure
+from pipeline.memory_guard import check_worker_start, no_memory_check_option
 from pipeline.redis_conn import REDIS_DOWN_ERRORS, SERIALIZER, connect, wait_for_redis
 
 log = logging.getLogger("rqllm.worker")
@@ -593,10 +594,12 @@ def run_worker(model: str, *, redis_url: str | None = None, threads: int | None 
 @click.option("--maintenance-interval", type=int, default=DEFAULT_MAINTENANCE_INTERVAL, show_default=True,
               help="Seconds between registry cleanups (abandoned-job detection).")
 @click.option("--log-level", default="INFO", show_default=True)
+@no_memory_check_option
 def worker_command(model: str, threads: int | None, kv_budget: str | None, burst: bool, name: str | None,
                    redis_url: str | None, max_jobs: int | None, heartbeat_interval: int, heartbeat_grace: int,
                    maintenance_interval: int, log_level: str) -> None:
     """Run one worker process for MODEL: load the engine once, generate queued jobs one at a time."""
+    check_worker_start(model, kv_budget)  # a bad model file or not enough memory: say so before loading
     run_worker(model, redis_url=redis_url, threads=threads, kv_budget=kv_budget, burst=burst, name=name,
                max_jobs=max_jobs, heartbeat_interval=heartbeat_interval, heartbeat_grace=heartbeat_grace,
                maintenance_interval=maintenance_interval, logging_level=log_level.upper())

@@ -1,0 +1,182 @@
+"""A worker's start-up check: model + KV cache fit in memory, and the model file is a GGUF we can run.
+
+Run before the engine loads (and before Redis is touched), so a worker that cannot work says why at
+once instead of being OOM-killed halfway through a job or failing every job it takes:
+
+* the GGUF header, the model's config and its tensor table are checked as Model.load would
+  (milliseconds; a truncated or corrupt file, an unknown architecture or quant type, a tensor shape
+  that does not match the metadata... is reported here with the reader's message, no traceback);
+* the memory needed is the model file's size (its weights are memory-mapped and used in place; other
+  workers on the host share the same page-cache pages, so the file counts once, not per thread) plus
+  the bytes the KV cache will really allocate (the budget, capped by what the model's context length
+  can use);
+* the memory the process can have is the smallest of its cgroup limit (v2 memory.max, v1
+  memory.limit_in_bytes, along its cgroup path) and MemAvailable (psutil).
+
+`--no-memory-check` or RQLLM_NO_MEMORY_CHECK=1 skips the memory comparison (the file checks stay).
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import click
+import psutil
+
+from engine.kv_cache import KVCache, format_bytes
+
+ENV_SKIP = "RQLLM_NO_MEMORY_CHECK"
+DEFAULT_KV_BUDGET = "256MiB"  # engine.Engine's default
+_NO_LIMIT = 1 << 60  # cgroup v1 reports "unlimited" as a huge page-aligned number
+
+
+class MemoryGuardError(click.ClickException):
+    """The worker must not start; the message names the numbers (click prints it, exit status 1)."""
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    model_path: Path
+    model_bytes: int
+    kv_budget: int
+    kv_bytes: int  # what the KV cache will allocate (<= kv_budget)
+    kv_tokens: int
+    max_tokens: int  # the model's context length (the KV cache never holds more)
+    limit_bytes: int
+    limit_source: str
+
+    @property
+    def needed_bytes(self) -> int:
+        return self.model_bytes + self.kv_bytes
+
+    @property
+    def fits(self) -> bool:
+        return self.needed_bytes <= self.limit_bytes
+
+    def describe(self) -> str:
+        capped = "" if self.kv_tokens < self.max_tokens else \
+            f" (--kv-budget {format_bytes(self.kv_budget)}, capped by the model's context length)"
+        return (f"model {self.model_path.name} {format_bytes(self.model_bytes)} + KV cache "
+                f"{format_bytes(self.kv_bytes)} for {self.kv_tokens} tokens{capped} = "
+                f"{format_bytes(self.needed_bytes)} needed; {format_bytes(self.limit_bytes)} available "
+                f"({self.limit_source})")
+
+
+def _read_int(path: Path) -> int | None:
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    if text == "max" or not text.isdigit():
+        return None
+    value = int(text)
+    return value if value < _NO_LIMIT else None
+
+
+def _cgroup_paths() -> list[tuple[str, str]]:
+    """(hierarchy, path) pairs from /proc/self/cgroup: ('', path) for v2, ('memory', path) for v1."""
+    out = []
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return out
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        _, controllers, path = parts
+        if controllers == "":
+            out.append(("", path))
+        elif "memory" in controllers.split(","):
+            out.append(("memory", path))
+    return out
+
+
+def cgroup_limit(root: Path = Path("/sys/fs/cgroup")) -> tuple[int, str] | None:
+    """The tightest memory limit along this process's cgroup path, with the file it came from."""
+    best: tuple[int, str] | None = None
+    for hierarchy, path in _cgroup_paths():
+        base = root / hierarchy if hierarchy else root
+        name = "memory.limit_in_bytes" if hierarchy else "memory.max"
+        rel = Path(path.lstrip("/"))
+        # Inside a container the cgroup path may not exist under the mount (the mount is the
+        # container's own cgroup): then the mount's top-level file is ours.
+        candidates = [base.joinpath(*rel.parts[:i]) for i in range(len(rel.parts), -1, -1)]
+        for directory in candidates:
+            value = _read_int(directory / name)
+            if value is not None and (best is None or value < best[0]):
+                best = (value, str(directory / name))
+    return best
+
+
+def memory_limit() -> tuple[int, str]:
+    """(bytes this process can have, where that number comes from)."""
+    available = psutil.virtual_memory().available
+    limit, source = available, "MemAvailable"
+    cg = cgroup_limit()
+    if cg is not None and cg[0] < limit:
+        limit, source = cg[0], f"cgroup limit {cg[1]}"
+    return limit, source
+
+
+def plan(model: str, kv_budget: str | int | None) -> MemoryPlan:
+    """Read the model's header and work out what the worker will need; MemoryGuardError when the file
+    or the budget cannot be used."""
+    from engine import models
+    from engine.gguf_file import GGUFError, GGUFFile
+    from engine.model import Config, ModelError, kv_layout
+
+    try:
+        path = models.resolve(model)
+    except models.ModelError as e:
+        raise MemoryGuardError(str(e)) from None
+    try:
+        with GGUFFile(path) as gguf:
+            cfg = Config.from_gguf(gguf)
+            size = gguf.size
+    except (GGUFError, ModelError) as e:
+        raise MemoryGuardError(f"cannot use the model: {e}") from None
+    try:
+        layout = kv_layout(cfg, kv_budget or DEFAULT_KV_BUDGET)
+        tokens, kv_bytes = KVCache.plan(layout[0], layout[2], layout[3], layout[4])
+    except ValueError as e:
+        raise MemoryGuardError(f"--kv-budget: {e}") from None
+    limit, source = memory_limit()
+    return MemoryPlan(Path(path), size, layout[0], kv_bytes, tokens, layout[4], limit, source)
+
+
+def check_worker_start(model: str, kv_budget: str | int | None, *, memory_check: bool = True) -> MemoryPlan:
+    """The start-up check; raises MemoryGuardError naming every number when the worker would not fit."""
+    p = plan(model, kv_budget)
+    skip = not memory_check or os.environ.get(ENV_SKIP, "").strip() not in ("", "0")
+    if not skip and not p.fits:
+        raise MemoryGuardError(
+            f"not starting the worker: {p.describe()}. Lower --kv-budget, use a smaller model, give the "
+            f"process more memory, or pass --no-memory-check (or {ENV_SKIP}=1) to start anyway.")
+    validate_weights(p.model_path)
+    return p
+
+
+def validate_weights(path: Path) -> None:
+    """Every tensor the model needs is there with the shape and type its metadata implies (the same
+    checks Model.load makes; nothing is read but the tensor table)."""
+    from engine.gguf_file import GGUFError, GGUFFile
+    from engine.model import Config, ModelError, Weights
+
+    try:
+        with GGUFFile(path) as gguf:
+            Weights(gguf, Config.from_gguf(gguf))
+    except (GGUFError, ModelError) as e:
+        raise MemoryGuardError(f"cannot use the model: {e}") from None
+
+
+def no_memory_check_option(fn):
+    """The worker's --no-memory-check flag (sets RQLLM_NO_MEMORY_CHECK for check_worker_start)."""
+
+    def _set(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+        if value:
+            os.environ[ENV_SKIP] = "1"
+
+    return click.option("--no-memory-check", is_flag=True, expose_value=False, callback=_set, is_eager=True,
+                        help="Start even when model + KV budget exceed the memory available (experts).")(fn)
