@@ -1,4 +1,4 @@
-"""A plain numpy reference forward pass for the `llama` and `gemma3` GGUF architectures.
+"""A plain numpy reference forward pass for the `llama`, `gemma3` and `qwen2` GGUF architectures.
 
 This is the ground truth the fast engine is tested against, so it is written to be read and
 trusted, not to be fast: every weight is dequantized to float32 once (gguf.quants.dequantize),
@@ -26,6 +26,8 @@ src/llama-model.cpp, src/llama-hparams.cpp, ggml's rope):
   gemma3.rope.freq_base) otherwise.  In a local layer a query at position p sees keys at
   positions k with p - k < sliding_window (llama_hparams::is_masked_swa, LLAMA_SWA_TYPE_STANDARD).
   The GGUF norm weights already include Gemma's "+1": use them as they are.  No logit softcapping.
+* qwen2 (src/models/qwen2.cpp): a llama block with biases added to q, k and v
+  (blk.N.attn_{q,k,v}.bias) before RoPE, and NEOX RoPE; output.weight untied when present.
 
 The model is run from position 0 with full causal attention; `greedy` keeps the keys and values of
 earlier positions (a plain list per layer) so each new token costs one position, and computes
@@ -62,7 +64,7 @@ __all__ = ["Config", "ReferenceModel", "load", "blas_threads", "rms_norm", "rope
 
 @dataclass(frozen=True)
 class Config:
-    arch: str  # "llama" | "gemma3"
+    arch: str  # "llama" | "gemma3" | "qwen2"
     n_layer: int
     n_embd: int
     n_head: int
@@ -123,8 +125,8 @@ def _field(reader: GGUFReader, key: str, default=None):
 
 def read_config(reader: GGUFReader) -> Config:
     arch = _field(reader, "general.architecture")
-    if arch not in ("llama", "gemma3"):
-        raise ValueError(f"reference supports llama and gemma3, not {arch!r}")
+    if arch not in ("llama", "gemma3", "qwen2"):
+        raise ValueError(f"reference supports llama, gemma3 and qwen2, not {arch!r}")
     a = lambda key, default=None: _field(reader, f"{arch}.{key}", default)  # noqa: E731
     n_embd = int(a("embedding_length"))
     n_head = int(a("attention.head_count"))
@@ -145,7 +147,7 @@ def read_config(reader: GGUFReader) -> Config:
     else:
         window, pattern, local = None, None, ()
         rope_base_local = rope_base
-        neox = False
+        neox = arch == "qwen2"  # llama.cpp: LLAMA_ROPE_TYPE_NEOX for qwen2, NORM for llama
         embd_scale = 1.0
     attn_scale = 1.0 / math.sqrt(head_dim)
     if arch == "gemma3" and n_layer == 62:  # llama.cpp: Gemma 3 27B uses query_pre_attn_scalar
@@ -414,7 +416,27 @@ def gemma3_layer(x, L, cfg: Config, il: int, pos, cache, ggml_numerics=False):
     return x
 
 
-LAYER_FNS = {"llama": llama_layer, "gemma3": gemma3_layer}
+def qwen2_layer(x, L, cfg: Config, il: int, pos, cache, ggml_numerics=False):
+    """One qwen2 block: a llama block with q/k/v biases and NEOX RoPE."""
+    n = x.shape[0]
+    # attention
+    h = rms_norm(x, L["attn_norm"], cfg.eps)
+    q = (L["attn_q"](h) + L["attn_q_bias"]).reshape(n, cfg.n_head, cfg.head_dim)
+    k = (L["attn_k"](h) + L["attn_k_bias"]).reshape(n, cfg.n_head_kv, cfg.head_dim)
+    v = (L["attn_v"](h) + L["attn_v_bias"]).reshape(n, cfg.n_head_kv, cfg.head_dim)
+    q = rope(q, pos, cfg.rope_base, cfg.n_rot, cfg.rope_neox)  # NEOX for qwen2 (a test flips it)
+    k = rope(k, pos, cfg.rope_base, cfg.n_rot, cfg.rope_neox)
+    k_all, v_all, k_pos = cache.append(il, k, v, pos)
+    a = attention(q, k_all, v_all, pos, k_pos, cfg.attn_scale, None, ggml_numerics)
+    x = x + L["attn_output"](a.reshape(n, cfg.n_head * cfg.head_dim))
+    # feed-forward
+    h = rms_norm(x, L["ffn_norm"], cfg.eps)
+    f = silu(L["ffn_gate"](h)) * L["ffn_up"](h)
+    x = x + L["ffn_down"](f)
+    return x
+
+
+LAYER_FNS = {"llama": llama_layer, "gemma3": gemma3_layer, "qwen2": qwen2_layer}
 
 
 class KVCache:
@@ -475,7 +497,8 @@ class ReferenceModel:
         return Linear(self.weights[name], ACT_QUANT.get(self.types[name]), self._mins.get(name))
 
     def _build_layers(self, ggml_numerics: bool) -> list[dict]:
-        """Per layer: short name ("attn_q", "ffn_norm", ...) -> Linear (matrices) or array (norms)."""
+        """Per layer: short name ("attn_q", "ffn_norm", ...) -> Linear (matrices) or array (norms);
+        biases under "<name>_bias" ("attn_q_bias")."""
         layers = []
         for il in range(self.config.n_layer):
             prefix = f"blk.{il}."
@@ -484,6 +507,8 @@ class ReferenceModel:
                 if name.startswith(prefix) and name.endswith(".weight"):
                     short = name[len(prefix): -len(".weight")]
                     L[short] = self._linear(name, ggml_numerics) if w.ndim == 2 else w
+                elif name.startswith(prefix) and name.endswith(".bias"):
+                    L[name[len(prefix): -len(".bias")] + "_bias"] = w
             layers.append(L)
         return layers
 
