@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import time
 from pathlib import Path
@@ -30,6 +31,45 @@ Priority = Literal["high", "default", "low"]
 PRIORITIES: tuple[str, ...] = ("high", "default", "low")
 
 _MODEL_KEY_RE = re.compile(r"[^a-z0-9._-]+")
+
+# Prompts are refused at submission above this size (UTF-8 bytes, all chat messages together): no
+# KV budget here holds more than a few hundred KB of text, and a 50 MB prompt must not travel through
+# Redis to be tokenized by a worker only to fail there. Override with the environment variable.
+MAX_PROMPT_BYTES_ENV = "RQLLM_MAX_PROMPT_BYTES"
+DEFAULT_MAX_PROMPT_BYTES = 1 << 20
+
+
+def max_prompt_bytes() -> int:
+    raw = os.environ.get(MAX_PROMPT_BYTES_ENV, "").strip()
+    if not raw:
+        return DEFAULT_MAX_PROMPT_BYTES
+    try:
+        value = int(raw)
+    except ValueError:
+        raise InvalidJob(f"{MAX_PROMPT_BYTES_ENV}={raw!r} is not a number of bytes") from None
+    return value if value > 0 else DEFAULT_MAX_PROMPT_BYTES
+
+
+def _check_text(what: str, text: str) -> None:
+    """Valid UTF-8 (JSON's \\ud800 escapes give lone surrogates, which no tokenizer can take)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"{what} is not valid UTF-8 text: {e.reason} ({text[e.start]!r}) at character "
+                         f"{e.start}") from None
+
+
+def _text_bytes(text: str, limit: int) -> int:
+    """UTF-8 size of text; a cheap lower bound when that already exceeds the limit."""
+    if len(text) > limit:
+        return len(text)  # every character is at least one byte: no need to encode megabytes
+    return len(text.encode("utf-8", "surrogatepass"))
+
+
+def _check_size(what: str, size: int, limit: int) -> None:
+    if size > limit:
+        raise ValueError(f"{what} {size:,} bytes, over the limit of {limit:,} bytes "
+                         f"(set {MAX_PROMPT_BYTES_ENV} to change it)")
 
 
 class InvalidJob(ValueError):
@@ -57,6 +97,14 @@ class ChatMessage(BaseModel):
             return "".join(parts)
         return v
 
+    @field_validator("content")
+    @classmethod
+    def _content_is_text(cls, v: str) -> str:
+        limit = max_prompt_bytes()
+        _check_size("message content is", _text_bytes(v, limit), limit)
+        _check_text("message content", v)
+        return v
+
 
 class GenerationJob(BaseModel):
     """One generation request: a raw `prompt` (completions) or chat `messages`, never both."""
@@ -75,8 +123,21 @@ class GenerationJob(BaseModel):
     @field_validator("prompt")
     @classmethod
     def _prompt_not_empty(cls, v: str | None) -> str | None:
-        if v is not None and v == "":
-            raise ValueError("prompt must not be empty")
+        if v is None:
+            return v
+        limit = max_prompt_bytes()
+        _check_size("prompt is", _text_bytes(v, limit), limit)  # first: a huge prompt costs nothing more
+        if not v.strip():
+            raise ValueError("prompt must not be empty" + (" (it is only whitespace)" if v else ""))
+        _check_text("prompt", v)
+        return v
+
+    @field_validator("messages")
+    @classmethod
+    def _messages_size(cls, v: list[ChatMessage] | None) -> list[ChatMessage] | None:
+        if v is not None:
+            limit = max_prompt_bytes()
+            _check_size("the chat messages together are", sum(_text_bytes(m.content, limit) for m in v), limit)
         return v
 
     @field_validator("metadata")
@@ -186,7 +247,22 @@ def validate_job(data: GenerationJob | dict[str, Any]) -> GenerationJob:
     try:
         return GenerationJob.model_validate(data)
     except ValidationError as e:
-        raise InvalidJob(str(e)) from None
+        raise InvalidJob(describe_errors(e)) from None
+
+
+def describe_errors(e: ValidationError) -> str:
+    """pydantic's errors on one line each, without the docs links: 'params.top_p: Input should be ... (got 1.5)'."""
+    lines = []
+    for err in e.errors(include_url=False):
+        where = ".".join(str(x) for x in err["loc"])
+        msg = err["msg"].removeprefix("Value error, ")
+        got = ""
+        if err["type"] not in ("value_error", "missing") and not isinstance(err.get("input"), (dict, list)):
+            shown = repr(err.get("input"))
+            got = f" (got {shown[:60]}{'...' if len(shown) > 60 else ''})"
+        lines.append(f"{where}: {msg}{got}" if where else f"{msg}{got}")
+    n = len(lines)
+    return f"{n} validation error{'s' if n > 1 else ''} for {e.title}: " + "; ".join(lines)
 
 
 def model_key(model: str) -> str:

@@ -18,7 +18,16 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from jobs.schemas import ENDPOINT_CHAT, ENDPOINT_COMPLETIONS, GenerationJob, InvalidJob, JobResult, validate_job
+from jobs.schemas import (
+    ENDPOINT_CHAT,
+    ENDPOINT_COMPLETIONS,
+    MAX_PROMPT_BYTES_ENV,
+    GenerationJob,
+    InvalidJob,
+    JobResult,
+    max_prompt_bytes,
+    validate_job,
+)
 
 DEFAULT_MODEL = "smollm2-135m"
 
@@ -118,13 +127,32 @@ def request_to_job(obj: Any, *, model: str | None = None, default_model: str = D
     return validate_job(job)
 
 
-def parse_lines(lines: Iterable[str], *, model: str | None = None,
+LINE_ENVELOPE_BYTES = 64 << 10  # what a request line may hold besides its prompt (custom_id, params...)
+
+
+def parse_lines(lines: Iterable[str | bytes], *, model: str | None = None,
                 default_model: str = DEFAULT_MODEL) -> tuple[list[GenerationJob], list[LineError]]:
-    """Parse an input file's lines; bad lines are reported with their number, the others kept."""
+    """Parse an input file's lines (str, or bytes as read from the file); bad lines are reported with
+    their number, the others kept."""
     jobs: list[GenerationJob] = []
     errors: list[LineError] = []
     seen: dict[str, int] = {}
+    line_limit = max_prompt_bytes() + LINE_ENVELOPE_BYTES
     for lineno, line in enumerate(lines, 1):
+        if len(line) > line_limit:
+            # refused before parsing: a 50 MB line costs one length check
+            size = len(line) if isinstance(line, bytes) else len(line.encode("utf-8", "surrogatepass"))
+            errors.append(LineError(lineno, None, f"line is {size:,} bytes, over the limit of {line_limit:,} bytes "
+                                    f"for one request (prompt limit {line_limit - LINE_ENVELOPE_BYTES:,} + "
+                                    f"{LINE_ENVELOPE_BYTES:,}; set {MAX_PROMPT_BYTES_ENV} to change it)"))
+            continue
+        if isinstance(line, bytes):
+            try:
+                line = line.decode("utf-8")
+            except UnicodeDecodeError as e:
+                errors.append(LineError(lineno, None, f"not valid UTF-8: {e.reason} (byte {line[e.start]:#04x} at "
+                                        f"byte {e.start} of the line)"))
+                continue
         if not line.strip():
             continue
         cid = None
@@ -148,7 +176,7 @@ def parse_lines(lines: Iterable[str], *, model: str | None = None,
 
 def read_batch_file(path: str | Path, *, model: str | None = None,
                     default_model: str = DEFAULT_MODEL) -> tuple[list[GenerationJob], list[LineError]]:
-    with open(path, encoding="utf-8") as f:
+    with open(path, "rb") as f:  # bytes: a line that is not UTF-8 is reported, not fatal for the file
         return parse_lines(f, model=model, default_model=default_model)
 
 

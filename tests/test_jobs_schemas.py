@@ -142,3 +142,37 @@ def test_allowlist():
         "",
     ]:
         assert check_function(name), name
+
+
+def test_prompt_size_limit_is_cheap_configurable_and_names_both_sizes(monkeypatch):
+    import time
+
+    monkeypatch.delenv("RQLLM_MAX_PROMPT_BYTES", raising=False)
+    big = "x" * (50 << 20)
+    t0 = time.perf_counter()
+    with pytest.raises(InvalidJob, match=r"prompt is 52,428,800 bytes, over the limit of 1,048,576 bytes "
+                                         r"\(set RQLLM_MAX_PROMPT_BYTES to change it\)"):
+        validate_job({"model": M, "prompt": big})
+    with pytest.raises(InvalidJob, match=r"message content is 52,428,800 bytes"):
+        validate_job({"model": M, "messages": [{"role": "user", "content": big}]})
+    assert time.perf_counter() - t0 < 0.5  # no encoding or hashing of 50 MB
+    two = [{"role": "user", "content": "é" * (300 << 10)}] * 2  # 2 x 600 KiB of UTF-8: each fits, not together
+    with pytest.raises(InvalidJob, match=r"the chat messages together are 1,228,800 bytes, over the limit"):
+        validate_job({"model": M, "messages": two})
+    monkeypatch.setenv("RQLLM_MAX_PROMPT_BYTES", str(2 << 20))
+    assert validate_job({"model": M, "messages": two}).messages[1].content == two[1]["content"]
+
+
+@pytest.mark.parametrize("bad, message", [
+    ({"prompt": "   \n"}, "prompt: prompt must not be empty (it is only whitespace)"),
+    ({"prompt": "a\ud800b"}, "prompt: prompt is not valid UTF-8 text: surrogates not allowed ('\\ud800') at character 1"),
+    ({"prompt": None, "messages": [{"role": "user", "content": "\udfff"}]},
+     "messages.0.content: message content is not valid UTF-8 text"),
+    ({"params": {"max_tokens": 10**9}}, "params.max_tokens: Input should be less than or equal to 1048576 (got 1000000000)"),
+    ({"params": {"top_p": 1.5}}, "params.top_p: Input should be less than or equal to 1 (got 1.5)"),
+])
+def test_refusals_are_one_line_and_name_the_field(bad, message):
+    data = {k: v for k, v in {"model": M, "prompt": "Hello", **bad}.items() if v is not None}
+    with pytest.raises(InvalidJob) as e:
+        validate_job(data)
+    assert message in str(e.value) and "\n" not in str(e.value) and "errors.pydantic.dev" not in str(e.value)

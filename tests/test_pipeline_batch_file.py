@@ -86,3 +86,26 @@ def test_request_to_job_requires_custom_id():
 
     with pytest.raises(InvalidJob, match="custom_id"):
         request_to_job({"url": "/v1/completions", "body": {"prompt": "x"}})
+
+
+def test_bad_bytes_and_huge_lines_are_line_errors_the_rest_is_kept(tmp_path, monkeypatch):
+    from pipeline.batch_file import read_batch_file
+
+    monkeypatch.delenv("RQLLM_MAX_PROMPT_BYTES", raising=False)
+    good = line("ok", url="/v1/completions", prompt="Once upon").encode()
+    huge = line("huge", url="/v1/completions", prompt="x" * (50 << 20)).encode()
+    bad_utf8 = line("bytes", url="/v1/completions", prompt="caf!").encode().replace(b"caf!", b"caf\xe9")
+    surrogate = b'{"custom_id": "sur", "url": "/v1/completions", "body": {"prompt": "a\\ud800b"}}'
+    path = tmp_path / "in.jsonl"
+    path.write_bytes(b"\n".join([good, bad_utf8, huge, surrogate, good.replace(b'"ok"', b'"ok2"')]) + b"\n")
+    jobs, errors = read_batch_file(path, model=M)
+    assert [j.custom_id for j in jobs] == ["ok", "ok2"]
+    by_line = {e.lineno: str(e) for e in errors}
+    assert set(by_line) == {2, 3, 4}
+    assert "line 2: not valid UTF-8: invalid continuation byte (byte 0xe9 at byte" in by_line[2]
+    assert f"line 3: line is {len(huge) + 1:,} bytes, over the limit of 1,114,112 bytes" in by_line[3]
+    assert "line 4 (sur):" in by_line[4] and "prompt is not valid UTF-8 text: surrogates not allowed" in by_line[4]
+    # the limit is configurable
+    monkeypatch.setenv("RQLLM_MAX_PROMPT_BYTES", str(100 << 20))
+    jobs, errors = read_batch_file(path, model=M)
+    assert "huge" in [j.custom_id for j in jobs]
