@@ -1,6 +1,6 @@
 """Test models for every weight type and for the qwen2 architecture, made deterministically.
 
-    python -m tests.quant_models Q4_K Q6_K qwen2      # make (or find) the files, print their paths
+    python -m tests.quant_models Q4_K Q6_K qwen2 llama-untied   # make (or find) the files, print their paths
 
 * ``requantized(src, "Q4_K")``: a copy of a GGUF (SmolLM2) whose 2-D weight tensors are
   dequantized (gguf.quants.dequantize) and quantized again to the given type; every metadata key
@@ -368,8 +368,9 @@ _CODE_END = "# ---- end of what makes the bytes"
 
 
 def _key(src: Path, *parts: str) -> str:
-    # the code that decides the bytes (not the test helpers after the marker)
-    code = Path(__file__).read_bytes().split(_CODE_END.encode())[0]
+    # the code that decides the bytes: after the module docstring, before the test helpers
+    text = Path(__file__).read_text(encoding="utf-8")
+    code = text[text.index('\n"""\n') + 5: text.index("\n" + _CODE_END)].encode()
     h = hashlib.sha256()
     for piece in (_sha256(src).encode(), code, *(p.encode() for p in parts)):
         h.update(hashlib.sha256(piece).digest())
@@ -410,6 +411,21 @@ def qwen2_random(tokenizer_src: str | os.PathLike) -> Path:
 
 FIXTURES = Path(__file__).parent / "fixtures"
 NEAR_TIE = 0.5  # logit gap under which llama.cpp disagrees with itself (batched vs one at a time)
+
+
+COVERAGE_NAMES = list(ALL_TYPES) + ["qwen2", "llama-untied"]
+
+
+def coverage_model(name: str, smollm2: str | os.PathLike) -> Path:
+    """The model file for a coverage name: a weight type (SmolLM2 requantized), "qwen2" (random
+    weights) or "llama-untied" (SmolLM2 in Q8_0 with an explicit output.weight)."""
+    if name == "qwen2":
+        return qwen2_random(smollm2)
+    if name == "llama-untied":
+        return requantized(smollm2, "Q8_0", untied=True)
+    if name not in ALL_TYPES:
+        raise ValueError(f"unknown coverage model {name!r}; one of {', '.join(COVERAGE_NAMES)}")
+    return requantized(smollm2, name)
 
 
 def coverage_fixture(name: str, model_file: Path) -> dict:
@@ -466,13 +482,8 @@ def main(argv: list[str]) -> int:
     from engine.models import resolve
 
     smollm2 = resolve("smollm2-135m")
-    for what in argv or list(ALL_TYPES) + ["qwen2", "untied"]:
-        if what == "qwen2":
-            path = qwen2_random(smollm2)
-        elif what == "untied":
-            path = requantized(smollm2, "Q8_0", untied=True)
-        else:
-            path = requantized(smollm2, what)
+    for what in argv or COVERAGE_NAMES:
+        path = coverage_model(what, smollm2)
         print(f"{what}\t{path}\t{path.stat().st_size}")
     return 0
 

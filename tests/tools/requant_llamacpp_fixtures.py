@@ -34,18 +34,13 @@ from tests import quant_models  # noqa: E402
 N_LOGIT_TOKENS = 32
 N_PROBES = 32
 PROBE_SEED = 11
-NAMES = list(quant_models.ALL_TYPES) + ["qwen2", "llama-untied"]
+NAMES = quant_models.COVERAGE_NAMES
 
 
 def model_for(name: str) -> Path:
     from engine.models import resolve
 
-    smollm2 = resolve("smollm2-135m")
-    if name == "qwen2":
-        return quant_models.qwen2_random(smollm2)
-    if name == "llama-untied":
-        return quant_models.requantized(smollm2, "Q8_0", untied=True)
-    return quant_models.requantized(smollm2, name)
+    return quant_models.coverage_model(name, resolve("smollm2-135m"))
 
 
 def probe_ids(vocab: int) -> list[int]:
