@@ -18,6 +18,7 @@ Layout (GGUF v2/v3, little-endian):
 
 from __future__ import annotations
 
+import codecs
 import mmap
 import os
 import struct
@@ -36,6 +37,7 @@ MAX_DIMS = 4  # GGML_MAX_DIMS
 HEADER_SIZE = 24
 MAX_KEY_BYTES = 65535  # the GGUF spec: keys are at most 2^16 - 1 bytes
 MAX_NAME_BYTES = 63  # GGML_MAX_NAME is 64 including the terminating NUL
+_DECODE_CHUNK = 1 << 20
 
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
@@ -185,9 +187,17 @@ class GGUFFile:
             # checked before slicing: a corrupt length must not make us copy and decode megabytes
             raise self._err(f"{what} is {n} bytes long (at most {max_len} allowed)", pos)
         self._need(pos + 8, n, f"{what} ({n} bytes)")
-        raw = self._mm[pos + 8 : pos + 8 + n]
         try:
-            return raw.decode("utf-8"), pos + 8 + n
+            with memoryview(self._mm) as view:
+                data = view[pos + 8 : pos + 8 + n]
+                if n <= _DECODE_CHUNK:
+                    return str(data, "utf-8"), pos + 8 + n
+                # Long strings in chunks: a corrupt length over a big file then costs only the bytes up
+                # to the first invalid one (a one-shot decode allocates and copies all n bytes first).
+                decoder = codecs.getincrementaldecoder("utf-8")()
+                parts = [decoder.decode(data[i : i + _DECODE_CHUNK]) for i in range(0, n, _DECODE_CHUNK)]
+                parts.append(decoder.decode(b"", final=True))
+                return "".join(parts), pos + 8 + n
         except UnicodeDecodeError as e:
             raise self._err(f"{what} is not valid UTF-8 ({e.reason})", pos) from None
 

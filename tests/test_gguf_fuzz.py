@@ -144,3 +144,34 @@ def test_huge_tensor_name_or_key_length_refused_before_reading(tmp_path):
         with pytest.raises(GGUFError, match=pattern):
             GGUFFile(path)
         assert time.perf_counter() - t0 < 0.1
+
+
+def test_huge_string_value_length_over_invalid_bytes_fails_fast(tmp_path):
+    # found (full run, input 89737): a metadata value's length set to ~240 MB over a sparse file took
+    # 1-7 s (the one-shot decode copied all of it before finding the invalid byte 4.7 KB in).
+    src = _llama_header(tmp_path / "src.gguf")
+    data = bytearray(src.read_bytes())
+    value_at = data.index(b"general.architecture") + len(b"general.architecture") + 4
+    struct.pack_into("<Q", data, value_at, 150_000_000)
+    data[value_at + 8 + 2] = 0xFF  # invalid UTF-8 early in the claimed string
+    path = tmp_path / "value.gguf"
+    path.write_bytes(bytes(data))
+    os.truncate(path, 200_000_000)
+    t0 = time.perf_counter()
+    with pytest.raises(GGUFError, match="value of 'general.architecture' is not valid UTF-8"):
+        GGUFFile(path)
+    assert time.perf_counter() - t0 < 0.1
+
+
+def test_long_string_values_decode_across_chunks(tmp_path):
+    import gguf
+
+    text = "é🙂x" * 700_000  # 4.9 MB of UTF-8: multi-byte characters straddle the decoder's 1 MiB chunks
+    w = gguf.GGUFWriter(str(tmp_path / "long.gguf"), "llama")
+    w.add_string("test.long", text)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with GGUFFile(tmp_path / "long.gguf") as g:
+        assert g.metadata["test.long"] == text
