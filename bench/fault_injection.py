@@ -109,16 +109,20 @@ def count_lines(path: Path) -> int:
 
 
 def wait_until(pred, timeout: float, poll: float = 0.05) -> float | None:
-    """Seconds until pred() held, or None on timeout."""
+    """The time.monotonic() at which pred() first held, or None on timeout."""
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout:
         try:
             if pred():
-                return time.monotonic() - t0
+                return time.monotonic()
         except Exception:  # noqa: BLE001 - Redis may be restarting
             pass
         time.sleep(poll)
     return None
+
+
+def _since(t0: float, t: float | None) -> float | None:
+    return None if t is None else t - t0
 
 
 class Run:
@@ -197,14 +201,12 @@ class Run:
             entries = read_all(conn, keys.token_stream_key(jid))
             return bool(entries) and entries[0].type == "start" and int(entries[0].data.get("attempt", 1)) >= 2
 
-        t_rerun = wait_until(rerun_started, 120)
-        t_done = wait_until(lambda: self.client.result(jid) is not None, 180)
-        t_done = None if t_done is None else t_done + (t_rerun or 0)
+        t_rerun = _since(t_kill, wait_until(rerun_started, 120))
+        t_result = _since(t_kill, wait_until(lambda: self.client.result(jid) is not None, 180))
         r = self.client.result(jid)
         self.say(f"worker kill: SIGKILL {w.name} mid-job {jid[:12]}: job running again after "
-                 f"{_s(t_rerun)}, result after {_s(time.monotonic() - t_kill if t_done else None)} "
+                 f"{_s(t_rerun)}, result after {_s(t_result)} "
                  f"(attempt {r.attempt if r else '?'} on {r.worker if r else '?'}); replacement {repl.name}")
-        self.recovery.setdefault("worker_kill_rerun", []).append(t_rerun)
 
     def restart_redis(self) -> None:
         before = self.ended()
@@ -213,11 +215,10 @@ class Run:
         time.sleep(self.args.redis_down)
         self.redis.start()
         up = time.monotonic() - t0
-        t_next = wait_until(lambda: self.ended() > before, 120)
-        total = time.monotonic() - t0 if t_next is not None else None
-        self.say(f"redis restart: down {up:.1f} s (AOF reloaded); next job finished {_s(total)} after the "
-                 f"shutdown ({before} ended before)")
-        self.recovery["redis_restart"] = [total]
+        t_up = t0 + up
+        after = _since(t_up, wait_until(lambda: self.ended() > before, 120))
+        self.say(f"redis restart: down {up:.1f} s (AOF reloaded); next job finished {_s(after)} after Redis was "
+                 f"back ({before} jobs ended before the shutdown)")
 
     def kill_collector(self) -> None:
         assert self.collector is not None
@@ -227,16 +228,15 @@ class Run:
         time.sleep(1.0)
         t0 = time.monotonic()
         self.start_collector()
-        t_grow = wait_until(lambda: count_lines(self.out) > lines or self.collector.poll() is not None, 120)
+        t_grow = _since(t0, wait_until(lambda: count_lines(self.out) > lines or self.collector.poll() is not None,
+                                       120))
         self.say(f"collector kill: SIGKILL with {lines} line(s) written; restarted collector wrote its next line "
                  f"{_s(t_grow)} after starting")
-        self.recovery["collector_restart"] = [t_grow]
 
     # ------------------------------------------------------------ run
     def run(self) -> bool:
         a = self.args
         rng = random.Random(a.seed)
-        self.recovery: dict[str, list] = {}
         for _ in range(a.workers):
             self.start_worker()
         self.wait_registered([w.name for w in self.workers])

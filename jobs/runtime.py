@@ -36,6 +36,11 @@ class JobInterrupted(Exception):
     """The worker was told to stop right away (second SIGTERM/SIGINT); the job goes back to its queue."""
 
 
+class RedisUnavailable(Exception):
+    """Redis stayed unreachable (past the connection's retries) while a job ran: an outage, not the job's
+    fault, so nothing is recorded and the worker puts the job back on its queue."""
+
+
 class JobTimeout(Exception):
     """The job ran past its timeout (checked between tokens; rq's SIGALRM timeout is not used)."""
 
@@ -83,10 +88,23 @@ def run_generation(job: GenerationJob, options: TaskOptions, *, attempt: int = 1
     """Generate one job with the worker's engine, streaming its text and recording its outcome.
 
     Returns the done JobResult. Raises JobInterrupted on a forced stop (nothing recorded: the job will
-    run again), TaskFailed after recording a final failure, or the original exception unrecorded when
-    `retryable()` says rq will run the job again.
+    run again), RedisUnavailable when Redis stayed away (nothing recorded: the job goes back on its queue),
+    TaskFailed after recording a final failure, or the original exception unrecorded when `retryable()`
+    says rq will run the job again.
     """
+    from pipeline.redis_conn import REDIS_DOWN_ERRORS
+
+    try:
+        return _run_generation(job, options, attempt=attempt, timeout=timeout, retryable=retryable)
+    except REDIS_DOWN_ERRORS as e:
+        # Not a job failure: recording one would end the job for its batches while the outage is the cause.
+        raise RedisUnavailable(f"{type(e).__name__}: {e}") from e
+
+
+def _run_generation(job: GenerationJob, options: TaskOptions, *, attempt: int, timeout: float | None,
+                    retryable: Callable[[], bool]) -> JobResult:
     from engine.engine import EngineError, EngineInterrupted
+    from pipeline.redis_conn import REDIS_DOWN_ERRORS
     from pipeline.streams import TokenStreamWriter
 
     ctx = get_context()
@@ -135,6 +153,8 @@ def run_generation(job: GenerationJob, options: TaskOptions, *, attempt: int = 1
     except EngineError as e:
         # A bad request fails the same way every time: no retry.
         raise fail("invalid_request", str(e)) from None
+    except REDIS_DOWN_ERRORS:
+        raise  # streaming a chunk hit a Redis outage: not the job's failure
     except Exception as e:  # noqa: BLE001 - any engine/runtime failure is recorded with its reason
         if retryable():
             writer.mark({"type": "retry", "error": f"{type(e).__name__}: {e}"})

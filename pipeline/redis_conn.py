@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import socket
 import time
+from collections.abc import Callable
 
 import redis.exceptions
 from redis import Redis
@@ -52,8 +53,8 @@ def connect(url: str | None = None, **kwargs) -> Redis:
     return Redis.from_url(url, **kwargs)
 
 
-def wait_for_redis(connection: Redis, *, stop: callable = lambda: False, log: callable = lambda msg: None,
-                   max_wait: float = 30.0) -> bool:
+def wait_for_redis(connection: Redis, *, stop: Callable[[], bool] = lambda: False,
+                   log: Callable[[str], None] = lambda msg: None, max_wait: float = 30.0) -> bool:
     """Block until `connection` answers PING (backing off up to max_wait between tries) or stop() is true.
     Returns whether Redis answered."""
     delay = 1.0

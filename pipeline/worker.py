@@ -18,6 +18,11 @@ e.g. in the middle of a Redis reply. LLMWorker is a SimpleWorker with:
   maintenance interval; this finds it within ~20 s. A job lost with its worker gets up to
   WORKER_LOSS_RETRIES extra runs (through rq's retries_left, so `--retries` stays for errors), at the
   front of its queue, then is recorded failed (worker_lost) - a job that kills every worker is bounded;
+* Redis outages: every command retries with backoff for ~30 s (pipeline.redis_conn), so a restart is
+  invisible; a job whose Redis writes still fail is put back at the front of its queue, not recorded
+  failed (the outage is not the job's fault); when rq's work loop quits on a Redis error, run_worker
+  waits for Redis and starts it again; right after a Redis restart the reaper waits one heartbeat TTL
+  (every job's entry looks overdue then, as nobody could beat);
 * cooperative timeouts: no SIGALRM; the engine's should_stop() checks the job's deadline between tokens;
 * a loss-free priority dequeue (below);
 * an allowlist check before running anything (jobs.allowlist);
@@ -50,18 +55,17 @@ from typing import Any
 
 import click
 import redis.exceptions
-from rq import SimpleWorker
+from rq import SimpleWorker, worker_registration
 from rq.exceptions import StopRequested
 from rq.job import Job, JobStatus
+from rq.registry import FailedJobRegistry, FinishedJobRegistry, ReadyJobRegistry, StartedJobRegistry
 from rq.timeouts import BaseDeathPenalty
 from rq.utils import as_text, now
-from rq import worker_registration
-from rq.registry import clean_registries
 from rq.worker.base import WorkerStatus
 
 from jobs import keys, runtime
 from jobs.allowlist import check_job
-from jobs.runtime import JobInterrupted, TaskFailed
+from jobs.runtime import JobInterrupted, RedisUnavailable, TaskFailed
 from jobs.schemas import model_key, queue_names
 from jobs.tasks import record_rq_failure
 from pipeline.memory_guard import check_worker_start, no_memory_check_option
@@ -131,12 +135,14 @@ class Reaper:
     """
 
     def __init__(self, connection: Any, queue_names: list[str], *, name: str,
-                 interval: float = DEFAULT_REAP_INTERVAL, exception_handlers: list | None = None):
+                 interval: float = DEFAULT_REAP_INTERVAL, exception_handlers: list | None = None,
+                 restart_grace: float = DEFAULT_HEARTBEAT_INTERVAL + DEFAULT_HEARTBEAT_GRACE + 5):
         from rq import Queue
 
         self.connection = connection
         self.name = name
         self.interval = interval
+        self.restart_grace = restart_grace
         self.queues = [Queue(q, connection=connection, serializer=SERIALIZER) for q in queue_names]
         self.exception_handlers = exception_handlers
         self._allow = connection.register_script(_ALLOW_LOSS_RETRY)
@@ -179,20 +185,34 @@ class Reaper:
     def reap_queue(self, queue: Any) -> list[tuple[str, str]]:
         """The caller holds the queue's cleaning lock."""
         out: list[tuple[str, str]] = []
-        registry = queue.started_job_registry
+        # rq runs the failure callback under a SIGALRM timeout, which only works in the main thread;
+        # the reaper also runs in the heartbeat thread (the callback, jobs.tasks.on_failure, is short).
+        registry = StartedJobRegistry(queue=queue, death_penalty_class=NoDeathPenalty)
         expired = registry.get_expired_job_ids()
+        if expired and self._redis_just_restarted():
+            # No worker could beat while Redis was down: their entries look overdue now. Give the live
+            # ones a heartbeat interval to beat again before treating any as dead.
+            expired = []
         losses: dict[str, int] = {}
         for job_id in expired:
             n = int(self._allow(keys=[Job.key_for(job_id)], args=[WORKER_LOSS_RETRIES]))
             if n >= 0:
                 losses[job_id] = n
         if expired:
-            registry.cleanup(exception_handlers=self.exception_handlers)  # rq: retry, or fail (AbandonedJobError)
+            # rq's own cleanup: retry (retries_left), or fail with AbandonedJobError (on_failure records it).
+            registry.cleanup(exception_handlers=self.exception_handlers)
         for job_id, n in losses.items():
             status = self.connection.hget(Job.key_for(job_id), "status")
             what = f"worker lost ({n}x): " + (as_text(status) if status else "gone")
             log.warning("%s: job %s abandoned by its worker; now %s", self.name, job_id, what.split(": ")[1])
             out.append((job_id, what))
+        return out + self._requeue_orphans(queue)
+
+    def _redis_just_restarted(self) -> bool:
+        return int(self.connection.info("server").get("uptime_in_seconds", 1e9)) < self.restart_grace
+
+    def _requeue_orphans(self, queue: Any) -> list[tuple[str, str]]:
+        out: list[tuple[str, str]] = []
         for raw in self.connection.lrange(queue.intermediate_queue_key, 0, -1):
             job_id = as_text(raw)
             r = int(self._orphan(keys=[queue.intermediate_queue_key, queue.key, Job.key_for(job_id),
@@ -282,7 +302,8 @@ class LLMWorker(SimpleWorker):
         self._last_idle_beat = 0.0
         self._popped_by = json.dumps(self.name)  # every rqllm:* value is JSON
         self.reaper = Reaper(self.connection, self.queue_names(), name=self.name,
-                             exception_handlers=self._exc_handlers)
+                             exception_handlers=self._exc_handlers,
+                             restart_grace=heartbeat_interval + heartbeat_grace + 5)
         # Why work() returned: rq's loop quits on any exception; run_worker starts again when it was Redis.
         self.redis_error: BaseException | None = None
         self.idle_exit = False
@@ -401,8 +422,10 @@ class LLMWorker(SimpleWorker):
         for queue in self.queues:
             with self.reaper.locked(queue) as got:
                 if got:
-                    self.reaper.reap_queue(queue)
-                    clean_registries(queue, self._exc_handlers)
+                    self.reaper.reap_queue(queue)  # the started registry (rq's cleanup, after a restart grace)
+                    # the rest of rq's clean_registries (its started-registry pass would skip that grace)
+                    for registry_class in (FinishedJobRegistry, FailedJobRegistry, ReadyJobRegistry):
+                        registry_class(queue=queue).cleanup()
                     worker_registration.clean_worker_registry(queue)
                     queue.intermediate_queue.cleanup(self, queue)
         self.last_cleaned_at = now()
@@ -475,10 +498,15 @@ class LLMWorker(SimpleWorker):
         if exc_type is not None and issubclass(exc_type, JobInterrupted) and self._stopped_job_id != job.id:
             self._requeue(job, queue, execution)
             return
+        if exc_type is not None and issubclass(exc_type, RedisUnavailable):
+            # Redis is reachable again (or this raises and the reaper requeues the job later).
+            self._requeue(job, queue, execution, stop=False, why=f"Redis unavailable: {exc_info[1]}")
+            return
         super()._finalize_failure(job, queue, execution, exc_info)
 
-    def _requeue(self, job: Job, queue: Any, execution: Any) -> None:
-        """Put an interrupted job back at the front of its queue, as if it had never started."""
+    def _requeue(self, job: Job, queue: Any, execution: Any, *, stop: bool = True, why: str = "interrupted") -> None:
+        """Put a job back at the front of its queue, as if it had never started; then stop the worker
+        (a forced stop) or go on (a Redis outage)."""
         with self.connection.pipeline() as p:
             self.cleanup_execution(job, pipeline=p, execution=execution)
             job.set_status(JobStatus.QUEUED, pipeline=p)
@@ -486,8 +514,9 @@ class LLMWorker(SimpleWorker):
             p.lrem(queue.intermediate_queue_key, 0, job.id)
             queue.push_job_id(job.id, pipeline=p, at_front=True)
             p.execute()
-        self._stop_requested = True
-        self.log.warning("Worker %s: job %s interrupted and requeued", self.name, job.id)
+        if stop:
+            self._stop_requested = True
+        self.log.warning("Worker %s: job %s requeued (%s)", self.name, job.id, why)
 
     def handle_exception(self, job: Job, *exc_info: Any) -> None:
         if exc_info and exc_info[0] is not None and issubclass(exc_info[0], TaskFailed):

@@ -74,8 +74,12 @@ def test_reaper_retries_a_dead_workers_job_at_the_front_then_fails_it(client):
     q = client.queue(M)
     job = _start_and_die(client, "dead-1")
     assert job.id == ids["a"] and client.job_status(job.id) == "started"
-    reaper = Reaper(client.connection, queue_names(M), name="test-reaper")
+    reaper = Reaper(client.connection, queue_names(M), name="test-reaper", restart_grace=0)
     assert reaper.run() == []  # entry not expired yet: a live job is left alone
+    _expire_started(client)
+    # right after a Redis restart every entry looks overdue (nobody could beat): wait for live workers
+    assert Reaper(client.connection, queue_names(M), name="r", restart_grace=1e9).run() == []
+    assert client.job_status(job.id) == "started"
 
     for loss in range(1, WORKER_LOSS_RETRIES + 1):
         _expire_started(client)
@@ -87,7 +91,11 @@ def test_reaper_retries_a_dead_workers_job_at_the_front_then_fails_it(client):
         assert _start_and_die(client, f"dead-{loss + 1}").id == job.id
 
     _expire_started(client)
-    acted = reaper.run()
+    acted: list = []
+    # as from a busy worker's heartbeat thread: rq's failure callback must still run (no SIGALRM there)
+    t = threading.Thread(target=lambda: acted.extend(reaper.run()))
+    t.start()
+    t.join()
     assert acted == [(job.id, f"worker lost ({WORKER_LOSS_RETRIES + 1}x): failed")]
     r = client.result(job.id)
     assert r.status == "failed" and r.error.code == "worker_lost" and "stopped responding" in r.error.message
@@ -102,7 +110,7 @@ def test_reaper_requeues_a_job_popped_by_a_worker_that_died_before_starting_it(c
     w = LLMWorker(queue_names(M), model=M, connection=client.connection, name="popper")
     job, _ = w._pop_any()  # ... and dies here: the id is only in the intermediate list
     assert q.get_job_ids() == [] and client.connection.lrange(q.intermediate_queue_key, 0, -1) == [jid.encode()]
-    reaper = Reaper(client.connection, queue_names(M), name="test-reaper")
+    reaper = Reaper(client.connection, queue_names(M), name="test-reaper", restart_grace=0)
     assert reaper.run() == []  # the popped mark is still alive: the worker may be about to start it
     client.connection.delete(POPPED_PREFIX + jid)  # the mark expired
     assert reaper.run() == [(jid, "requeued (popped, never started)")]
@@ -156,10 +164,15 @@ def test_sigkilled_worker_job_is_retried_within_60s_without_the_dead_runs_text(c
     dead_text = final_text(read_all(client.connection, tkey))
     assert dead_text and client.result(jid) is None
 
+    def rerun_started() -> bool:
+        entries = read_all(client.connection, tkey)
+        return bool(entries) and entries[0].type == "start" and entries[0].data.get("attempt") == 2
+
+    while not rerun_started():
+        assert time.monotonic() - t_kill < 60, "the dead worker's job was not retried within 60 s"
+        time.sleep(0.05)
     s = collect(client, bid, Path(survivor.log_path).with_suffix(".jsonl"), progress=False, timeout=120)
-    recovered = time.monotonic() - t_kill
     assert s.done == 1
-    assert recovered < 60, f"retried job finished {recovered:.1f} s after the kill"
     r = client.result(jid)
     assert r.status == "done" and r.worker == survivor.name and r.attempt == 2
     # greedy decoding: the rerun starts with the same text; it appears once, not dead run + rerun
@@ -214,6 +227,50 @@ def test_redis_restart_mid_batch_loses_nothing(tmp_path):
         q = client.queue(M)
         assert q.count == 0 and q.started_job_registry.get_job_ids(cleanup=False) == []
         assert Job.fetch(r.job_id, connection=client.connection, serializer=SERIALIZER).get_status() == "finished"
+    finally:
+        w.signal(signal.SIGTERM)
+        try:
+            w.proc.wait(30)
+        except Exception:  # noqa: BLE001
+            w.proc.kill()
+        w.close()
+        server.stop()
+
+
+@needs_engine
+@pytest.mark.slow
+def test_redis_down_longer_than_the_client_retries_mid_job(tmp_path):
+    """Redis gone for 40 s (longer than the ~30 s the connection retries) while a job generates: the job is
+    not recorded failed (an outage is not the job's fault), it goes back to its queue and runs again, the
+    worker keeps going and the collector waits; every job ends done."""
+    server = AofRedis(data_dir=str(tmp_path / "redis")).start()
+    client = Client(server.url)
+    w = WorkerProcess(worker_command(server.url, M, threads=1, name="ro-w1"), str(tmp_path / "ro-w1.log"))
+    try:
+        wait_for_workers(client.connection, ["ro-w1"])
+        n = 3
+        bid = client.submit_batch([{"model": M, "custom_id": f"j{i}", "params": {"max_tokens": 400},
+                                    "prompt": f"Count from {i} to 1000: {i}, {i + 1},"} for i in range(n)])
+        summary: dict = {}
+        collector = threading.Thread(target=lambda: summary.update(
+            s=collect(Client(server.url), bid, tmp_path / "out.jsonl", progress=False, timeout=400)))
+        collector.start()
+        first = client.batch_entries(bid)[0][1]
+        deadline = time.monotonic() + 120
+        while not any(e.type == "text" for e in read_all(client.connection, keys.token_stream_key(first))):
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        server.shutdown()
+        time.sleep(40)
+        server.start()
+        collector.join(400)
+        s = summary["s"]
+        assert (s.written, s.done, s.failed) == (n, n, 0)
+        assert w.alive(), w.tail()
+        assert f"job {first} requeued (Redis unavailable" in Path(w.log_path).read_text()
+        assert client.result(first).attempt == 2
+        for _, r in client.results(bid):
+            assert final_text(read_all(client.connection, keys.token_stream_key(r.job_id))) == r.text
     finally:
         w.signal(signal.SIGTERM)
         try:
