@@ -1,0 +1,150 @@
+"""Coverage table: every weight type and architecture, greedy agreement with llama.cpp and decode speed.
+
+    python bench/bench_coverage.py [--names Q4_K qwen2 ...] [--reps 3] [--threads 2] [--decode 64]
+
+For each test model of tests/quant_models.py (SmolLM2 requantized to each of the 13 weight types,
+the random-weight qwen2 model, SmolLM2 with an untied output.weight) it prints one Markdown row:
+
+* greedy agreement: our free-running greedy 32 tokens against llama.cpp's, on the same 8 prompts
+  and the same file (llama.cpp's prompt ids; both stop at EOS).  "runs" = whole runs identical
+  (out of 8), "tokens" = tokens before the first difference, summed (out of llama.cpp's total,
+  <= 256).  After a near-tie the two runs part ways for good, so "tokens" undercounts agreement;
+  tests/test_quant_coverage.py checks each step teacher-forced;
+* decode tok/s, ours and llama.cpp's (llama-cpp-python, timed around its eval calls as in
+  bench/bench_engine.py), 2 threads, median of --reps runs of --decode tokens after a 32-token
+  prompt, the two engines interleaved (the machine is shared and noisy), and their ratio.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests" / "tools"))
+
+import make_llamacpp_fixtures as fixtures  # noqa: E402
+
+from engine import models  # noqa: E402
+from engine.model import Model  # noqa: E402
+from tests import quant_models as QM  # noqa: E402
+
+N_GREEDY = 32
+
+
+def describe(name: str) -> str:
+    if name == "qwen2":
+        return "random qwen2 (4 layers, hidden 256, GQA 4/2, q/k/v biases, untied; Q2_K..Q6_K, Q8_0, F16)"
+    if name == "llama-untied":
+        return "SmolLM2-135M Q8_0 + untied output.weight (mistral-style llama)"
+    if name in QM.K_TYPES:
+        return f"SmolLM2-135M: ffn_down {name}, other matrices Q8_0 (rows of 576)"
+    return f"SmolLM2-135M, all matrices {name}"
+
+
+def our_greedy(model: Model, prompt: list[int], eos: int) -> list[int]:
+    logits = model.forward(prompt, 0)
+    out: list[int] = []
+    while True:
+        tok = int(np.argmax(logits))
+        out.append(tok)
+        if tok == eos or len(out) == N_GREEDY:
+            return out
+        logits = model.forward([tok], len(prompt) + len(out) - 1)
+
+
+def peer_greedy(llm, prompt: list[int], eos: int) -> list[int]:
+    out: list[int] = []
+    for tok in llm.generate(prompt, top_k=1, top_p=1.0, min_p=0.0, temp=0.0, repeat_penalty=1.0, reset=True):
+        out.append(int(tok))
+        if tok == eos or len(out) == N_GREEDY:
+            break
+    return out
+
+
+def our_decode_tps(model: Model, prompt: list[int], n: int) -> float:
+    logits = model.forward(prompt, 0)
+    t0 = time.perf_counter()
+    for i in range(n):
+        logits = model.forward([int(np.argmax(logits))], len(prompt) + i)
+    return n / (time.perf_counter() - t0)
+
+
+def peer_decode_tps(llm, prompt: list[int], n: int) -> float:
+    llm.reset()
+    llm._ctx.kv_cache_clear()
+    llm.eval(prompt)
+    tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+    spent = 0.0
+    for _ in range(n):
+        t = time.perf_counter()
+        llm.eval([tok])
+        spent += time.perf_counter() - t
+        tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+    return n / spent
+
+
+def prefix_len(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def run(name: str, smollm2: Path, llama_cpp, threads: int, reps: int, n_decode: int) -> dict:
+    path = QM.coverage_model(name, smollm2)
+    llm = llama_cpp.Llama(model_path=str(path), n_ctx=512, n_threads=threads, n_threads_batch=threads,
+                          seed=0, verbose=False)
+    add_bos = fixtures.gguf_add_bos(llm)
+    eos = llm.token_eos()
+    model = Model.load(str(path), threads=threads, kv_budget="64MiB")
+    runs = tokens = total = 0
+    for _, text in fixtures.greedy_prompts("smollm2-135m"):
+        prompt = llm.tokenize(text.encode("utf-8"), add_bos=add_bos, special=True)
+        theirs, ours = peer_greedy(llm, prompt, eos), our_greedy(model, prompt, eos)
+        runs += ours == theirs
+        tokens += prefix_len(ours, theirs)
+        total += len(theirs)
+    prompt = llm.tokenize(fixtures.LOGITS_TEXT.encode("utf-8"), add_bos=add_bos, special=True)[:32]
+    ours_tps, peer_tps = [], []
+    for _ in range(reps):
+        ours_tps.append(our_decode_tps(model, prompt, n_decode))
+        peer_tps.append(peer_decode_tps(llm, prompt, n_decode))
+    del llm, model
+    return {"name": name, "model": describe(name), "size_mb": path.stat().st_size / 1e6, "runs": runs,
+            "tokens": tokens, "total": total, "ours": statistics.median(ours_tps),
+            "peer": statistics.median(peer_tps)}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--names", nargs="+", default=QM.COVERAGE_NAMES)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--decode", type=int, default=64)
+    args = ap.parse_args(argv)
+    import llama_cpp
+
+    fixtures.disable_extra_buffer_types(llama_cpp)  # plain ggml-cpu kernels, as the fixtures
+    smollm2 = models.resolve("smollm2-135m")
+    print(f"llama-cpp-python {llama_cpp.__version__}, {args.threads} threads, decode {args.decode} tokens "
+          f"after 32, median of {args.reps}; greedy: {N_GREEDY} tokens x 8 prompts\n")
+    print("| type / arch | test model | MB | greedy runs identical | tokens before first difference "
+          "| ours decode tok/s | llama.cpp decode tok/s | ours / llama.cpp |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
+    for name in args.names:
+        r = run(name, smollm2, llama_cpp, args.threads, args.reps, args.decode)
+        print(f"| {r['name']} | {r['model']} | {r['size_mb']:.0f} | {r['runs']}/8 | {r['tokens']}/{r['total']} "
+              f"| {r['ours']:.1f} | {r['peer']:.1f} | {r['ours'] / r['peer']:.2f} |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
