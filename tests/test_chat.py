@@ -165,3 +165,19 @@ def test_chatml_fallback():
     )
     with pytest.raises(ChatError, match="needs a tokenizer"):
         chat.encode([{"role": "user", "content": "U"}])
+
+
+@pytest.mark.parametrize("template", [
+    "{{ lipsum.__globals__['os'].popen('id').read() }}",
+    "{{ self.__init__.__globals__ }}",
+    "{{ namespace.__init__.__globals__ }}",
+    "{{ joiner.__init__.__globals__ }}",
+    "{{ '{0.__class__}'.format(messages) }}",
+    "{{ ''|attr('\\x5f\\x5fclass\\x5f\\x5f') }}",
+    "{{ ''['__class__'] }}",
+    "{{ strftime_now.__globals__['datetime'] }}",
+    "{{ raise_exception.__code__ }}",
+])
+def test_sandbox_refuses_other_routes_to_python_internals(template):
+    with pytest.raises(ChatTemplateError, match=r"'evil' was refused by the sandbox: access to attribute '__\w+__'"):
+        ChatFormat(template, name="evil").render([{"role": "user", "content": "x"}])
