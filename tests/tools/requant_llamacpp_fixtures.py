@@ -84,10 +84,10 @@ def logits(llm, add_bos: bool) -> dict:
     }
 
 
-def make(name: str, llama_cpp) -> dict:
+def make(name: str, llama_cpp, threads: int) -> dict:
     path = model_for(name)
-    llm = llama_cpp.Llama(model_path=str(path), n_ctx=base.N_CTX, n_threads=base.N_THREADS,
-                          n_threads_batch=base.N_THREADS, logits_all=True, seed=0, verbose=False)
+    llm = llama_cpp.Llama(model_path=str(path), n_ctx=base.N_CTX, n_threads=threads,
+                          n_threads_batch=threads, logits_all=True, seed=0, verbose=False)
     add_bos = base.gguf_add_bos(llm)
     eos = llm.token_eos()
     from gguf import GGUFReader
@@ -105,7 +105,7 @@ def make(name: str, llama_cpp) -> dict:
         "llama_cpp_python_version": llama_cpp.__version__,
         "llama_cpp_system_info": llama_cpp.llama_print_system_info().decode().strip(),
         "model_params": {"use_extra_bufts": False},
-        "settings": {"n_ctx": base.N_CTX, "n_threads": base.N_THREADS, "temperature": 0.0, "top_k": 1,
+        "settings": {"n_ctx": base.N_CTX, "n_threads": threads, "temperature": 0.0, "top_k": 1,
                      "repeat_penalty": 1.0, "max_tokens": base.N_GREEDY, "stop": "eos", "logits_all": True},
         "add_bos": add_bos,
         "eos_id": eos,
@@ -121,6 +121,9 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("names", nargs="*", default=NAMES, help=f"any of {' '.join(NAMES)}")
     ap.add_argument("--out", type=Path, default=ROOT / "tests" / "fixtures")
+    # ggml splits rows between threads, each row computed whole: the results do not depend on the
+    # count, and 1 thread is much faster on a shared, oversubscribed machine
+    ap.add_argument("--threads", type=int, default=base.N_THREADS)
     args = ap.parse_args(argv)
     import llama_cpp
 
@@ -128,7 +131,7 @@ def main(argv=None) -> int:
     for name in args.names:
         if name not in NAMES:
             ap.error(f"unknown name {name!r}")
-        base.write(args.out / f"llamacpp_coverage_{name}.json", make(name, llama_cpp))
+        base.write(args.out / f"llamacpp_coverage_{name}.json", make(name, llama_cpp, args.threads))
     return 0
 
 
