@@ -14,7 +14,7 @@ from rq import get_current_job
 
 from jobs.ledger import Ledger
 from jobs.runtime import DEFAULT_RESULT_TTL, DEFAULT_STREAM_TTL, TaskFailed, TaskOptions, run_generation
-from jobs.schemas import GenerationJob, JobResult
+from jobs.schemas import GenerationJob, JobResult, describe_errors
 
 log = logging.getLogger("rqllm.tasks")
 
@@ -36,7 +36,7 @@ def generate(job: dict[str, Any], options: dict[str, Any] | None = None) -> dict
 
         ctx = get_context()
         job_id = rq_job.id if rq_job is not None else str(job.get("id", "?"))
-        result = JobResult.failed(job_id, "invalid_request", str(e), worker=ctx.worker_name)
+        result = JobResult.failed(job_id, "invalid_request", describe_errors(e), worker=ctx.worker_name)
         ctx.ledger.finish(result, result_ttl=opts.result_ttl, stream_ttl=opts.stream_ttl)
         if rq_job is not None:
             rq_job.retries_left = 0
