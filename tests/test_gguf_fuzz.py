@@ -69,13 +69,13 @@ def test_short_fuzz_run_only_our_errors(seeds, tmp_path):
     def run(data):
         header, size = fuzz.mutate(seeds, HypothesisChooser(data))
         fuzz.write_input(path, header, size)
-        t0 = time.perf_counter()
+        t0 = time.process_time()  # CPU time: a busy machine must not fail the test
         outcomes[fuzz.check_file(path)] += 1
-        slowest[0] = max(slowest[0], time.perf_counter() - t0)
+        slowest[0] = max(slowest[0], time.process_time() - t0)
 
     run()
     assert outcomes["error"] > 100 and outcomes["ok"] > 10, outcomes  # the mutations reach both outcomes
-    assert slowest[0] < 5.0  # seconds for one input: no near-hang
+    assert slowest[0] < 2.0  # CPU seconds for one input: no near-hang
 
 
 # --------------------------------------------------------------------------- regressions (fuzz findings)
@@ -140,10 +140,10 @@ def test_huge_tensor_name_or_key_length_refused_before_reading(tmp_path):
         path = tmp_path / "long.gguf"
         path.write_bytes(bytes(bad[:end]))
         os.truncate(path, 200_000_000)  # sparse: the claimed bytes exist
-        t0 = time.perf_counter()
+        t0 = time.process_time()
         with pytest.raises(GGUFError, match=pattern):
             GGUFFile(path)
-        assert time.perf_counter() - t0 < 0.1
+        assert time.process_time() - t0 < 0.1
 
 
 def test_huge_string_value_length_over_invalid_bytes_fails_fast(tmp_path):
@@ -157,10 +157,10 @@ def test_huge_string_value_length_over_invalid_bytes_fails_fast(tmp_path):
     path = tmp_path / "value.gguf"
     path.write_bytes(bytes(data))
     os.truncate(path, 200_000_000)
-    t0 = time.perf_counter()
+    t0 = time.process_time()
     with pytest.raises(GGUFError, match="value of 'general.architecture' is not valid UTF-8"):
         GGUFFile(path)
-    assert time.perf_counter() - t0 < 0.1
+    assert time.process_time() - t0 < 0.1
 
 
 def test_long_string_values_decode_across_chunks(tmp_path):
