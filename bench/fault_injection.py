@@ -184,12 +184,20 @@ class Run:
                     if wn and wn.decode() in names and conn.hget(f"rq:job:{jid}", "status") == b"started":
                         busy.append((names[wn.decode()], jid))
             if busy:
-                break
+                # Freeze the pick, then make sure it is still mid-job (short jobs end within ms).
+                w, jid = rng.choice(busy)
+                w.signal(signal.SIGSTOP)
+                time.sleep(0.05)
+                if conn.hget(f"rq:job:{jid}", "status") == b"started" and \
+                        conn.hget(f"rq:job:{jid}", "worker_name") == w.name.encode() and \
+                        not conn.exists(keys.result_key(jid)):
+                    break
+                w.signal(signal.SIGCONT)
+                busy = []
             time.sleep(0.01)
         if not busy:
             self.say("worker kill: no worker was mid-job; skipped")
             return
-        w, jid = rng.choice(busy)
         w.proc.kill()
         t_kill = time.monotonic()
         w.proc.wait()
