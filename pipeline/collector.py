@@ -111,6 +111,7 @@ class Collector:
     health: Callable[[], None] | None = None
     on_line: Callable[[dict[str, Any]], None] | None = None
     reap: bool = True  # also run the dead-worker reaper on the batch's queues
+    reaper: Any = None  # a pipeline.worker.Reaper to use (default: one for the batch's models)
     _job_cids: dict[str, list[str]] = field(default_factory=dict, init=False)
 
     def run(self, timeout: float | None = None) -> CollectSummary:
@@ -168,8 +169,8 @@ class Collector:
                 if jid in found:
                     write(jid, found[jid])
 
-        reaper = None
-        if self.reap:
+        reaper = self.reaper
+        if reaper is None and self.reap:
             from pipeline.worker import Reaper
 
             qnames = [q for m in status.models for q in queue_names(m)]

@@ -118,6 +118,32 @@ def test_reaper_requeues_a_job_popped_by_a_worker_that_died_before_starting_it(c
     assert reaper.run() == []  # nothing twice
 
 
+def test_collector_recovers_a_dead_workers_job_when_no_worker_is_free(client, tmp_path):
+    """The collector runs the reaper too: with every worker busy (here: none at all), the job of a dead
+    worker still goes back to its queue; once it ends, the collector writes it."""
+    from jobs.ledger import Ledger
+    from jobs.schemas import JobResult
+
+    bid = client.submit_batch([{"model": M, "prompt": "Say hi.", "custom_id": "a", "params": {"max_tokens": 2}}])
+    job = _start_and_die(client, "dead-c")
+    _expire_started(client)
+    reaper = Reaper(client.connection, queue_names(M), name="collector-reaper", restart_grace=0, interval=0.2)
+    summary: dict = {}
+    t = threading.Thread(target=lambda: summary.update(
+        s=collect(client, bid, tmp_path / "o.jsonl", progress=False, timeout=30, block_ms=100, reaper=reaper)))
+    t.start()
+    deadline = time.monotonic() + 20
+    while client.job_status(job.id) != "queued":
+        assert time.monotonic() < deadline, "the collector did not requeue the dead worker's job"
+        time.sleep(0.02)
+    assert client.queue(M).get_job_ids() == [job.id]
+    Ledger(client.connection).finish(
+        JobResult(job_id=job.id, status="done", model=M, endpoint="/v1/completions", text="hi",
+                  finish_reason="stop", prompt_tokens=3, completion_tokens=1), result_ttl=600, stream_ttl=600)
+    t.join(30)
+    assert summary["s"].done == 1
+
+
 def test_reaper_passes_never_overlap_and_a_dead_holders_lock_expires(client):
     reaper = Reaper(client.connection, queue_names(M), name="r1")
     q = client.queue(M)
