@@ -621,7 +621,8 @@ def run_worker(model: str, *, redis_url: str | None = None, threads: int | None 
 @click.option("--heartbeat-grace", type=int, default=DEFAULT_HEARTBEAT_GRACE, show_default=True,
               help="Seconds after the last heartbeat before a job counts as abandoned.")
 @click.option("--maintenance-interval", type=int, default=DEFAULT_MAINTENANCE_INTERVAL, show_default=True,
-              help="Seconds between registry cleanups (abandoned-job detection).")
+              help="Seconds between rq's registry cleanups (a dead worker's job is found within "
+                   "heartbeat interval + grace + 5 s regardless).")
 @click.option("--log-level", default="INFO", show_default=True)
 @no_memory_check_option
 def worker_command(model: str, threads: int | None, kv_budget: str | None, burst: bool, name: str | None,
