@@ -205,7 +205,13 @@ def watch_command(job_id: str, redis_url: str | None, timeout: float | None) -> 
     for e in follow_tokens(client.connection, job_id, idle=idle):
         if e.type == "start":
             if started:
-                click.echo("\n[restarted: attempt %s on %s]" % (e.data.get("attempt"), e.data.get("worker")), err=True)
+                # Text already printed cannot be taken back: mark it on stdout too, so piped output
+                # says which part the final result no longer contains.
+                note = "[restarted: attempt %s on %s; the text above was discarded]" % (
+                    e.data.get("attempt"), e.data.get("worker"))
+                sys.stdout.write("\n" + note + "\n")
+                sys.stdout.flush()
+                click.echo(note, err=True)
             started = True
         elif e.type == "text":
             sys.stdout.write(str(e.data.get("text", "")))
