@@ -4,7 +4,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -43,19 +42,18 @@ def _worker(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
 
 def test_worker_refuses_a_kv_budget_beyond_memory_fast_and_names_the_numbers(tmp_path):
     model = _big_context_gguf(tmp_path / "big.gguf")
-    t0 = time.monotonic()
     # No Redis listens on port 1: the guard must answer before any connection (and before loading).
     p = _worker("--model", str(model), "--kv-budget", "1TiB", "--redis-url", "redis://127.0.0.1:1/0",
                 env={ENV_SKIP: ""})
-    elapsed = time.monotonic() - t0
     assert p.returncode == 1, (p.stdout, p.stderr)
     err = " ".join(p.stderr.split())
     assert "not starting the worker" in err
     assert "KV cache 1024.0 GiB" in err and "big.gguf" in err
     assert "available (MemAvailable" in err or "available (cgroup limit" in err
     assert "--no-memory-check" in err
-    assert "Traceback" not in p.stderr and "Connection" not in p.stderr
-    assert elapsed < 30  # seconds: no engine load, no Redis retries (they take ~30 s on their own)
+    # Stopped before Redis (a connection attempt to port 1 would log "Connection refused" after ~30 s
+    # of retries) and so before the engine, which loads after connecting.
+    assert "Traceback" not in p.stderr and "Connection" not in p.stderr and "loaded in" not in p.stderr
 
 
 def test_no_memory_check_lets_an_expert_start_anyway(tmp_path, monkeypatch):
