@@ -99,7 +99,8 @@ def prefix_len(a: list[int], b: list[int]) -> int:
     return n
 
 
-def run(name: str, smollm2: Path, llama_cpp, threads: int, greedy_threads: int, reps: int, n_decode: int) -> dict:
+def run(name: str, smollm2: Path, llama_cpp, threads: int, greedy_threads: int, reps: int, n_decode: int,
+        peer_greedy_from: str) -> dict:
     path = QM.coverage_model(name, smollm2)
 
     def load(n_threads: int):
@@ -113,9 +114,16 @@ def run(name: str, smollm2: Path, llama_cpp, threads: int, greedy_threads: int, 
     add_bos = fixtures.gguf_add_bos(llm)
     eos = llm.token_eos()
     runs = tokens = total = 0
-    for _, text in fixtures.greedy_prompts("smollm2-135m"):
-        prompt = llm.tokenize(text.encode("utf-8"), add_bos=add_bos, special=True)
-        theirs, ours = peer_greedy(llm, prompt, eos), our_greedy(model, prompt, eos)
+    if peer_greedy_from == "fixture":  # llama.cpp's runs on these same bytes, recorded earlier
+        fx = QM.coverage_fixture(name, path)
+        cases = [(c["prompt_ids"], c["greedy_ids"]) for c in fx["greedy"]]
+    else:
+        cases = []
+        for _, text in fixtures.greedy_prompts("smollm2-135m"):
+            prompt = llm.tokenize(text.encode("utf-8"), add_bos=add_bos, special=True)
+            cases.append((prompt, peer_greedy(llm, prompt, eos)))
+    for prompt, theirs in cases:
+        ours = our_greedy(model, prompt, eos)
         runs += ours == theirs
         tokens += prefix_len(ours, theirs)
         total += len(theirs)
@@ -139,6 +147,9 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=2, help="for the decode speed")
     ap.add_argument("--greedy-threads", type=int, default=1, help="for the greedy runs")
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--peer-greedy", choices=("live", "fixture"), default="live",
+                    help="llama.cpp's greedy runs: run now, or as recorded in tests/fixtures/llamacpp_coverage_*.json "
+                         "(same file bytes, checked by sha256)")
     ap.add_argument("--decode", type=int, default=64)
     args = ap.parse_args(argv)
     import llama_cpp
@@ -147,12 +158,12 @@ def main(argv=None) -> int:
     smollm2 = models.resolve("smollm2-135m")
     print(f"llama-cpp-python {llama_cpp.__version__}; decode: {args.threads} threads, {args.decode} tokens "
           f"after 32, median of {args.reps}; greedy: {N_GREEDY} tokens x 8 prompts "
-          f"({args.greedy_threads} thread(s)); load average {os.getloadavg()[0]:.1f}\n")
+          f"({args.greedy_threads} thread(s), llama.cpp's runs: {args.peer_greedy}); load average {os.getloadavg()[0]:.1f}\n")
     print("| type / arch | test model | MB | greedy runs identical | tokens before first difference "
           "| ours decode tok/s | llama.cpp decode tok/s | ours / llama.cpp |")
     print("|---|---|---:|---:|---:|---:|---:|---:|")
     for name in args.names:
-        r = run(name, smollm2, llama_cpp, args.threads, args.greedy_threads, args.reps, args.decode)
+        r = run(name, smollm2, llama_cpp, args.threads, args.greedy_threads, args.reps, args.decode, args.peer_greedy)
         print(f"| {r['name']} | {r['model']} | {r['size_mb']:.0f} | {r['runs']}/8 | {r['tokens']}/{r['total']} "
               f"| {r['ours']:.1f} | {r['peer']:.1f} | {r['ours'] / r['peer']:.2f} |", flush=True)
     return 0

@@ -124,8 +124,9 @@ def test_requantized_model_has_the_types_and_metadata(name, smollm2_path):
 @pytest.mark.parametrize("name", CASES)
 def test_greedy_follows_llamacpp(name, smollm2_path):
     """Teacher-forced along llama.cpp's greedy runs on the same file (8 prompts x 32 tokens): our
-    token at every step where llama.cpp was decided (margin >= 0.5), at >= 90 % of all steps, and
-    the first token of at least 7 of the 8 prompts (measured: Q4_K differs on one, margin 0.25)."""
+    token at every step where llama.cpp was decided (margin >= 0.5), the first token included, and
+    at >= 90 % of all steps.  (Measured: first tokens differ only at near-ties, e.g. Q6_K on two
+    prompts at margins 0.30 and 0.18; no type misses a decided step.)"""
     path = model_file(name, smollm2_path)
     fx = QM.coverage_fixture(name, path)
     model = loaded(path)
@@ -134,7 +135,6 @@ def test_greedy_follows_llamacpp(name, smollm2_path):
     print(msg)
     assert len(fx["greedy"]) == 8
     assert not got["decided_misses"], msg
-    assert len(got["first_misses"]) <= 1, msg  # (a near-tie, as decided_misses is empty)
     assert got["agree"] / got["steps"] >= 0.9, msg
 
 
@@ -151,24 +151,32 @@ def test_logits_match_llamacpp(name, smollm2_path):
     theirs = np.asarray(lg["probe_logits"], dtype=np.float32)
     mine = ours[:, lg["probe_ids"]]
     rel = np.linalg.norm(mine - theirs) / np.linalg.norm(theirs)
-    # SmolLM2 amplifies rounding: the numpy reference (float32, or with ggml's rounding) is itself
-    # 4.3-4.6 % from llama.cpp here (Q4_K, Q5_1; logits' spread ~6); a wrong block is ~100 %
-    assert rel <= 0.08, f"probe logits relative L2 {rel:.4f}"
-    assert np.abs(mine - theirs).max() <= 1.5
+    # SmolLM2 amplifies rounding: the float32 numpy reference is itself 3.7-5.6 % (max |diff| up to
+    # 2.0) from llama.cpp here (Q4_1, Q4_K, Q5_1, Q2_K, Q5_K; logits' spread ~6); we measure
+    # 4.4-6.4 % (max 2.2); a wrong block or layout is ~100 %
+    worst = float(np.abs(mine - theirs).max())
+    assert rel <= 0.08, f"probe logits relative L2 {rel:.4f}, max |diff| {worst:.3f}"
+    assert worst <= 3.0, f"probe logits relative L2 {rel:.4f}, max |diff| {worst:.3f}"
 
 
 @pytest.mark.parametrize("name", CASES)
 def test_logits_match_the_reference(name, smollm2_path):
-    """Independent of llama.cpp: our logits against the numpy reference's on the same file."""
+    """Independent of llama.cpp: our logits against the numpy reference's on the same file, 64
+    positions of plain text: close, and the same top-1 except where the reference's is a near-tie."""
     path = model_file(name, smollm2_path)
-    ids = QM.smollm2_text_ids()
+    ids = QM.smollm2_text_ids(64)
     ours = loaded(path).forward_all(ids)
     ref = R.ReferenceModel(path).forward(ids)  # not R.load: its small cache serves other modules
     rel = float(np.linalg.norm(ours - ref) / np.linalg.norm(ref))
-    agree = float((ours.argmax(-1) == ref.argmax(-1)).mean())
-    # measured 3.6 % (Q4_K), 4.4 % (Q5_1): int8 activations vs float32, amplified over 30 layers
-    assert rel <= 0.08, f"{name}: relative L2 {rel:.4f}"
-    assert agree >= 0.9, f"{name}: top-1 agreement {agree:.3f}"
+    top2 = np.sort(ref, axis=-1)[:, -2:]
+    misses = [(int(i), round(float(top2[i, 1] - top2[i, 0]), 3))
+              for i in np.flatnonzero(ours.argmax(-1) != ref.argmax(-1))]
+    msg = f"{name}: relative L2 {rel:.4f}; top-1 differs at (position, reference margin) {misses}"
+    # measured 3.2-3.8 % (Q4_1, Q4_K, Q2_K, Q5_K): int8 activations vs float32, over 30 layers;
+    # top-1 differs at 1-6 of 64 positions, all at reference margins <= 0.3
+    assert rel <= 0.08, msg
+    assert len(misses) <= 8, msg
+    assert not [m for m in misses if m[1] >= QM.NEAR_TIE], msg
 
 
 # ---------------------------------------------------------------------------------------------
