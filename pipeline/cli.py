@@ -4,7 +4,17 @@ from __future__ import annotations
 import click
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class _Group(click.Group):
+    def invoke(self, ctx: click.Context):
+        from pipeline.redis_conn import RedisRefused
+
+        try:
+            return super().invoke(ctx)
+        except RedisRefused as e:  # a wrong password is the user's to fix: one line, not a traceback
+            raise click.ClickException(str(e)) from None
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="rqllm")
 def main() -> None:
     """Batch LLM inference on CPUs: jobs in Redis (rq), workers running a GGUF engine."""

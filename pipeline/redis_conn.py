@@ -30,9 +30,31 @@ RETRY_ATTEMPTS = 20  # 0.05 + 0.1 + ... + 2 + 2 ... ~= 31 s of retrying in all
 REDIS_DOWN_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, socket.timeout)
 
 
+# Redis answered and said no: waiting cures nothing. redis-py makes these ConnectionError subclasses,
+# so they would be retried for ~30 s and then caught as "Redis down" by the loops that wait for Redis.
+REDIS_REFUSAL_ERRORS = (redis.exceptions.AuthenticationError, redis.exceptions.AuthorizationError)
+
+
+class RedisRefused(redis.exceptions.RedisError):
+    """Redis refused us (wrong password, missing permission). Not a ConnectionError on purpose."""
+
+
+class _ReconnectRetry(Retry):
+    """redis-py's Retry with backoff, except that a refusal is raised at once as RedisRefused."""
+
+    def call_with_retry(self, do, fail, is_retryable=None, with_failure_count=False):
+        def retryable(error: Exception) -> bool:
+            return not isinstance(error, REDIS_REFUSAL_ERRORS) and (is_retryable is None or is_retryable(error))
+
+        try:
+            return super().call_with_retry(do, fail, retryable, with_failure_count)
+        except REDIS_REFUSAL_ERRORS as e:
+            raise RedisRefused(f"Redis refused the connection: {e} (check the password or user in REDIS_URL)") from e
+
+
 def reconnect_policy() -> Retry:
-    return Retry(ExponentialBackoff(cap=RETRY_BACKOFF_CAP, base=RETRY_BACKOFF_BASE), RETRY_ATTEMPTS,
-                 supported_errors=REDIS_DOWN_ERRORS)
+    return _ReconnectRetry(ExponentialBackoff(cap=RETRY_BACKOFF_CAP, base=RETRY_BACKOFF_BASE), RETRY_ATTEMPTS,
+                           supported_errors=REDIS_DOWN_ERRORS)
 
 
 def redis_url_from_env() -> str | None:
