@@ -29,7 +29,7 @@ from engine.chat import ChatFormat
 from engine.model import MAX_UBATCH, Model, ModelError
 from engine.params import Generation, SamplingParams
 from engine.sampler import Sampler
-from engine.tokenizer import Tokenizer
+from engine.tokenizer import Tokenizer, TokenizerError
 
 MAX_PROMPT_CHARS = 4_000_000  # far beyond any KV budget here; refuse before tokenizing megabytes
 
@@ -52,7 +52,10 @@ class Engine:
             raise EngineError(str(exc)) from None
         self.model_name = models.model_name(model)
         self.path = path
-        self.tokenizer = Tokenizer.from_gguf(self.model.gguf)
+        try:
+            self.tokenizer = Tokenizer.from_gguf(self.model.gguf)
+        except TokenizerError as exc:
+            raise EngineError(str(exc)) from None
         self.chat = ChatFormat.from_gguf(self.model.gguf, self.tokenizer)
         self._cached: list[int] = []  # tokens whose K/V sit in the cache at positions 0..
 

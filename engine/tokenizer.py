@@ -464,6 +464,8 @@ class Tokenizer:
         self = cls()
         self.name = g.path.name
         model = g.get("tokenizer.ggml.model")
+        if not isinstance(model, str):
+            raise TokenizerError(f"{g.path}: tokenizer.ggml.model should be a string, is {type(model).__name__}")
         self.model = model
         spm = model == "llama"
         if model == "gpt2":

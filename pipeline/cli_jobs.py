@@ -71,7 +71,12 @@ def _gather_jobs(inputs: tuple[str, ...], *, model: str | None, literal: bool, r
                     jobs.append(g)
                 errors.extend(f"{path}: {e}" for e in line_errors)
             else:
-                prompt_job(path.read_text(encoding="utf-8"), str(path))
+                try:
+                    text = path.read_text(encoding="utf-8")
+                except UnicodeDecodeError as e:
+                    errors.append(f"{path}: not UTF-8 text ({e.reason} at byte {e.start}); not submitted")
+                    continue
+                prompt_job(text, str(path))
         else:
             n_literal += 1
             prompt_job(arg, f"prompt-{n_literal}")

@@ -109,3 +109,16 @@ def test_bad_bytes_and_huge_lines_are_line_errors_the_rest_is_kept(tmp_path, mon
     monkeypatch.setenv("RQLLM_MAX_PROMPT_BYTES", str(100 << 20))
     jobs, errors = read_batch_file(path, model=M)
     assert "huge" in [j.custom_id for j in jobs]
+
+
+def test_submit_reports_a_text_file_that_is_not_utf8_and_keeps_the_others(tmp_path):
+    from pipeline.cli_jobs import _gather_jobs
+
+    bad = tmp_path / "latin1.txt"
+    bad.write_bytes("Caf\xe9 cr\xe8me".encode("latin-1"))
+    good = tmp_path / "good.txt"
+    good.write_text("Summarise this sentence.", encoding="utf-8")
+    jobs, errors = _gather_jobs((str(bad), str(good)), model=None, literal=False, raw=True, system=None,
+                                params={"max_tokens": 4})
+    assert [j.custom_id for j in jobs] == [str(good)]
+    assert len(errors) == 1 and str(bad) in errors[0] and "not UTF-8" in errors[0]

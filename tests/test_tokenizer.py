@@ -450,3 +450,17 @@ def test_metadata_not_mutated(request):
         before = np.array(g.metadata["tokenizer.ggml.token_type"])
         Tokenizer.from_gguf(g)
         assert np.array_equal(g.metadata["tokenizer.ggml.token_type"], before)
+
+
+def test_tokenizer_model_of_the_wrong_type_is_named(tmp_path):
+    """A fuzz finding: tokenizer.ggml.model stored as an array crashed with numpy's ambiguity error."""
+    w = gguf.GGUFWriter(tmp_path / "bad.gguf", "llama")
+    w.add_key_value("tokenizer.ggml.model", ["gpt2"], gguf.GGUFValueType.ARRAY)
+    w.add_token_list(["a", "b"])
+    w.add_token_types([1, 1])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(TokenizerError, match="tokenizer.ggml.model should be a string"):
+        Tokenizer.from_gguf(tmp_path / "bad.gguf")
