@@ -114,3 +114,14 @@ def test_decode_one_token_at_a_time_matches_the_batch(model):
     for i in range(4, 12):
         step = model.forward([ids[i]], i)
         assert _rel(step, batch[i]) <= 0.02, i
+
+
+def test_prompt_ids_with_the_qwen2_pretokenizer_match_llamacpp(model, qwen2_path):
+    """The file's tokenizer.ggml.pre is "qwen2": our tokenizer splits the 8 prompts (digits, code,
+    French, a chat) into llama.cpp's ids."""
+    from engine.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_gguf(model.gguf)
+    assert tok.pre == "qwen2"
+    for case in QM.coverage_fixture("qwen2", qwen2_path)["greedy"]:
+        assert tok.encode(case["prompt"]) == case["prompt_ids"], case["name"]
