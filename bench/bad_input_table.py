@@ -262,16 +262,9 @@ def run(workdir: Path) -> list[Row]:
 
 
 def _stop(w) -> None:
-    import signal
+    from pipeline.embedded import stop_workers
 
-    if w.proc.poll() is None:
-        w.signal(signal.SIGTERM)
-        try:
-            w.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            w.proc.kill()
-            w.proc.wait()
-    w.close()
+    stop_workers([w])
 
 
 def _cell(text: str, width: int = 220) -> str:

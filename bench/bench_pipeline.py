@@ -29,7 +29,7 @@ from engine.engine import Engine  # noqa: E402
 from engine.params import SamplingParams  # noqa: E402
 from pipeline.client import Client  # noqa: E402
 from pipeline.collector import collect  # noqa: E402
-from pipeline.embedded import RedisServer, WorkerProcess, worker_command  # noqa: E402
+from pipeline.embedded import RedisServer, WorkerProcess, stop_workers, worker_command  # noqa: E402
 
 TOPICS = ["a colour", "a fruit", "an animal", "a planet", "a country", "a tree", "a river", "a metal",
           "a sport", "an ocean", "a vegetable", "an instrument", "a month", "a bird", "a city", "a tool"]
@@ -127,12 +127,7 @@ def main() -> None:
                       f"{side['engine']:.3f} s, in-job {1000 * side['in_job'] / a.jobs:.2f} ms/job, between "
                       f"jobs {1000 * side['between'] / a.jobs:.2f} ms/job", flush=True)
     finally:
-        worker.signal(signal.SIGTERM)
-        try:
-            worker.proc.wait(30)
-        except Exception:  # noqa: BLE001
-            worker.proc.kill()
-        worker.close()
+        stop_workers([worker])
         server.stop()
     mp, mq = statistics.median(plain), statistics.median(pipe)
     summary = {

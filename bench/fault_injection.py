@@ -43,7 +43,7 @@ from redis import Redis  # noqa: E402
 from jobs import keys  # noqa: E402
 from pipeline.client import Client  # noqa: E402
 from pipeline.embedded import WorkerProcess, free_port, redis_server_executable, subprocess_env, \
-    worker_command  # noqa: E402
+    stop_workers, worker_command  # noqa: E402
 from pipeline.streams import final_text, read_all  # noqa: E402
 
 MODEL = "smollm2-135m"
@@ -302,15 +302,7 @@ class Run:
         if self.collector is not None and self.collector.poll() is None:
             self.collector.kill()
             self.collector.wait()
-        for w in self.workers:
-            w.signal(signal.SIGTERM)
-        for w in self.workers:
-            try:
-                w.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                w.proc.kill()
-                w.proc.wait()
-            w.close()
+        stop_workers(self.workers)
         self.redis.stop(remove=False)
 
 

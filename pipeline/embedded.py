@@ -210,20 +210,27 @@ class Cluster:
                                 + self.workers[-1].tail())
 
     def stop_workers(self, grace: float = 30.0) -> None:
-        for w in self.workers:
-            w.signal(signal.SIGTERM)  # warm: finish the current job, then exit
-        deadline = time.monotonic() + grace
-        for w in self.workers:
+        stop_workers(self.workers, grace)
+
+
+def stop_workers(workers: list[WorkerProcess], grace: float = 30.0) -> None:
+    """Stop worker processes the way an operator would: a warm SIGTERM (finish the current job), after
+    `grace` seconds a second one (stop generating, requeue the job), after 10 more a kill."""
+    for w in workers:
+        if w.proc.poll() is None:
+            w.signal(signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    for w in workers:
+        try:
+            w.proc.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            w.signal(signal.SIGTERM)
             try:
-                w.proc.wait(max(0.1, deadline - time.monotonic()))
+                w.proc.wait(10)
             except subprocess.TimeoutExpired:
-                w.signal(signal.SIGTERM)  # second signal: stop generating, requeue, exit
-                try:
-                    w.proc.wait(10)
-                except subprocess.TimeoutExpired:
-                    w.proc.kill()
-                    w.proc.wait()
-            w.close()
+                w.proc.kill()
+                w.proc.wait()
+        w.close()
 
 
 @contextlib.contextmanager

@@ -141,7 +141,7 @@ def spawn_worker(redis_url: str, tmp_path):
 
         w = spawn_worker(model, threads=1, extra=["--heartbeat-interval", "1"])
     """
-    from pipeline.embedded import WorkerProcess, worker_command
+    from pipeline.embedded import WorkerProcess, stop_workers, worker_command
 
     procs = []
 
@@ -156,18 +156,7 @@ def spawn_worker(redis_url: str, tmp_path):
         return w
 
     yield start
-    import signal
-    import subprocess
-
-    for w in procs:
-        w.signal(signal.SIGTERM)
-    for w in procs:
-        try:
-            w.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            w.proc.kill()
-            w.proc.wait()
-        w.close()
+    stop_workers(procs)
 
 
 def wait_for_workers(conn: Redis, names: list[str], timeout: float = 120.0) -> None:
