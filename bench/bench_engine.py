@@ -9,13 +9,18 @@ calls only (its perf counters read zero through the binding). Runs are interleav
 """
 from __future__ import annotations
 
+import os
 import statistics
 import sys
 import time
 from pathlib import Path
 
-import click
-import numpy as np
+# numpy's OpenBLAS threads (unused here) spin on the cores the engine's OpenMP threads need;
+# must be set before numpy loads.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+import click  # noqa: E402
+import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 

@@ -44,14 +44,45 @@ static void *alloc_aligned(size_t bytes) {
 /* Hot float loops get per-CPU clones; the binary stays portable. */
 #define RQ_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 
-RQ_CLONES static float dot_f32(const float *a, const float *b, int n) {
-    float s = 0.0f;
-    for (int i = 0; i < n; i++) s += a[i] * b[i];
-    return s;
+/* Dot product with 16 independent partial sums in a fixed order (n a multiple of 16 is the fast
+ * case): the compiler may vectorize it without reassociating, so every clone gives one result
+ * whatever the caller. A plain `s += a[i] * b[i]` stays scalar without -ffast-math. */
+static inline float dot_f32(const float *a, const float *b, int n) {
+    float acc[16] = {0};
+    int i = 0;
+    for (; i + 16 <= n; i += 16)
+        for (int j = 0; j < 16; j++) acc[j] += a[i + j] * b[i + j];
+    for (int j = 0; i + j < n; j++) acc[j] += a[i + j] * b[i + j];
+    for (int j = 0; j < 8; j++) acc[j] += acc[j + 8];
+    for (int j = 0; j < 4; j++) acc[j] += acc[j + 4];
+    return (acc[0] + acc[2]) + (acc[1] + acc[3]);
 }
 
-RQ_CLONES static void axpy_f32(float *y, float a, const float *x, int n) {
+static inline void axpy_f32(float *y, float a, const float *x, int n) {
     for (int i = 0; i < n; i++) y[i] += a * x[i];
+}
+
+/* exp(x) without branches (vectorizes inside loops): Cody-Waite reduction by ln 2 and a degree-6
+ * Taylor polynomial on |r| <= ln2/2 (relative error ~2e-7). 0 below -87.3 (where expf underflows
+ * to subnormals), exp(88) on (88, 88.7], +inf above. */
+static inline float exp_fast(float x) {
+    const float log2e = 1.44269504088896341f, ln2_hi = 0.693145751953125f, ln2_lo = 1.428606765330187e-06f;
+    float xc = x < -87.3f ? -87.3f : (x > 88.0f ? 88.0f : x);
+    float n = (xc * log2e + 12582912.0f) - 12582912.0f;   /* round to nearest */
+    float r = (xc - n * ln2_hi) - n * ln2_lo;
+    float p = 1.0f / 720.0f;
+    p = p * r + 1.0f / 120.0f;
+    p = p * r + 1.0f / 24.0f;
+    p = p * r + 1.0f / 6.0f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+    int32_t e = ((int32_t)n + 127) << 23;
+    float sc;
+    memcpy(&sc, &e, 4);
+    float v = p * sc;
+    v = x < -87.3f ? 0.0f : v;
+    return x > 88.7f ? INFINITY : v;
 }
 
 /* out = x / sqrt(mean(x^2) + eps) * weight */
@@ -64,13 +95,6 @@ RQ_CLONES static void rmsnorm(float *out, const float *x, const float *weight, i
 
 static void add_inplace(float *y, const float *x, int n) {
     for (int i = 0; i < n; i++) y[i] += x[i];
-}
-
-static float silu(float x) { return x / (1.0f + expf(-x)); }
-
-static float gelu_tanh(float x) {
-    const float sqrt_2_over_pi = 0.7978845608028654f;
-    return 0.5f * x * (1.0f + tanhf(sqrt_2_over_pi * (x + 0.044715f * x * x * x)));
 }
 
 /* Rotate each head of vec (n_heads x head_dim) for position pos.
@@ -197,6 +221,176 @@ static void embed(rq_model *m, const int32_t *tokens, int n) {
     }
 }
 
+/* One query head against keys lo..pos of its KV head (cache rows strided by kv_dim, ring of
+ * `slots`): softmax(scale * q.k) weighted sum of v into out[hd]. sc: scratch of pos - lo + 1.
+ * Reference version; attend_head_256 below is the AVX2 one. */
+static void attend_head_ref(const float *qh, const float *K, const float *V, int kv_dim, int slots,
+                            int lo, int pos, int hd, float scale, float *sc, float *out) {
+    const int nk = pos - lo + 1;
+    float mx = -INFINITY;
+    for (int j = lo; j <= pos; j++) {
+        float s = dot_f32(qh, K + (size_t)(j % slots) * kv_dim, hd) * scale;
+        sc[j - lo] = s;
+        mx = s > mx ? s : mx;
+    }
+    float sum = 0.0f;
+    for (int j = 0; j < nk; j++) sc[j] = exp_fast(sc[j] - mx);
+    for (int j = 0; j < nk; j++) sum += sc[j];
+    memset(out, 0, sizeof(float) * hd);
+    const float inv = 1.0f / sum;
+    for (int j = lo; j <= pos; j++) axpy_f32(out, sc[j - lo] * inv, V + (size_t)(j % slots) * kv_dim, hd);
+}
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define A256F __attribute__((target("avx2,fma")))
+
+A256F static inline float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* exp_fast on 8 lanes (same reduction and polynomial). */
+A256F static inline __m256 exp8(__m256 x) {
+    __m256 xc = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.0f));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(xc, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), xc);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.428606765330187e-06f), r);
+    __m256 p = _mm256_set1_ps(1.0f / 720.0f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    __m256 v = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+    v = _mm256_and_ps(v, _mm256_cmp_ps(x, _mm256_set1_ps(-87.3f), _CMP_GE_OQ));
+    return _mm256_blendv_ps(v, _mm256_set1_ps(INFINITY), _mm256_cmp_ps(x, _mm256_set1_ps(88.7f), _CMP_GT_OQ));
+}
+
+/* hd a multiple of 8. Each key's dot is one 8-lane accumulator over hd then a fixed horizontal
+ * sum, and each output element sums the keys in order, so the result of a (token, head) does
+ * not depend on the batch it ran in. */
+A256F static void attend_head_256(const float *qh, const float *K, const float *V, int kv_dim, int slots,
+                                  int lo, int pos, int hd, float scale, float *sc, float *out) {
+    const int nk = pos - lo + 1;
+    int j = lo;
+    for (; j + 4 <= pos + 1; j += 4) {   /* 4 keys at a time share the loads of q */
+        const float *k0 = K + (size_t)(j % slots) * kv_dim, *k1 = K + (size_t)((j + 1) % slots) * kv_dim;
+        const float *k2 = K + (size_t)((j + 2) % slots) * kv_dim, *k3 = K + (size_t)((j + 3) % slots) * kv_dim;
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        for (int i = 0; i < hd; i += 8) {
+            __m256 q = _mm256_loadu_ps(qh + i);
+            a0 = _mm256_fmadd_ps(q, _mm256_loadu_ps(k0 + i), a0);
+            a1 = _mm256_fmadd_ps(q, _mm256_loadu_ps(k1 + i), a1);
+            a2 = _mm256_fmadd_ps(q, _mm256_loadu_ps(k2 + i), a2);
+            a3 = _mm256_fmadd_ps(q, _mm256_loadu_ps(k3 + i), a3);
+        }
+        sc[j - lo] = hsum8(a0) * scale;
+        sc[j - lo + 1] = hsum8(a1) * scale;
+        sc[j - lo + 2] = hsum8(a2) * scale;
+        sc[j - lo + 3] = hsum8(a3) * scale;
+    }
+    for (; j <= pos; j++) {
+        const float *k0 = K + (size_t)(j % slots) * kv_dim;
+        __m256 a0 = _mm256_setzero_ps();
+        for (int i = 0; i < hd; i += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + i), _mm256_loadu_ps(k0 + i), a0);
+        sc[j - lo] = hsum8(a0) * scale;
+    }
+    float mx = -INFINITY;
+    for (int i = 0; i < nk; i++) mx = sc[i] > mx ? sc[i] : mx;
+    __m256 vs = _mm256_setzero_ps();
+    int i = 0;
+    /* libm expf here, not exp8: the softmax feeds int8-quantized activations and a tiny change
+     * in it moved SmolLM2's first token of a second pass past test_prompt_longer_than_one_pass's
+     * bound; nk exps per head cost ~1 % of prefill. */
+    for (; i + 8 <= nk; i += 8) {
+        float tmp[8];
+        for (int u = 0; u < 8; u++) tmp[u] = expf(sc[i + u] - mx);
+        __m256 e = _mm256_loadu_ps(tmp);
+        _mm256_storeu_ps(sc + i, e);
+        vs = _mm256_add_ps(vs, e);
+    }
+    if (i < nk) {   /* tail: masked lanes contribute 0 */
+        const __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(nk - i), idx);
+        float tmp[8] = {0};
+        for (int u = 0; u < nk - i; u++) tmp[u] = expf(sc[i + u] - mx);
+        __m256 e = _mm256_loadu_ps(tmp);
+        e = _mm256_and_ps(e, _mm256_castsi256_ps(mask));
+        _mm256_maskstore_ps(sc + i, mask, e);
+        vs = _mm256_add_ps(vs, e);
+    }
+    const float inv = 1.0f / hsum8(vs);
+    for (int c = 0; c < hd; c += 64) {   /* 64 outputs in registers over all keys */
+        const int w = hd - c < 64 ? (hd - c) / 8 : 8;
+        __m256 o[8];
+        for (int u = 0; u < 8; u++) o[u] = _mm256_setzero_ps();
+        for (int jj = lo; jj <= pos; jj++) {
+            const float *v = V + (size_t)(jj % slots) * kv_dim + c;
+            const __m256 p = _mm256_set1_ps(sc[jj - lo] * inv);
+            for (int u = 0; u < 8; u++)
+                if (u < w) o[u] = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 8 * u), o[u]);
+        }
+        for (int u = 0; u < w; u++) _mm256_storeu_ps(out + c + 8 * u, o[u]);
+    }
+}
+#endif
+
+static void attend_head(const float *qh, const float *K, const float *V, int kv_dim, int slots,
+                        int lo, int pos, int hd, float scale, float *sc, float *out) {
+#if defined(__x86_64__) || defined(__i386__)
+    if (hd % 8 == 0 && rq_kernel_path() != RQ_PATH_SCALAR) {
+        attend_head_256(qh, K, V, kv_dim, slots, lo, pos, hd, scale, sc, out);
+        return;
+    }
+#endif
+    attend_head_ref(qh, K, V, kv_dim, slots, lo, pos, hd, scale, sc, out);
+}
+
+/* SiLU x * sigmoid(x) and GELU-tanh 0.5 x (1 + tanh(u)) = x * sigmoid(2u): g[i] = act(g[i]) * up[i]. */
+static void gated_act_ref(float *g, const float *up, size_t n, int gelu) {
+    const float k = 0.7978845608028654f;   /* sqrt(2 / pi) */
+    for (size_t i = 0; i < n; i++) {
+        float x = g[i];
+        float z = gelu ? -2.0f * (k * (x + 0.044715f * x * x * x)) : -x;
+        g[i] = x / (1.0f + exp_fast(z)) * up[i];
+    }
+}
+
+#if defined(__x86_64__) || defined(__i386__)
+A256F static void gated_act_256(float *g, const float *up, size_t n, int gelu) {
+    size_t i = 0;
+    const __m256 one = _mm256_set1_ps(1.0f);
+    for (; i + 8 <= n; i += 8) {
+        __m256 x = _mm256_loadu_ps(g + i);
+        __m256 z;
+        if (gelu) {
+            __m256 x3 = _mm256_mul_ps(_mm256_mul_ps(x, x), x);
+            __m256 u = _mm256_mul_ps(_mm256_set1_ps(0.7978845608028654f),
+                                     _mm256_fmadd_ps(_mm256_set1_ps(0.044715f), x3, x));
+            z = _mm256_mul_ps(_mm256_set1_ps(-2.0f), u);
+        } else {
+            z = _mm256_sub_ps(_mm256_setzero_ps(), x);
+        }
+        __m256 y = _mm256_div_ps(x, _mm256_add_ps(one, exp8(z)));
+        _mm256_storeu_ps(g + i, _mm256_mul_ps(y, _mm256_loadu_ps(up + i)));
+    }
+    gated_act_ref(g + i, up + i, n - i, gelu);
+}
+#endif
+
+static void gated_act(float *g, const float *up, size_t n, int gelu) {
+#if defined(__x86_64__) || defined(__i386__)
+    if (rq_kernel_path() != RQ_PATH_SCALAR) { gated_act_256(g, up, n, gelu); return; }
+#endif
+    gated_act_ref(g, up, n, gelu);
+}
+
 /* Self-attention for n tokens at positions pos0..: writes K,V into the cache, attends, and
  * leaves the projected output (before the residual add) in m->xb. */
 static void attention(rq_model *m, int il, int n, int pos0) {
@@ -242,21 +436,8 @@ static void attention(rq_model *m, int il, int n, int pos0) {
             const float *qh = m->q + (size_t)t * q_dim + h * hd;
             const int kvh = (h / group) * hd;
             float *sc = m->scores + (size_t)omp_get_thread_num() * (m->kv.capacity + 1);
-            float mx = -INFINITY;
-            for (int j = lo; j <= pos; j++) {
-                float s = dot_f32(qh, Kc + (size_t)(j % slots) * kv_dim + kvh, hd) * c->attn_scale;
-                sc[j - lo] = s;
-                if (s > mx) mx = s;
-            }
-            float sum = 0.0f;
-            for (int j = 0; j <= pos - lo; j++) {
-                sc[j] = expf(sc[j] - mx);
-                sum += sc[j];
-            }
-            float *out = m->att_out + (size_t)t * q_dim + h * hd;
-            memset(out, 0, sizeof(float) * hd);
-            for (int j = lo; j <= pos; j++)
-                axpy_f32(out, sc[j - lo] / sum, Vc + (size_t)(j % slots) * kv_dim + kvh, hd);
+            attend_head(qh, Kc + kvh, Vc + kvh, kv_dim, slots, lo, pos, hd, c->attn_scale, sc,
+                        m->att_out + (size_t)t * q_dim + h * hd);
         }
     }
 
@@ -278,10 +459,7 @@ static void feed_forward(rq_model *m, int il, int n) {
     quantize_rows(m, m->xb, n, d, d);
     matmul(m, &L->ffn_gate, n, m->hb, ff);
     matmul(m, &L->ffn_up, n, m->hb2, ff);
-    for (size_t i = 0; i < (size_t)n * ff; i++) {
-        float g = m->hb[i];
-        m->hb[i] = (c->ffn_gelu ? gelu_tanh(g) : silu(g)) * m->hb2[i];
-    }
+    gated_act(m->hb, m->hb2, (size_t)n * ff, c->ffn_gelu);
     /* The gated activations carry outliers that make per-block int8 too coarse for the other
      * values of their block (SmolLM2 loses top-1 agreement here). Since the product is linear,
      * quantize x as int8 plus an int8 rounding residual and run both as 2n "tokens" of one

@@ -647,6 +647,13 @@ typedef struct {
     const int32_t *nq;
     const float *ds;
     const float *f[TMAX];
+    /* Packed-slot data of the AVX2 legacy kernels (see legacy_slots_256), T <= 4, per block b:
+     *   td4[8b..]: d_k(b) for k = 0..3, twice;  nq4[8b..]: -offset * sum16_k[2b] (k = 0..3), then
+     *   -offset * sum16_k[2b+1];  ds4[4b + k] = d_k(b) * (sum16_k[2b] + sum16_k[2b+1]) (mins),
+     *   with one zero block of padding. Missing tokens are zero. */
+    const float *td4;
+    const int32_t *nq4;
+    const float *ds4;
 } tile;
 
 typedef void (*kern_fn)(const uint8_t *row, int n, const tile *tl, float *res);
@@ -668,6 +675,12 @@ static int type_has_min(int t) {
     return t == RQ_Q4_1 || t == RQ_Q5_1 || t == RQ_Q4_K || t == RQ_Q5_K || t == RQ_Q2_K;
 }
 
+/* AVX2 kernels (ub == 1) that pack (row, token) slots into vector lanes: legacy types, Q4_K, Q6_K. */
+static int slot_packed(int t, int ub) {
+    return ub == 1 && (t == RQ_Q4_0 || t == RQ_Q4_1 || t == RQ_Q5_0 || t == RQ_Q5_1 || t == RQ_Q8_0 ||
+                       t == RQ_Q4_K || t == RQ_Q6_K);
+}
+
 /* Bytes of one tile's arrays (64-byte multiples). */
 static size_t tile_bytes(int t, int ub, int T, int nb) {
     if (is_float_type(t)) return 0;
@@ -676,6 +689,7 @@ static size_t tile_bytes(int t, int ub, int T, int nb) {
     size_t sz = qs + v;
     if (type_offset(t)) sz += v;
     if (type_has_min(t)) sz += nc * T * 16 * 4;
+    if (slot_packed(t, ub)) sz += (size_t)(nb + 2) * (8 * 4 + 8 * 4 + 4 * 4) + 64;
     return (sz + 63) & ~(size_t)63;
 }
 
@@ -712,6 +726,27 @@ static void prep_tile(int t, int ub, const rq_act *acts, int T, int nb, uint8_t 
                 ds[c + 1] = d * (float)a->sum16[2 * b + 1];
             }
         }
+    }
+    if (slot_packed(t, ub)) {
+        p = (uint8_t *)td + nu * T * 8 * ub * 4;
+        if (off) p += nu * T * 8 * ub * 4;
+        if (type_has_min(t)) p += nc * T * 16 * 4;
+        float *td4 = (float *)p;
+        int32_t *nq4 = (int32_t *)(td4 + 8 * (size_t)(nb + 2));
+        float *ds4 = (float *)(nq4 + 8 * (size_t)(nb + 2));
+        for (int k = 0; k < T && k < 4; k++) {
+            const rq_act *a = &acts[k];
+            for (int b = 0; b < nb; b++) {
+                int s0 = a->sum16[2 * b], s1 = a->sum16[2 * b + 1];
+                td4[8 * b + k] = td4[8 * b + 4 + k] = a->d[b];
+                nq4[8 * b + k] = -off * s0;
+                nq4[8 * b + 4 + k] = -off * s1;
+                ds4[4 * b + k] = a->d[b] * (float)(s0 + s1);
+            }
+        }
+        tl->td4 = td4;
+        tl->nq4 = nq4;
+        tl->ds4 = ds4;
     }
     (void)nc;
     tl->qs = qs;
@@ -1304,34 +1339,6 @@ A256 AINL __m256 pair4_256(__m256 lo, __m256 hi, int g) {
     return _mm256_permutevar8x32_ps(src, _mm256_setr_epi32(gg, gg, gg, gg, gg + 1, gg + 1, gg + 1, gg + 1));
 }
 
-A256 AINL void q6k_row_256(const uint8_t *row, int n, const tile *tv, float *res, const int T) {
-    const int nsb = n / QK_K;
-    const int P = NPAR256(T);
-    ACC_DECL_256(T);
-    const __m256i m0f = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
-    for (int i = 0; i < nsb; i++) {
-        const blk_q6_K *x = (const blk_q6_K *)row + i;
-        __m128i s8 = _mm_loadu_si128((const __m128i *)x->scales);
-        __m256 d = _mm256_set1_ps(_cvtsh_ss(x->d));
-        __m256 sc_lo = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(s8)), d);
-        __m256 sc_hi = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(s8, 8))), d);
-        for (int h = 0; h < 2; h++) {
-            __m256i L0 = _mm256_loadu_si256((const __m256i *)(x->ql + 64 * h));
-            __m256i L1 = _mm256_loadu_si256((const __m256i *)(x->ql + 64 * h + 32));
-            __m256i H = _mm256_loadu_si256((const __m256i *)(x->qh + 32 * h));
-            __m256i U[4];
-            U[0] = _mm256_or_si256(_mm256_and_si256(L0, m0f), _mm256_and_si256(_mm256_slli_epi16(H, 4), m30));
-            U[1] = _mm256_or_si256(_mm256_and_si256(L1, m0f), _mm256_and_si256(_mm256_slli_epi16(H, 2), m30));
-            U[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(L0, 4), m0f), _mm256_and_si256(H, m30));
-            U[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(L1, 4), m0f),
-                                   _mm256_and_si256(_mm256_srli_epi16(H, 2), m30));
-            for (int k = 0; k < 4; k++)
-                blk_256(U[k], pair4_256(sc_lo, sc_hi, 8 * h + 2 * k), tv, 8 * i + 4 * h + k, T, 1, acc[k & (P - 1)]);
-        }
-    }
-    finish_256(acc, res, T);
-}
-
 A256 AINL void q23k_row_256(const int t, const uint8_t *row, int n, const tile *tv, float *res, const int T) {
     const int nsb = n / QK_K;
     const int P = NPAR256(T);
@@ -1464,6 +1471,262 @@ A256 static void quantize_act_256(const float *x, int n, rq_act *a) {
     }
 }
 
+/* --- Legacy types, packed slots ------------------------------------------------------------
+ * A "slot" is one (row, token) pair. Four slots share a vector: lane s holds slot s's sum over
+ * elements 0-15 of each block, lane s + 4 over elements 16-31. Slots are 4 tokens of one row
+ * (TS = 4: prefill), 2 rows x 2 tokens (TS = 2) or 4 rows of one token (TS = 1: decode). For
+ * every slot and every mode the lane computes the same thing, so a (row, token) result does not
+ * depend on its neighbours:
+ *     per block b:       acc_(b&1) = fma(float(P_b), dw(b) * da(b), acc_(b&1))   P_b exact int
+ *                        (offset removed); two accumulators by block parity hide the FMA latency
+ *     per blocks b, b+1: accM = fma(m(b + h), da(b + h) * S(b + h), accM)       (types with mins)
+ *     result = (A[s] + A[s+4]) + (accM[s] + accM[s+4]),  A = acc_0 + acc_1
+ * The int sums of the 4 slots are packed with 3 vphaddd instead of converting and scaling each
+ * slot separately (4x fewer cvt / mul / fma than one slot per vector). */
+
+/* Lane index vectors that spread per-token (idxK) or per-row (idxR) values over the slots. */
+A256 AINL __m256i slot_tok_idx(const int TS) {   /* lane (s, h) <- token s % TS, half h */
+    return TS == 4 ? _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)
+         : TS == 2 ? _mm256_setr_epi32(0, 1, 0, 1, 4, 5, 4, 5)
+                   : _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4);
+}
+
+/* f16 (d, m) of block b of the RS rows -> [d_r0 m_r0 d_r1 m_r1 ...] as floats (m is junk for
+ * types without mins: the first 2 bytes after d, always inside the block). */
+A256 AINL __m256 slot_dm(const int t, const int TS, const uint8_t *const *rows, size_t b) {
+    const int bs = legacy_bs(t);
+    const int RS = 4 / TS;
+    __m128i v;
+    if (RS == 1) v = _mm_cvtsi32_si128((int)load_u32(rows[0] + b * bs));
+    else if (RS == 2) v = _mm_setr_epi32((int)load_u32(rows[0] + b * bs), (int)load_u32(rows[1] + b * bs), 0, 0);
+    else v = _mm_setr_epi32((int)load_u32(rows[0] + b * bs), (int)load_u32(rows[1] + b * bs),
+                            (int)load_u32(rows[2] + b * bs), (int)load_u32(rows[3] + b * bs));
+    return _mm256_cvtph_ps(v);
+}
+
+/* lanes (s, h) <- d of row s / TS from a slot_dm vector */
+A256 AINL __m256 slot_wd(const int TS, __m256 dm) {
+    const __m256i idx = TS == 4 ? _mm256_setzero_si256()
+                      : TS == 2 ? _mm256_setr_epi32(0, 0, 2, 2, 0, 0, 2, 2)
+                                : _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6);
+    return _mm256_permutevar8x32_ps(dm, idx);
+}
+
+/* lanes (s, h) <- m of row s / TS in block b + h, from the slot_dm vectors of blocks b and b+1 */
+A256 AINL __m256 slot_m(const int TS, __m256 dm0, __m256 dm1) {
+    const __m256i idx = TS == 4 ? _mm256_set1_epi32(1)
+                      : TS == 2 ? _mm256_setr_epi32(1, 1, 3, 3, 1, 1, 3, 3)
+                                : _mm256_setr_epi32(1, 3, 5, 7, 1, 3, 5, 7);
+    return _mm256_blend_ps(_mm256_permutevar8x32_ps(dm0, idx), _mm256_permutevar8x32_ps(dm1, idx), 0xF0);
+}
+
+/* One block b of the RS rows against the slots' tokens (q[k]: their block b): packed exact int sums. */
+A256 AINL __m256i slot_block(const int t, const int TS, const uint8_t *const *rows, size_t b,
+                             const int8_t *const *q) {
+    const int bs = legacy_bs(t);
+    const int RS = 4 / TS;
+    const __m256i ones = _mm256_set1_epi16(1), m0f = _mm256_set1_epi8(0x0F);
+    __m256i p[4];
+    for (int r = 0; r < RS; r++) {
+        const uint8_t *A = rows[r] + b * bs;
+        if (t == RQ_Q8_0) {
+            __m256i w = _mm256_loadu_si256((const __m256i *)(A + 2));
+            __m256i aw = _mm256_sign_epi8(w, w);
+            for (int k = 0; k < TS; k++) {
+                __m256i qv = _mm256_loadu_si256((const __m256i *)q[k]);
+                p[r * TS + k] = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(qv, w)), ones);
+            }
+            continue;
+        }
+        __m128i x = _mm_loadu_si128((const __m128i *)(A + legacy_qoff(t)));
+        __m256i U = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(x, 4), x), m0f);
+        if (t == RQ_Q5_0 || t == RQ_Q5_1) {
+            __m256i hb = bits_to_bytes_256(load_u32(A + ((t == RQ_Q5_0) ? 2 : 4)));
+            U = _mm256_or_si256(U, _mm256_and_si256(hb, _mm256_set1_epi8(16)));
+        }
+        for (int k = 0; k < TS; k++) {
+            __m256i qv = _mm256_loadu_si256((const __m256i *)q[k]);
+            p[r * TS + k] = _mm256_madd_epi16(_mm256_maddubs_epi16(U, qv), ones);
+        }
+    }
+    return _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
+}
+
+/* Slots of RS = 4 / TS rows x TS tokens (tokens tok[0..TS) of the tile) over nb blocks;
+ * res[s] for slot s = row s / TS, token s % TS. pf != 0: prefetch the rows pf bytes further on
+ * (the next rows; decode streams the weights from DRAM). */
+A256 AINL void legacy_slots_256(const int t, const int TS, const uint8_t *const *rows, int nb, const tile *tv,
+                                const int *tok, float *res, size_t pf) {
+    const int offs = (t == RQ_Q4_0 || t == RQ_Q5_0);
+    const int mins = type_has_min(t);
+    const __m256i idxK = slot_tok_idx(TS);
+    const size_t qstride = 32 * (size_t)tv->T;   /* tv->qs is [b][T][32] */
+    __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()}, accM = _mm256_setzero_ps();
+    /* blocks in pairs (b, b+1): the mins of a pair fill one vector; b+1 may be missing */
+    const int bs = legacy_bs(t);
+    for (int b = 0; b < nb; b += 2) {
+        const int have1 = b + 1 < nb;
+        /* several rows stream at once here: help the hardware prefetcher (decode reads from DRAM) */
+        if (pf)
+            for (int r = 0; r < 4 / TS; r++) _mm_prefetch((const char *)rows[r] + pf + (size_t)b * bs, _MM_HINT_T0);
+        __m256 dm0 = slot_dm(t, TS, rows, (size_t)b);
+        __m256 dm1 = have1 ? slot_dm(t, TS, rows, (size_t)b + 1) : _mm256_setzero_ps();
+        for (int h = 0; h < 1 + have1; h++) {
+            const int bb = b + h;
+            const int8_t *qb[4];
+            for (int k = 0; k < TS; k++) qb[k] = tv->qs + qstride * bb + 32 * tok[k];
+            __m256i P = slot_block(t, TS, rows, (size_t)bb, qb);
+            if (offs) {
+                __m256i nq = _mm256_loadu_si256((const __m256i *)(tv->nq4 + 8 * bb));
+                if (TS != 4) nq = _mm256_permutevar8x32_epi32(nq, idxK);
+                P = _mm256_add_epi32(P, nq);
+            }
+            __m256 td = _mm256_loadu_ps(tv->td4 + 8 * bb);
+            if (TS != 4) td = _mm256_permutevar8x32_ps(td, idxK);
+            acc[h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(P), _mm256_mul_ps(slot_wd(TS, h ? dm1 : dm0), td), acc[h]);
+        }
+        if (mins) {
+            __m256 ds = _mm256_loadu_ps(tv->ds4 + 4 * b);   /* blocks b, b+1 (zero padding past nb) */
+            if (TS != 4) ds = _mm256_permutevar8x32_ps(ds, idxK);
+            accM = _mm256_fmadd_ps(slot_m(TS, dm0, dm1), ds, accM);
+        }
+    }
+    const __m256 as = _mm256_add_ps(acc[0], acc[1]);
+    __m128 a = _mm_add_ps(_mm256_castps256_ps128(as), _mm256_extractf128_ps(as, 1));
+    if (mins) a = _mm_add_ps(a, _mm_add_ps(_mm256_castps256_ps128(accM), _mm256_extractf128_ps(accM, 1)));
+    _mm_storeu_ps(res, a);
+}
+
+/* --- K types in the slot scheme: 32-element blocks, 4 token slots of one row; slots past the
+ * tile's T are dead (zero) and skipped, so T = 1 costs one slot (same lanes, same results). */
+
+/* U against the live tokens' block b, packed */
+A256 AINL __m256i slot_pack_tok(__m256i U, const tile *tv, size_t b, const int T) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    const int8_t *qb = tv->qs + 32 * (size_t)T * b;
+    __m256i p[4];
+    for (int k = 0; k < 4; k++)
+        p[k] = k < T ? _mm256_madd_epi16(_mm256_maddubs_epi16(U, _mm256_loadu_si256((const __m256i *)(qb + 32 * k))), ones)
+                     : _mm256_setzero_si256();
+    __m256i h01 = _mm256_hadd_epi32(p[0], p[1]);
+    __m256i h23 = T > 2 ? _mm256_hadd_epi32(p[2], p[3]) : _mm256_setzero_si256();
+    return _mm256_hadd_epi32(h01, h23);
+}
+
+A256 AINL void slot_finish(__m256 acc0, __m256 acc1, __m256 accM, const int mins, float *res, const int T) {
+    const __m256 acc = _mm256_add_ps(acc0, acc1);
+    __m128 a = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+    if (mins) a = _mm_add_ps(a, _mm_add_ps(_mm256_castps256_ps128(accM), _mm256_extractf128_ps(accM, 1)));
+    float r[4];
+    _mm_storeu_ps(r, a);
+    for (int k = 0; k < T; k++) res[k] = r[k];
+}
+
+A256 AINL void q4k_slots_256(const uint8_t *row, int n, const tile *tv, float *res, const int T) {
+    const int nsb = n / QK_K;
+    const __m256i m0f = _mm256_set1_epi8(0x0F);
+    __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()}, accM = _mm256_setzero_ps();
+    for (int i = 0; i < nsb; i++) {
+        const blk_q4_K *x = (const blk_q4_K *)row + i;
+        uint32_t u0, u1, u2, u3;
+        k4_unpack(x->scales, &u0, &u1, &u2, &u3);
+        __m128i v = _mm_set_epi32((int)u3, (int)u2, (int)u1, (int)u0);
+        __m256 dsc = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)), _mm256_set1_ps(_cvtsh_ss(x->d)));
+        __m256 dmn = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(v, 8))),
+                                   _mm256_set1_ps(-_cvtsh_ss(x->dmin)));
+        for (int c = 0; c < 4; c++) {
+            __m256i xq = _mm256_loadu_si256((const __m256i *)(x->qs + 32 * c));
+            for (int e = 0; e < 2; e++) {
+                const int j = 2 * c + e;
+                const size_t b = 8 * (size_t)i + j;
+                __m256i U = _mm256_and_si256(e ? _mm256_srli_epi16(xq, 4) : xq, m0f);
+                __m256i P = slot_pack_tok(U, tv, b, T);
+                __m256 wd = _mm256_permutevar8x32_ps(dsc, _mm256_set1_epi32(j));
+                acc[e] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(P), _mm256_mul_ps(wd, _mm256_loadu_ps(tv->td4 + 8 * b)), acc[e]);
+            }
+            const __m256 M = _mm256_permutevar8x32_ps(dmn, _mm256_setr_epi32(2 * c, 2 * c, 2 * c, 2 * c,
+                                                                          2 * c + 1, 2 * c + 1, 2 * c + 1, 2 * c + 1));
+            accM = _mm256_fmadd_ps(M, _mm256_loadu_ps(tv->ds4 + 4 * (8 * (size_t)i + 2 * c)), accM);
+        }
+    }
+    slot_finish(acc[0], acc[1], accM, 1, res, T);
+}
+
+A256 AINL void q6k_slots_256(const uint8_t *row, int n, const tile *tv, float *res, const int T) {
+    const int nsb = n / QK_K;
+    const __m256i m0f = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
+    __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int i = 0; i < nsb; i++) {
+        const blk_q6_K *x = (const blk_q6_K *)row + i;
+        __m128i s8 = _mm_loadu_si128((const __m128i *)x->scales);
+        __m256 d = _mm256_set1_ps(_cvtsh_ss(x->d));
+        __m256 sc_lo = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(s8)), d);
+        __m256 sc_hi = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(s8, 8))), d);
+        for (int h = 0; h < 2; h++) {
+            __m256i L0 = _mm256_loadu_si256((const __m256i *)(x->ql + 64 * h));
+            __m256i L1 = _mm256_loadu_si256((const __m256i *)(x->ql + 64 * h + 32));
+            __m256i H = _mm256_loadu_si256((const __m256i *)(x->qh + 32 * h));
+            __m256i U[4];
+            U[0] = _mm256_or_si256(_mm256_and_si256(L0, m0f), _mm256_and_si256(_mm256_slli_epi16(H, 4), m30));
+            U[1] = _mm256_or_si256(_mm256_and_si256(L1, m0f), _mm256_and_si256(_mm256_slli_epi16(H, 2), m30));
+            U[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(L0, 4), m0f), _mm256_and_si256(H, m30));
+            U[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(L1, 4), m0f),
+                                   _mm256_and_si256(_mm256_srli_epi16(H, 2), m30));
+            for (int k = 0; k < 4; k++) {
+                const size_t b = 8 * (size_t)i + 4 * h + k;
+                __m256i P = _mm256_add_epi32(slot_pack_tok(U[k], tv, b, T),
+                                             _mm256_loadu_si256((const __m256i *)(tv->nq4 + 8 * b)));
+                __m256 wd = pair4_256(sc_lo, sc_hi, 8 * h + 2 * k);   /* 16-element scales: one per half */
+                acc[k & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(P), _mm256_mul_ps(wd, _mm256_loadu_ps(tv->td4 + 8 * b)), acc[k & 1]);
+            }
+        }
+    }
+    slot_finish(acc[0], acc[1], acc[0], 0, res, T);
+}
+
+/* Rows [r0, r1) of W (row bytes rb) against the tile's T tokens: out[(k0 + k) * ldo + r]. */
+A256 AINL void legacy_rows_256(const int t, const uint8_t *W, size_t rb, int r0, int r1, int n, const tile *tv,
+                               float *out, int ldo, int k0) {
+    const int nb = n / QK, T = tv->T;
+    float res[4];
+    if (T >= 3) {
+        const int tok[4] = {0, 1, 2, T > 3 ? 3 : 0};
+        for (int r = r0; r < r1; r++) {
+            const uint8_t *rows[1] = {W + (size_t)r * rb};
+            legacy_slots_256(t, 4, rows, nb, tv, tok, res, 0);
+            for (int k = 0; k < T; k++) out[(size_t)(k0 + k) * ldo + r] = res[k];
+        }
+    } else if (T == 2) {
+        const int tok[2] = {0, 1};
+        for (int r = r0; r < r1; r += 2) {
+            const int rr = r + 1 < r1 ? r + 1 : r;
+            const uint8_t *rows[2] = {W + (size_t)r * rb, W + (size_t)rr * rb};
+            legacy_slots_256(t, 2, rows, nb, tv, tok, res, 2 * rb);
+            for (int i = 0; i < 2 && r + i < r1; i++)
+                for (int k = 0; k < 2; k++) out[(size_t)(k0 + k) * ldo + r + i] = res[2 * i + k];
+        }
+    } else {
+        const int tok[1] = {0};
+        for (int r = r0; r < r1; r += 4) {
+            const uint8_t *rows[4];
+            for (int i = 0; i < 4; i++) rows[i] = W + (size_t)(r + i < r1 ? r + i : r) * rb;
+            legacy_slots_256(t, 1, rows, nb, tv, tok, res, 4 * rb);
+            for (int i = 0; i < 4 && r + i < r1; i++) out[(size_t)k0 * ldo + r + i] = res[i];
+        }
+    }
+}
+
+#define ROWS256(name, t)                                                                                   \
+    A256 static void name(const uint8_t *W, size_t rb, int r0, int r1, int n, const tile *tv, float *out,   \
+                          int ldo, int k0) {                                                               \
+        legacy_rows_256(t, W, rb, r0, r1, n, tv, out, ldo, k0);                                            \
+    }
+ROWS256(r256_q4_0, RQ_Q4_0)
+ROWS256(r256_q4_1, RQ_Q4_1)
+ROWS256(r256_q5_0, RQ_Q5_0)
+ROWS256(r256_q5_1, RQ_Q5_1)
+ROWS256(r256_q8_0, RQ_Q8_0)
+
 #define KERN256(name, IMPL, ...)                                                        \
     A256 static void name(const uint8_t *row, int n, const tile *tv, float *res) {      \
         const int T = tv->T;                                                            \
@@ -1477,9 +1740,9 @@ KERN256(k256_q5_1, legacy_row_256, RQ_Q5_1, row, n, tv, res)
 KERN256(k256_q8_0, legacy_row_256, RQ_Q8_0, row, n, tv, res)
 KERN256(k256_q2_K, q23k_row_256, RQ_Q2_K, row, n, tv, res)
 KERN256(k256_q3_K, q23k_row_256, RQ_Q3_K, row, n, tv, res)
-KERN256(k256_q4_K, q45k_row_256, RQ_Q4_K, row, n, tv, res)
+KERN256(k256_q4_K, q4k_slots_256, row, n, tv, res)
 KERN256(k256_q5_K, q45k_row_256, RQ_Q5_K, row, n, tv, res)
-KERN256(k256_q6_K, q6k_row_256, row, n, tv, res)
+KERN256(k256_q6_K, q6k_slots_256, row, n, tv, res)
 KERN256(k256_f32, float_row_256, RQ_F32, row, n, tv, res)
 KERN256(k256_f16, float_row_256, RQ_F16, row, n, tv, res)
 KERN256(k256_bf16, float_row_256, RQ_BF16, row, n, tv, res)
@@ -1527,6 +1790,27 @@ static kern_fn simd_kernel(int path, int t, int *tmax, int *ub) {
         case RQ_Q4_K: return k256_q4_K;
         case RQ_Q5_K: return k256_q5_K;
         case RQ_Q6_K: return k256_q6_K;
+        default: return NULL;
+        }
+    }
+#else
+    (void)path; (void)t;
+#endif
+    return NULL;
+}
+
+/* Multi-row kernel for (path, type), or NULL: the AVX2 legacy kernels, which pack (row, token)
+ * slots (see legacy_slots_256) and need the tile's td4/nq4/ds4 arrays. */
+typedef void (*rows_fn)(const uint8_t *W, size_t rb, int r0, int r1, int n, const tile *tv, float *out, int ldo, int k0);
+static rows_fn simd_rows_kernel(int path, int t) {
+#ifdef RQ_HAVE_X86
+    if (path == RQ_PATH_AVX2) {
+        switch (t) {
+        case RQ_Q4_0: return r256_q4_0;
+        case RQ_Q4_1: return r256_q4_1;
+        case RQ_Q5_0: return r256_q5_0;
+        case RQ_Q5_1: return r256_q5_1;
+        case RQ_Q8_0: return r256_q8_0;
         default: return NULL;
         }
     }
@@ -1613,7 +1897,9 @@ float rq_vec_dot(int t, int n, const void *row, const rq_act *x) {
     tile tl;
     prep_tile(t, ub, x, 1, nb, mem, &tl);
     float res = 0.0f;
-    k(row, n, &tl, &res);
+    rows_fn rk = slot_packed(t, ub) ? simd_rows_kernel(path, t) : NULL;
+    if (rk) rk(row, rq_row_bytes(t, n), 0, 1, n, &tl, &res, 1, 0);
+    else k(row, n, &tl, &res);
     if (mem != sbuf) free(mem);
     return res;
 }
@@ -1633,11 +1919,13 @@ static void matmul_rows_ref(int t, const void *W, int cols, int r0, int r1,
 typedef struct {
     int ntiles, tmax, ub, nb;
     size_t full;      /* bytes per tile */
+    rows_fn rk;       /* multi-row kernel, or NULL: one row at a time */
     tile *tl;
     uint8_t *mem;
 } tileset;
 
-static int tiles_alloc(tileset *ts, int t, int tmax, int ub, int cols, int ntok) {
+static int tiles_alloc(tileset *ts, int path, int t, int tmax, int ub, int cols, int ntok) {
+    ts->rk = slot_packed(t, ub) ? simd_rows_kernel(path, t) : NULL;
     ts->ntiles = (ntok + tmax - 1) / tmax;
     ts->tmax = tmax;
     ts->ub = ub;
@@ -1678,6 +1966,10 @@ static void tiles_run(const tileset *ts, kern_fn kern, int t, const uint8_t *W, 
         for (int i = 0; i < ts->ntiles; i++) {
             const tile *tl = &ts->tl[i];
             int k0 = i * ts->tmax, T = tl->T;
+            if (ts->rk) {
+                ts->rk(W, rb, rc, re, cols, tl, out, ldo, k0);
+                continue;
+            }
             for (int r = rc; r < re; r++) {
                 kern(W + (size_t)r * rb, cols, tl, res);
                 for (int j = 0; j < T; j++) out[(size_t)(k0 + j) * ldo + r] = res[j];
@@ -1701,7 +1993,7 @@ void rq_matmul_rows(int t, const void *W, int cols, int r0, int r1,
     int path = rq_kernel_path(), tmax, ub;
     kern_fn k = path == RQ_PATH_SCALAR ? NULL : simd_kernel(path, t, &tmax, &ub);
     tileset ts;
-    if (k && tiles_alloc(&ts, t, tmax, ub, cols, ntok) == 0) {
+    if (k && tiles_alloc(&ts, path, t, tmax, ub, cols, ntok) == 0) {
         for (int i = 0; i < ts.ntiles; i++) tiles_prep(&ts, t, acts, ntok, i);
         tiles_run(&ts, k, t, W, cols, r0, r1, out, ldo);
         tiles_free(&ts);
@@ -1751,7 +2043,7 @@ static void matmul_in_team(int t, const uint8_t *W, int rows, int cols,
     if (!prefill) {
         /* decode-sized: each thread prepares its own (small) token tiles, no extra barrier */
         tileset ts;
-        int have = k && tiles_alloc(&ts, t, tmax, ub, cols, ntok) == 0;
+        int have = k && tiles_alloc(&ts, path, t, tmax, ub, cols, ntok) == 0;
         if (have)
             for (int i = 0; i < ts.ntiles; i++) tiles_prep(&ts, t, acts, ntok, i);
 #pragma omp for schedule(static, 1) nowait
@@ -1772,7 +2064,7 @@ static void matmul_in_team(int t, const uint8_t *W, int rows, int cols,
 #pragma omp single copyprivate(ts, ok)
     {
         ts = malloc(sizeof(tileset));
-        ok = ts && tiles_alloc(ts, t, tmax, ub, cols, ntok) == 0;
+        ok = ts && tiles_alloc(ts, path, t, tmax, ub, cols, ntok) == 0;
         if (!ok) { free(ts); ts = NULL; }
     }
     if (!ok) {
