@@ -6,7 +6,6 @@ it). The long version - 500 jobs, 3 workers, three kills, a Redis restart, a col
 """
 from __future__ import annotations
 
-import signal
 import threading
 import time
 from pathlib import Path
@@ -19,7 +18,7 @@ from jobs import keys
 from jobs.schemas import queue_names
 from pipeline.client import Client
 from pipeline.collector import collect
-from pipeline.embedded import WorkerProcess, worker_command
+from pipeline.embedded import WorkerProcess, stop_workers, worker_command
 from pipeline.redis_conn import SERIALIZER
 from pipeline.streams import final_text, follow_tokens, read_all
 from pipeline.worker import POPPED_PREFIX, WORKER_LOSS_RETRIES, LLMWorker, Reaper
@@ -254,12 +253,7 @@ def test_redis_restart_mid_batch_loses_nothing(tmp_path):
         assert q.count == 0 and q.started_job_registry.get_job_ids(cleanup=False) == []
         assert Job.fetch(r.job_id, connection=client.connection, serializer=SERIALIZER).get_status() == "finished"
     finally:
-        w.signal(signal.SIGTERM)
-        try:
-            w.proc.wait(30)
-        except Exception:  # noqa: BLE001
-            w.proc.kill()
-        w.close()
+        stop_workers([w])
         server.stop()
 
 
@@ -298,10 +292,5 @@ def test_redis_down_longer_than_the_client_retries_mid_job(tmp_path):
         for _, r in client.results(bid):
             assert final_text(read_all(client.connection, keys.token_stream_key(r.job_id))) == r.text
     finally:
-        w.signal(signal.SIGTERM)
-        try:
-            w.proc.wait(30)
-        except Exception:  # noqa: BLE001
-            w.proc.kill()
-        w.close()
+        stop_workers([w])
         server.stop()
