@@ -20,7 +20,6 @@ import argparse
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -28,8 +27,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "tools"))
+sys.path.insert(0, str(ROOT / "bench"))
 
 import make_llamacpp_fixtures as fixtures  # noqa: E402
+from bench_engine import bench_ours, peer_run  # noqa: E402
 
 from engine import models  # noqa: E402
 from engine.model import Model  # noqa: E402
@@ -69,25 +70,11 @@ def peer_greedy(llm, prompt: list[int], eos: int) -> list[int]:
 
 
 def our_decode_tps(model: Model, prompt: list[int], n: int) -> float:
-    logits = model.forward(prompt, 0)
-    t0 = time.perf_counter()
-    for i in range(n):
-        logits = model.forward([int(np.argmax(logits))], len(prompt) + i)
-    return n / (time.perf_counter() - t0)
+    return bench_ours(model, prompt, n)[1]
 
 
 def peer_decode_tps(llm, prompt: list[int], n: int) -> float:
-    llm.reset()
-    llm._ctx.kv_cache_clear()
-    llm.eval(prompt)
-    tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
-    spent = 0.0
-    for _ in range(n):
-        t = time.perf_counter()
-        llm.eval([tok])
-        spent += time.perf_counter() - t
-        tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
-    return n / spent
+    return peer_run(llm, prompt, n)[1]
 
 
 def prefix_len(a: list[int], b: list[int]) -> int:

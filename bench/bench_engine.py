@@ -57,22 +57,26 @@ class LlamaCpp:
                                    n_batch=512, n_ubatch=512, no_perf=False, verbose=False)
 
     def bench(self, toks: list[int], n_decode: int) -> tuple[float, float]:
-        llm = self.llm
-        llm.reset()
-        llm._ctx.kv_cache_clear()  # positions restart at 0: the old sequence must go
-        # Wall clock around eval: llama.cpp's perf counters read zero through this binding; the
-        # binding's own overhead is tens of microseconds per call against milliseconds of compute.
-        t0 = time.perf_counter()
-        llm.eval(toks)
-        t1 = time.perf_counter()
+        return peer_run(self.llm, toks, n_decode)
+
+
+def peer_run(llm, toks: list[int], n_decode: int) -> tuple[float, float]:
+    """Prefill and decode tok/s of a llama_cpp.Llama, from a cleared cache."""
+    llm.reset()
+    llm._ctx.kv_cache_clear()  # positions restart at 0: the old sequence must go
+    # Wall clock around eval: llama.cpp's perf counters read zero through this binding; the
+    # binding's own overhead is tens of microseconds per call against milliseconds of compute.
+    t0 = time.perf_counter()
+    llm.eval(toks)
+    t1 = time.perf_counter()
+    tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+    t_decode = 0.0
+    for _ in range(n_decode):
+        ta = time.perf_counter()
+        llm.eval([tok])
+        t_decode += time.perf_counter() - ta
         tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
-        t_decode = 0.0
-        for _ in range(n_decode):
-            ta = time.perf_counter()
-            llm.eval([tok])
-            t_decode += time.perf_counter() - ta
-            tok = int(np.argmax(llm.scores[llm.n_tokens - 1]))
-        return len(toks) / (t1 - t0), n_decode / t_decode
+    return len(toks) / (t1 - t0), n_decode / t_decode
 
 
 def peak_rss_mb() -> float:
