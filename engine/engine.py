@@ -139,6 +139,7 @@ class Engine:
         t1 = time.perf_counter()
 
         sampler = Sampler(params)
+        penalized = params.repetition_penalty != 1.0
         stream = _TextStream(self.tokenizer, params.stop, on_text)
         out: list[int] = []
         finish = "length"
@@ -146,7 +147,8 @@ class Engine:
         for i in range(params.max_tokens):
             if should_stop is not None and should_stop():
                 raise EngineInterrupted(f"stopped after {len(out)} tokens")
-            token = sampler.sample(logits, ids + out)
+            # the recent tokens matter only to the repetition penalty: no per-token list copy otherwise
+            token = sampler.sample(logits, ids + out if penalized else out)
             if token in self.tokenizer.eos_ids:
                 finish = "stop"
                 break
