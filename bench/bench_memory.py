@@ -11,6 +11,7 @@ the KV bytes and the mapped weights size.  Our KV arrays are zero pages until wr
 run leaves most of them out of the RSS; "peak, KV full" is the peak after every KV page has been
 written too (a worker that has served a full-length prompt).  llama.cpp clears its cache at load.
 The issue's target for 8b-shape with a 4,096-token KV budget: our peak RSS <= 6 GB.
+`--pss` measures something else: PSS of two real worker processes (bench/pss_workers.py).
 Speeds are not measured here (bench_engine.py does that).
 """
 from __future__ import annotations
@@ -124,7 +125,18 @@ def measure(engine: str, path: Path, threads: int, kv_tokens: int, n_prefill: in
 @click.option("--no-peer", is_flag=True, help="Skip llama.cpp.")
 @click.option("--child", "child_engine", type=click.Choice(["ours", "llama"]), default=None, hidden=True)
 @click.option("--path", "child_path", type=click.Path(path_type=Path), default=None, hidden=True)
-def main(model, threads, kv_tokens, n_prefill, n_decode, no_peer, child_engine, child_path):
+@click.option("--pss", is_flag=True, help="Instead: what a second real worker adds to the host's PSS "
+              "(bench/pss_workers.py; --pss-model, --kv-budget, --threads).")
+@click.option("--pss-model", default="smollm2-135m", show_default=True, help="Model for --pss.")
+@click.option("--kv-budget", default="256MiB", show_default=True, help="Each worker's KV budget for --pss.")
+@click.option("--max-tokens", default=32, show_default=True, help="Length of each --pss job.")
+def main(model, threads, kv_tokens, n_prefill, n_decode, no_peer, child_engine, child_path, pss, pss_model,
+         kv_budget, max_tokens):
+    if pss:
+        from pss_workers import measure_pss
+
+        measure_pss(pss_model, kv_budget, threads, max_tokens)
+        return
     if child_engine:
         child(child_engine, child_path, threads, kv_tokens, n_prefill, n_decode)
         return
