@@ -24,6 +24,7 @@ Where the time goes: `python -X importtime -c "import pipeline.worker"` and cPro
 """
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
@@ -41,7 +42,10 @@ sys.path.insert(0, str(ROOT))
 from pipeline.embedded import RedisServer, subprocess_env, worker_command  # noqa: E402
 
 TARGETS = {"smollm2-135m": 0.5, "gemma3-270m": 1.0}
+READY = "ready, waiting for jobs"  # pipeline.worker's line before its first wait for jobs
+LISTENING = "*** Listening on"  # rq's line once the worker is registered (older trees lack READY)
 CHILD_ENV: dict[str, str] = {}
+_NAMES = itertools.count()
 
 ENGINE_CHILD = """
 import json, sys, time
@@ -56,11 +60,17 @@ print(json.dumps({"main": t_main, "import": t_import, "load": t_load, "ready": t
 """
 
 
-def engine_start(model: str, threads: int, kv_budget: str) -> dict[str, float]:
+def tree_env(tree: Path) -> dict[str, str]:
+    env = dict(CHILD_ENV)
+    env["PYTHONPATH"] = str(tree)  # ahead of the editable install's finder
+    return env
+
+
+def engine_start(model: str, threads: int, kv_budget: str, tree: Path = ROOT) -> dict[str, float]:
     """Seconds from spawn to each stage of an engine-only process."""
     t0 = time.monotonic()
     proc = subprocess.run([sys.executable, "-c", ENGINE_CHILD, model, str(threads), kv_budget],
-                          capture_output=True, text=True, env=CHILD_ENV, cwd=str(ROOT), timeout=120)
+                          capture_output=True, text=True, env=tree_env(tree), cwd=str(tree), timeout=120)
     if proc.returncode != 0:
         raise SystemExit(f"engine child failed:\n{proc.stderr[-3000:]}")
     stamps = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -69,20 +79,22 @@ def engine_start(model: str, threads: int, kv_budget: str) -> dict[str, float]:
             "ready": stamps["ready"] - t0}
 
 
-def worker_start(redis_url: str, model: str, threads: int, kv_budget: str, run: int) -> float:
-    """Seconds from spawn until the worker says it is waiting for jobs; the worker is then stopped."""
-    name = f"startup-bench-{os.getpid()}-{run}"
+def worker_start(redis_url: str, model: str, threads: int, kv_budget: str, run: int, tree: Path = ROOT,
+                 marker: str = READY) -> float:
+    """Seconds from spawn until the worker logs `marker` (by default: it is waiting for jobs); the worker
+    is then stopped."""
+    name = f"startup-bench-{os.getpid()}-{run}-{next(_NAMES)}"  # unique: a stopped one may still be registered
     cmd = worker_command(redis_url, model, threads=threads, kv_budget=kv_budget, name=name)
     t0 = time.monotonic()
     proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            env=CHILD_ENV, cwd=str(ROOT))
+                            env=tree_env(tree), cwd=str(tree))
     lines = []
     try:
         assert proc.stdout is not None
         for raw in proc.stdout:
             line = raw.decode(errors="replace")
             lines.append(line)
-            if "ready, waiting for jobs" in line:
+            if marker in line:
                 return time.monotonic() - t0
         raise SystemExit("worker exited before it was ready:\n" + "".join(lines[-20:]))
     finally:
@@ -105,7 +117,12 @@ def fmt(xs: list[float]) -> str:
 @click.option("--kv-budget", default="256MiB", show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Also print one JSON line with every sample.")
 @click.option("--no-bytecode", is_flag=True, help="Keep PYTHONDONTWRITEBYTECODE if set (no .pyc caching).")
-def main(models: tuple[str, ...], runs: int, threads: int, kv_budget: str, as_json: bool, no_bytecode: bool) -> None:
+@click.option("--baseline", type=click.Path(exists=True, file_okay=False, path_type=Path), default=None,
+              help="Also time another checkout (e.g. `git archive OLD | tar -x -C DIR` plus the built "
+                   "kernels copied in), interleaved with this one; workers are then timed to rq's "
+                   "'Listening on' line, which both have.")
+def main(models: tuple[str, ...], runs: int, threads: int, kv_budget: str, as_json: bool, no_bytecode: bool,
+         baseline: Path | None) -> None:
     from engine import models as known
 
     CHILD_ENV.update(subprocess_env())
@@ -114,28 +131,32 @@ def main(models: tuple[str, ...], runs: int, threads: int, kv_budget: str, as_js
     for m in models:
         known.resolve(m)  # pull before timing
     server = RedisServer().start()
+    trees = {"": ROOT} if baseline is None else {"": ROOT, " (baseline)": baseline.resolve()}
+    marker = READY if baseline is None else LISTENING
     results: dict[str, dict[str, list]] = {}
     try:
         for m in models:
-            engine_start(m, threads, kv_budget)  # warm-up: page cache, tokenizer cache, .pyc files
-            worker_start(server.url, m, threads, kv_budget, -1)
-            eng: list[dict[str, float]] = []
-            wrk: list[float] = []
+            for tree in trees.values():  # warm-up: page cache, tokenizer/index caches, .pyc files
+                engine_start(m, threads, kv_budget, tree)
+                worker_start(server.url, m, threads, kv_budget, -1, tree, marker)
+            for label in trees:
+                results[m + label] = {"engine": [], "worker": []}
             for r in range(runs):
-                eng.append(engine_start(m, threads, kv_budget))
-                wrk.append(worker_start(server.url, m, threads, kv_budget, r))
-            results[m] = {"engine": eng, "worker": wrk}
+                for label, tree in trees.items():  # interleaved: drifting load hits both alike
+                    results[m + label]["engine"].append(engine_start(m, threads, kv_budget, tree))
+                    results[m + label]["worker"].append(worker_start(server.url, m, threads, kv_budget, r, tree,
+                                                                     marker))
     finally:
         server.stop()
 
     print(f"start-up to ready, seconds: median (min-max) of {runs} fresh processes after a warm-up; "
-          f"{threads} threads, KV budget {kv_budget}")
+          f"{threads} threads, KV budget {kv_budget}; worker timed to {marker!r}")
     head = ("model", "interpreter", "imports", "Engine()", "1st forward", "engine ready", "worker ready",
             "target", "met")
     rows = []
     for m, res in results.items():
         eng, wrk = res["engine"], res["worker"]
-        target = TARGETS.get(m)
+        target = TARGETS.get(m.split(" ")[0])
         worst = max(statistics.median(e["ready"] for e in eng), statistics.median(wrk))
         rows.append((m, *(fmt([e[k] for e in eng]) for k in ("interpreter", "imports", "engine", "forward", "ready")),
                      fmt(wrk), f"< {target:g}" if target else "-",
