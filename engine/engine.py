@@ -35,10 +35,11 @@ from engine.tokenizer import Tokenizer, TokenizerError
 MAX_PROMPT_CHARS = 4_000_000  # far beyond any KV budget here; refuse before tokenizing megabytes
 
 
-def _release_freed_heap() -> None:
-    """Give the pages loading freed back to the OS. Building the tokenizer allocates and frees tens
-    of MB (JSON parse, vocabulary decoding) that glibc keeps in the heap otherwise: measured 24 MB
-    (SmolLM2) and 35 MB (Gemma 3) of private memory per worker process (bench_memory.py --pss)."""
+def release_freed_heap() -> None:
+    """Give pages freed by Python and the tokenizer back to the OS (glibc malloc_trim; ~0.2 ms).
+    Building the tokenizer allocates and frees tens of MB (JSON parse, vocabulary decoding) that glibc
+    keeps in the heap otherwise: 22 MB (SmolLM2) and 35 MB (Gemma 3) of private memory per worker
+    process; a first Gemma 3 prompt leaves ~10 MB more (bench_memory.py --pss)."""
     if not sys.platform.startswith("linux"):
         return
     try:
@@ -73,7 +74,7 @@ class Engine:
             raise EngineError(str(exc)) from None
         self.chat = ChatFormat.from_gguf(self.model.gguf, self.tokenizer)
         self._cached: list[int] = []  # tokens whose K/V sit in the cache at positions 0..
-        _release_freed_heap()
+        release_freed_heap()
 
     @property
     def kv_capacity(self) -> int:

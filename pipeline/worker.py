@@ -484,6 +484,12 @@ class LLMWorker(SimpleWorker):
             self._beat.end()
             self._current_job_id = None
             self.jobs_run += 1
+            if self.jobs_run == 1:
+                # the first job's one-off allocations (tokenizer lookup tables, template) stay freed,
+                # not private to this process (bench_memory.py --pss)
+                from engine.engine import release_freed_heap
+
+                release_freed_heap()
         self.set_state(WorkerStatus.IDLE)
 
     def _refuse(self, job: Job, queue: Any, reason: str) -> None:
