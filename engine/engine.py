@@ -24,13 +24,17 @@ import os
 import sys
 import time
 from collections.abc import Callable, Sequence
+from functools import cached_property
+from typing import TYPE_CHECKING
 
 from engine import models
-from engine.chat import ChatFormat
 from engine.model import MAX_UBATCH, Model, ModelError
 from engine.params import Generation, SamplingParams
 from engine.sampler import Sampler
 from engine.tokenizer import Tokenizer, TokenizerError
+
+if TYPE_CHECKING:
+    from engine.chat import ChatFormat
 
 MAX_PROMPT_CHARS = 4_000_000  # far beyond any KV budget here; refuse before tokenizing megabytes
 
@@ -72,9 +76,17 @@ class Engine:
             self.tokenizer = Tokenizer.from_gguf(self.model.gguf)
         except TokenizerError as exc:
             raise EngineError(str(exc)) from None
-        self.chat = ChatFormat.from_gguf(self.model.gguf, self.tokenizer)
         self._cached: list[int] = []  # tokens whose K/V sit in the cache at positions 0..
         release_freed_heap()
+
+    @cached_property
+    def chat(self) -> ChatFormat:
+        """The chat format, built on first use: Jinja2 and the template's compilation (~50 ms) are not
+        needed to start, nor by raw-prompt requests. A template that does not compile fails the chat
+        requests (EngineError naming it), not the engine."""
+        from engine.chat import ChatFormat
+
+        return ChatFormat.from_gguf(self.model.gguf, self.tokenizer)
 
     @property
     def kv_capacity(self) -> int:
@@ -87,7 +99,7 @@ class Engine:
     def render_chat(self, messages: Sequence[dict]) -> str:
         try:
             return self.chat.render(list(messages), add_generation_prompt=True)
-        except ValueError as exc:
+        except ValueError as exc:  # ChatError (bad messages, broken template) is a ValueError
             raise EngineError(str(exc)) from None
 
     def prompt_ids(self, prompt: str | None = None, messages: Sequence[dict] | None = None) -> list[int]:

@@ -128,3 +128,20 @@ def test_worker_says_when_it_is_ready(smollm2_path, tmp_path):
         # said after rq's start-up (registration, which comes after loading the engine)
         text = "".join(lines)
         assert text.index("started with PID") < text.index("ready, waiting")
+
+
+def test_engine_starts_without_jinja2_and_builds_the_chat_format_on_first_use(smollm2_path):
+    code = (
+        "import sys\n"
+        "from engine.engine import Engine\n"
+        f"eng = Engine({str(smollm2_path)!r}, threads=1, kv_budget='16MiB')\n"
+        "print('jinja2' in sys.modules, 'gguf' in sys.modules)\n"
+        "text = eng.render_chat([{'role': 'user', 'content': 'hi'}])\n"
+        "print('jinja2' in sys.modules, repr(text))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         cwd=str(Path(__file__).resolve().parents[1]))
+    assert out.returncode == 0, out.stderr
+    first, second = out.stdout.splitlines()
+    assert first == "False False"  # neither Jinja2 nor the gguf package loaded to start
+    assert second.startswith("True ") and "<|im_start|>user\\nhi<|im_end|>" in second
