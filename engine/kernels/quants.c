@@ -2119,6 +2119,51 @@ void rq_matmul(int t, const void *W, int rows, int cols,
 #endif
 }
 
+/* First row of op (byte offset `base` in the concatenation, rb bytes a row, rows rows) at or
+ * after byte `at`, rounded up to 16 rows: neighbouring threads' ranges meet exactly. */
+static int multi_row_at(size_t at, size_t base, size_t rb, int rows) {
+    if (at <= base) return 0;
+    size_t r = (at - base + rb - 1) / rb;
+    r = (r + 15) / 16 * 16;
+    return r > (size_t)rows ? rows : (int)r;
+}
+
+void rq_matmul_multi(const rq_matmul_op *ops, int nops, int cols, const rq_act *acts, int ntok, int nthreads) {
+    rq_kernels_init();
+    size_t total = 0;
+    int simple = ntok > 2;
+    for (int i = 0; i < nops; i++) {
+        if (!rq_type_supported(ops[i].type)) simple = 1;
+        total += rq_row_bytes(ops[i].type, cols) * (size_t)ops[i].rows;
+    }
+#ifdef _OPENMP
+    int nt = nthreads > 0 ? nthreads : omp_get_max_threads();
+    if (total < RQ_SERIAL_BYTES) nt = 1;
+#else
+    int nt = 1;
+#endif
+    if (simple || nt <= 1) {
+        for (int i = 0; i < nops; i++)
+            rq_matmul(ops[i].type, ops[i].W, ops[i].rows, cols, acts, ntok, ops[i].out, ops[i].ldo, nthreads);
+        return;
+    }
+#ifdef _OPENMP
+#pragma omp parallel num_threads(nt)
+    {
+        const int me = omp_get_thread_num(), nth = omp_get_num_threads();
+        const size_t lo = total * (size_t)me / (size_t)nth, hi = total * (size_t)(me + 1) / (size_t)nth;
+        size_t base = 0;
+        for (int i = 0; i < nops; i++) {
+            const size_t rb = rq_row_bytes(ops[i].type, cols);
+            const int r0 = multi_row_at(lo, base, rb, ops[i].rows);
+            const int r1 = me == nth - 1 ? ops[i].rows : multi_row_at(hi, base, rb, ops[i].rows);
+            if (r1 > r0) rq_matmul_rows(ops[i].type, ops[i].W, cols, r0, r1, acts, ntok, ops[i].out, ops[i].ldo);
+            base += rb * (size_t)ops[i].rows;
+        }
+    }
+#endif
+}
+
 void rq_matmul_team(int t, const void *W, int rows, int cols,
                     const rq_act *acts, int ntok, float *out, int ldo) {
     rq_kernels_init();
