@@ -1747,6 +1747,156 @@ KERN256(k256_f32, float_row_256, RQ_F32, row, n, tv, res)
 KERN256(k256_f16, float_row_256, RQ_F16, row, n, tv, res)
 KERN256(k256_bf16, float_row_256, RQ_BF16, row, n, tv, res)
 
+/* --- K types, decode: 4 rows x 1 token per vector ------------------------------------------
+ * The slot kernels above put the tile's tokens in the lanes; with one token (decode) 3 of the 4
+ * slots are dead. Here slot s is row s instead: lane s / s + 4 hold row s's sums over the first /
+ * second 16 elements of each 32-element block, exactly what lane 0 / 4 holds in the one-row
+ * kernel, and every lane goes through the same float operations in the same order, so results
+ * are bit-identical to q4k_slots_256 / q6k_slots_256 with T = 1. */
+
+/* 4 rows' 8 per-group floats -> X[g] = [row0..row3 of group g | row0..row3 of group g + 4], g < 4 */
+A256 AINL void rows4_transpose(const __m256 *v, __m256 *X) {
+    const __m256 a = _mm256_unpacklo_ps(v[0], v[1]), b = _mm256_unpacklo_ps(v[2], v[3]);
+    const __m256 c = _mm256_unpackhi_ps(v[0], v[1]), d = _mm256_unpackhi_ps(v[2], v[3]);
+    X[0] = _mm256_shuffle_ps(a, b, 0x44);
+    X[1] = _mm256_shuffle_ps(a, b, 0xEE);
+    X[2] = _mm256_shuffle_ps(c, d, 0x44);
+    X[3] = _mm256_shuffle_ps(c, d, 0xEE);
+}
+
+/* [rows of group g | rows of group h] from transposed X (g, h < 8) */
+A256 AINL __m256 rows4_pair(const __m256 *X, int g, int h) {
+    const __m256 A = X[g & 3], B = X[h & 3];
+    const int sa = g < 4 ? 0 : 1, sb = h < 4 ? 0 : 1;
+    if (sa == 0 && sb == 0) return _mm256_permute2f128_ps(A, B, 0x20);
+    if (sa == 0 && sb == 1) return _mm256_permute2f128_ps(A, B, 0x30);
+    if (sa == 1 && sb == 0) return _mm256_permute2f128_ps(A, B, 0x21);
+    return _mm256_permute2f128_ps(A, B, 0x31);
+}
+
+/* exact sums of U_r . q over each 16-element half, packed [r0lo r1lo r2lo r3lo r0hi .. r3hi] */
+A256 AINL __m256i rows4_pack(const __m256i *U, __m256i q) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i p[4];
+    for (int r = 0; r < 4; r++) p[r] = _mm256_madd_epi16(_mm256_maddubs_epi16(U[r], q), ones);
+    return _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
+}
+
+A256 AINL void rows4_finish(__m256 acc0, __m256 acc1, __m256 accM, const int mins, float *res) {
+    const __m256 acc = _mm256_add_ps(acc0, acc1);
+    __m128 a = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+    if (mins) a = _mm_add_ps(a, _mm_add_ps(_mm256_castps256_ps128(accM), _mm256_extractf128_ps(accM, 1)));
+    _mm_storeu_ps(res, a);
+}
+
+A256 static void q4k_rows4_256(const uint8_t *const *rows, int n, const tile *tv, float *res, size_t pf) {
+    const int nsb = n / QK_K;
+    const __m256i m0f = _mm256_set1_epi8(0x0F);
+    const __m256i tok0 = _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4);
+    __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()}, accM = _mm256_setzero_ps();
+    for (int i = 0; i < nsb; i++) {
+        const blk_q4_K *x[4];
+        __m256 dsc[4], dmn[4], SC[4], MN[4];
+        for (int r = 0; r < 4; r++) {
+            x[r] = (const blk_q4_K *)rows[r] + i;
+            if (pf) _mm_prefetch((const char *)x[r] + pf, _MM_HINT_T0), _mm_prefetch((const char *)x[r] + pf + 64, _MM_HINT_T0);
+            uint32_t u0, u1, u2, u3;
+            k4_unpack(x[r]->scales, &u0, &u1, &u2, &u3);
+            __m128i v = _mm_set_epi32((int)u3, (int)u2, (int)u1, (int)u0);
+            dsc[r] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)), _mm256_set1_ps(_cvtsh_ss(x[r]->d)));
+            dmn[r] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(v, 8))),
+                                   _mm256_set1_ps(-_cvtsh_ss(x[r]->dmin)));
+        }
+        rows4_transpose(dsc, SC);
+        rows4_transpose(dmn, MN);
+        for (int c = 0; c < 4; c++) {
+            __m256i xq[4];
+            for (int r = 0; r < 4; r++) xq[r] = _mm256_loadu_si256((const __m256i *)(x[r]->qs + 32 * c));
+            for (int e = 0; e < 2; e++) {
+                const int j = 2 * c + e;
+                const size_t b = 8 * (size_t)i + j;
+                __m256i U[4];
+                for (int r = 0; r < 4; r++) U[r] = _mm256_and_si256(e ? _mm256_srli_epi16(xq[r], 4) : xq[r], m0f);
+                const __m256i P = rows4_pack(U, _mm256_loadu_si256((const __m256i *)(tv->qs + 32 * b)));
+                const __m256 wd = rows4_pair(SC, j, j);
+                acc[e] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(P), _mm256_mul_ps(wd, _mm256_set1_ps(tv->td4[8 * b])), acc[e]);
+            }
+            const __m256 M = rows4_pair(MN, 2 * c, 2 * c + 1);
+            const __m256 ds = _mm256_permutevar8x32_ps(_mm256_loadu_ps(tv->ds4 + 4 * (8 * (size_t)i + 2 * c)), tok0);
+            accM = _mm256_fmadd_ps(M, ds, accM);
+        }
+    }
+    rows4_finish(acc[0], acc[1], accM, 1, res);
+}
+
+A256 static void q6k_rows4_256(const uint8_t *const *rows, int n, const tile *tv, float *res, size_t pf) {
+    const int nsb = n / QK_K;
+    const __m256i m0f = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
+    const __m256i tok0 = _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4);
+    __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int i = 0; i < nsb; i++) {
+        const blk_q6_K *x[4];
+        __m256 lo[4], hi[4], SL[4], SH[4];
+        for (int r = 0; r < 4; r++) {
+            x[r] = (const blk_q6_K *)rows[r] + i;
+            if (pf)
+                for (int o = 0; o < (int)sizeof(blk_q6_K); o += 64) _mm_prefetch((const char *)x[r] + pf + o, _MM_HINT_T0);
+            __m128i s8 = _mm_loadu_si128((const __m128i *)x[r]->scales);
+            __m256 d = _mm256_set1_ps(_cvtsh_ss(x[r]->d));
+            lo[r] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(s8)), d);
+            hi[r] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(s8, 8))), d);
+        }
+        rows4_transpose(lo, SL);
+        rows4_transpose(hi, SH);
+        for (int h = 0; h < 2; h++) {
+            for (int k = 0; k < 4; k++) {
+                const size_t b = 8 * (size_t)i + 4 * h + k;
+                __m256i U[4];
+                for (int r = 0; r < 4; r++) {
+                    const __m256i L = _mm256_loadu_si256((const __m256i *)(x[r]->ql + 64 * h + 32 * (k & 1)));
+                    const __m256i H = _mm256_loadu_si256((const __m256i *)(x[r]->qh + 32 * h));
+                    const __m256i Lk = k < 2 ? _mm256_and_si256(L, m0f) : _mm256_and_si256(_mm256_srli_epi16(L, 4), m0f);
+                    const __m256i Hk = k == 0 ? _mm256_slli_epi16(H, 4) : k == 1 ? _mm256_slli_epi16(H, 2)
+                                     : k == 2 ? H : _mm256_srli_epi16(H, 2);
+                    U[r] = _mm256_or_si256(Lk, _mm256_and_si256(Hk, m30));
+                }
+                __m256i P = rows4_pack(U, _mm256_loadu_si256((const __m256i *)(tv->qs + 32 * b)));
+                P = _mm256_add_epi32(P, _mm256_permutevar8x32_epi32(_mm256_loadu_si256((const __m256i *)(tv->nq4 + 8 * b)), tok0));
+                const int g = 8 * h + 2 * k;   /* 16-element scales: one per half */
+                const __m256 wd = g < 8 ? rows4_pair(SL, g, g + 1) : rows4_pair(SH, g - 8, g - 7);
+                acc[k & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(P), _mm256_mul_ps(wd, _mm256_set1_ps(tv->td4[8 * b])), acc[k & 1]);
+            }
+        }
+    }
+    rows4_finish(acc[0], acc[1], acc[0], 0, res);
+}
+
+/* Rows [r0, r1) against the tile: 4 rows at a time for one token, else one row at a time. */
+A256 AINL void krows_256(kern_fn one, void (*four)(const uint8_t *const *, int, const tile *, float *, size_t),
+                         const uint8_t *W, size_t rb, int r0, int r1, int n, const tile *tv, float *out, int ldo, int k0) {
+    float res[TMAX2];
+    if (tv->T == 1) {
+        for (int r = r0; r < r1; r += 4) {
+            const uint8_t *rows[4];
+            for (int i = 0; i < 4; i++) rows[i] = W + (size_t)(r + i < r1 ? r + i : r) * rb;
+            four(rows, n, tv, res, r + 8 <= r1 ? 4 * rb : 0);
+            for (int i = 0; i < 4 && r + i < r1; i++) out[(size_t)k0 * ldo + r + i] = res[i];
+        }
+        return;
+    }
+    for (int r = r0; r < r1; r++) {
+        one(W + (size_t)r * rb, n, tv, res);
+        for (int k = 0; k < tv->T; k++) out[(size_t)(k0 + k) * ldo + r] = res[k];
+    }
+}
+
+A256 static void r256_q4_K(const uint8_t *W, size_t rb, int r0, int r1, int n, const tile *tv, float *out, int ldo, int k0) {
+    krows_256(k256_q4_K, q4k_rows4_256, W, rb, r0, r1, n, tv, out, ldo, k0);
+}
+A256 static void r256_q6_K(const uint8_t *W, size_t rb, int r0, int r1, int n, const tile *tv, float *out, int ldo, int k0) {
+    krows_256(k256_q6_K, q6k_rows4_256, W, rb, r0, r1, n, tv, out, ldo, k0);
+}
+
 #endif /* x86 */
 
 /* Kernel for (path, type) and the largest token tile it takes; NULL: use the scalar reference. */
@@ -1811,6 +1961,8 @@ static rows_fn simd_rows_kernel(int path, int t) {
         case RQ_Q5_0: return r256_q5_0;
         case RQ_Q5_1: return r256_q5_1;
         case RQ_Q8_0: return r256_q8_0;
+        case RQ_Q4_K: return r256_q4_K;
+        case RQ_Q6_K: return r256_q6_K;
         default: return NULL;
         }
     }
