@@ -4,7 +4,8 @@ Why not ``gguf.GGUFReader``: it builds a numpy object per metadata array
 element in Python, which takes seconds on a 262k-entry vocabulary (3 s on
 SmolLM2, 15 s on Gemma 3 here).  This reader only walks the length prefixes of
 string arrays at open time (the format gives no other way to find the next
-key) and decodes them lazily on first access; numeric arrays are single
+key; with ``index_cache`` the offsets are kept on disk and only verified next
+time) and decodes them lazily on first access; numeric arrays are single
 ``np.frombuffer`` calls; tensor data is never copied.  Constants (value types,
 ggml types, block sizes, magic) come from the ``gguf`` package.
 
@@ -19,16 +20,20 @@ Layout (GGUF v2/v3, little-endian):
 from __future__ import annotations
 
 import codecs
+import hashlib
 import mmap
 import os
 import struct
+import tempfile
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGUF_DEFAULT_ALIGNMENT, GGUF_MAGIC, GGMLQuantizationType, GGUFValueType
+
+from engine.gguf_constants import (GGML_QUANT_SIZES, GGUF_DEFAULT_ALIGNMENT, GGUF_MAGIC, GGMLQuantizationType,
+                                   GGUFValueType)
 
 __all__ = ["GGUFError", "TensorInfo", "GGUFFile"]
 
@@ -38,6 +43,8 @@ HEADER_SIZE = 24
 MAX_KEY_BYTES = 65535  # the GGUF spec: keys are at most 2^16 - 1 bytes
 MAX_NAME_BYTES = 63  # GGML_MAX_NAME is 64 including the terminating NUL
 _DECODE_CHUNK = 1 << 20
+# String arrays at least this long get their item offsets kept in the index cache (see _walk_strings).
+INDEX_MIN_ITEMS = 4096
 
 _U32 = struct.Struct("<I")
 _U64 = struct.Struct("<Q")
@@ -89,13 +96,13 @@ class _LazyStrings:
 
     __slots__ = ("starts", "end", "key")
 
-    def __init__(self, starts: list[int], end: int, key: str):
-        self.starts = starts  # absolute offset of each item's bytes (its u64 length sits just before)
+    def __init__(self, starts: np.ndarray, end: int, key: str):
+        self.starts = starts  # int64: absolute offset of each item's bytes (its u64 length sits just before)
         self.end = end  # one past the last item's bytes
         self.key = key
 
     def bounds(self) -> tuple[np.ndarray, np.ndarray]:
-        st = np.array(self.starts, dtype=np.int64)
+        st = np.asarray(self.starts, dtype=np.int64)
         en = np.empty_like(st)
         if len(st):
             en[:-1] = st[1:] - 8
@@ -131,19 +138,49 @@ class _Metadata(Mapping):
         return self._owner._types[key]
 
 
+def _split_at_prefixes(buf: np.ndarray, st: np.ndarray, en: np.ndarray) -> list[str] | None:
+    """A string array's items in C-speed passes, no Python work per item: each item's 8-byte length
+    prefix is replaced by one NUL (dropping 7 of its bytes, zeroing the 8th), the region is decoded
+    once and split at the NULs. buf is the region from the first prefix on; st/en are item bounds
+    relative to it. None when that cannot be exact: an item holds a NUL itself (the count of pieces
+    shows it) or the region is not valid UTF-8 (then each item is checked on its own to name the bad one).
+    """
+    prefixes = st[:, None] - np.arange(8, 0, -1)  # byte positions of each length prefix
+    keep = np.ones(len(buf), dtype=bool)
+    keep[prefixes[:, :7].ravel()] = False
+    region = buf.copy()
+    region[prefixes[:, 7]] = 0
+    try:
+        text = region[keep].tobytes().decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    items = text.split("\x00")
+    if len(items) != len(st) + 1 or int(en[-1]) != len(buf):
+        return None
+    return items[1:]  # the first piece is the empty text before item 0's prefix
+
+
 class GGUFFile:
     """Parse a GGUF file's header, metadata and tensor table over a read-only mmap."""
 
-    def __init__(self, path: str | os.PathLike):
+    def __init__(self, path: str | os.PathLike, *, index_cache: bool = False):
+        """index_cache: keep the item offsets of long string arrays (the vocabulary, the merges) in
+        the rqllm cache so the next open skips walking them (start-up time); off by default so
+        one-off files (tests, fuzzing) leave nothing behind."""
         self.path = Path(path)
         self._mm: mmap.mmap | None = None
         self._types: dict[str, tuple[int, int | None]] = {}
+        self._index_key: str | None = None
         try:
             fd = os.open(self.path, os.O_RDONLY)
         except OSError as e:
             raise GGUFError(f"{self.path}: cannot open: {e.strerror}") from e
         try:
-            self.size = os.fstat(fd).st_size
+            st = os.fstat(fd)
+            self.size = st.st_size
+            if index_cache:
+                ident = hashlib.sha1(os.fsencode(os.path.realpath(self.path))).hexdigest()[:16]
+                self._index_key = f"{ident}-{st.st_size}-{st.st_mtime_ns}"
             if self.size < HEADER_SIZE:
                 raise GGUFError(
                     f"{self.path}: file is {self.size} bytes, shorter than a GGUF header ({HEADER_SIZE} bytes)"
@@ -339,19 +376,24 @@ class GGUFFile:
         raise self._err(f"metadata array {key!r} has unknown item type {itype}", pos - 12)
 
     def _walk_strings(self, pos: int, count: int, key: str) -> tuple[_LazyStrings, int]:
-        # The format stores no total byte size, so skipping a string array means
-        # following each length prefix.  This tight loop is the only per-item
-        # Python work done at open (~70 ms for Gemma 3's 262k tokens here);
-        # decoding waits until the array is first read.
+        # The format stores no total byte size, so skipping a string array means following each
+        # length prefix: a Python loop over every item (~70 ms for Gemma 3's 262k tokens here). With
+        # index_cache the offsets found once are kept on disk and, on the next open, checked against
+        # the file in one vectorised pass instead of walked; decoding waits until the array is read.
+        use_index = self._index_key is not None and count >= INDEX_MIN_ITEMS
+        if use_index:
+            starts = self._load_index(pos, count)
+            if starts is not None:
+                return _LazyStrings(starts[:-1], int(starts[-1]), key), int(starts[-1])
         unpack = _U64.unpack_from
         mm = self._mm
-        starts = [0] * count
+        offsets = [0] * count
         i = 0
         try:
             for i in range(count):
                 n = unpack(mm, pos)[0]
                 pos += 8
-                starts[i] = pos
+                offsets[i] = pos
                 pos += n
         except (struct.error, OverflowError):
             raise self._err(
@@ -361,7 +403,61 @@ class GGUFFile:
             raise self._err(
                 f"string array {key!r}: item {count - 1} of {count} runs past the end of the file ({pos} > {self.size})"
             )
+        starts = np.array(offsets, dtype=np.int64)
+        if use_index:
+            self._store_index(starts, pos)
         return _LazyStrings(starts, pos, key), pos
+
+    # ------------------------------------------------------------------ index cache
+    def _index_path(self, starts_at: int) -> Path:
+        from engine.models import cache_dir  # stdlib only; imported here to keep this module standalone
+
+        return cache_dir() / "gguf-index" / f"{self._index_key}-{starts_at}.npy"
+
+    def _load_index(self, pos: int, count: int) -> np.ndarray | None:
+        """The cached item offsets (+ the array's end) of the string array at pos, if they are exactly
+        what walking it would give; None otherwise (missing, stale or damaged: walk instead)."""
+        try:
+            cached = np.load(self._index_path(pos + 8), allow_pickle=False)
+        except (OSError, ValueError):
+            return None
+        if cached.dtype != np.int64 or cached.ndim != 1 or len(cached) != count + 1:
+            return None
+        return cached if self._chain_holds(pos, cached[:-1], int(cached[-1])) else None
+
+    def _chain_holds(self, pos: int, starts: np.ndarray, end: int) -> bool:
+        """Whether starts/end are the string array at pos: item 0 starts after the first length prefix,
+        each item starts right after the previous one ends (its u64 length read from the file) and the
+        last one ends at end."""
+        if starts[0] != pos + 8 or end > self.size or (starts[1:] <= starts[:-1]).any():
+            return False
+        with memoryview(self._mm) as view:
+            data = np.frombuffer(view, dtype=np.uint8)
+            prefix = data[(starts - 8)[:, None] + np.arange(8)]  # every item's length, gathered
+            del data
+        lengths = prefix.view("<u8").ravel().astype(np.int64)
+        ends = starts + lengths
+        return bool((lengths >= 0).all() and (ends[:-1] + 8 == starts[1:]).all() and ends[-1] == end)
+
+    def _store_index(self, starts: np.ndarray, end: int) -> None:
+        path = self._index_path(int(starts[0]))
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".idx-", suffix=".npy")
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    np.save(f, np.append(starts, np.int64(end)))
+                os.chmod(tmp, 0o644)  # other users' workers may share the cache
+                os.replace(tmp, path)  # atomic: readers never see half a file
+            except OSError:
+                os.unlink(tmp)
+                raise
+            ident = self._index_key.split("-", 1)[0]
+            for old in path.parent.glob(f"{ident}-*.npy"):  # entries of older versions of this file
+                if not old.name.startswith(self._index_key):
+                    old.unlink(missing_ok=True)
+        except OSError:
+            pass  # a read-only cache only costs the walk next time
 
     def _decode_strings(self, lazy: _LazyStrings) -> list[str]:
         if self._mm is None:
@@ -375,9 +471,12 @@ class GGUFFile:
         st -= base
         en -= base
         buf = np.frombuffer(blob, dtype=np.uint8)
-        # Fast path: decode the whole region (length prefixes included) in one go
-        # and slice the str.  Valid when every length-prefix byte is ASCII: then
-        # each item is bounded by ASCII bytes and is valid UTF-8 on its own.
+        fast = _split_at_prefixes(buf, st, en)
+        if fast is not None:
+            return fast
+        # An item holds a NUL, or the region is not valid UTF-8. Decode the whole region (length
+        # prefixes included) in one go and slice the str. Valid when every length-prefix byte is
+        # ASCII: then each item is bounded by ASCII bytes and is valid UTF-8 on its own.
         # (the prefix of item i is the u64 value en[i] - st[i]: ASCII iff no byte has its top bit set)
         prefix_ascii = not bool(((en - st).astype(np.uint64) & np.uint64(0x8080808080808080)).any())
         if prefix_ascii:

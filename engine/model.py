@@ -12,8 +12,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
-from gguf import GGMLQuantizationType
 
+from engine.gguf_constants import GGMLQuantizationType
 from engine.gguf_file import GGUFError, GGUFFile
 from engine.kv_cache import KVCache, parse_bytes
 
@@ -241,7 +241,7 @@ class Model:
     def load(cls, path: str | os.PathLike[str], *, threads: int | None = None,
              kv_budget: str | int = "256MiB", max_context: int | None = None) -> Model:
         try:
-            gguf = GGUFFile(path)
+            gguf = GGUFFile(path, index_cache=True)
         except GGUFError as exc:
             raise ModelError(str(exc)) from None
         cfg = Config.from_gguf(gguf)

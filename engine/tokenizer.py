@@ -36,6 +36,7 @@ import json
 import os
 import re
 import tempfile
+from array import array
 from collections.abc import Iterable
 from functools import cached_property, lru_cache
 from pathlib import Path
@@ -294,7 +295,9 @@ class _SPM:
 
     def __init__(self, tokens: list[str], scores: np.ndarray, unk_id: int | None):
         self.vocab = dict(zip(tokens, range(len(tokens))))
-        self.scores = scores.tolist()
+        # float32 array, not a list: 1 MB instead of 8 MB of float objects per worker for 262k entries;
+        # indexing gives the same Python floats
+        self.scores = array("f", np.ascontiguousarray(scores, dtype=np.float32).tobytes())
         self._cache: dict[str, list[int]] = {}
         get = self.vocab.get
         self.byte_ids = []
@@ -450,7 +453,7 @@ class Tokenizer:
 
     @classmethod
     def from_gguf(cls, gguf: GGUFFile | str | os.PathLike, *, use_cache: bool = True) -> Tokenizer:
-        g = gguf if isinstance(gguf, GGUFFile) else GGUFFile(gguf)
+        g = gguf if isinstance(gguf, GGUFFile) else GGUFFile(gguf, index_cache=use_cache)
         try:
             return cls._build(g, use_cache)
         except GGUFError as e:

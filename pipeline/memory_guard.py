@@ -45,6 +45,7 @@ class MemoryPlan:
     max_tokens: int  # the model's context length (the KV cache never holds more)
     limit_bytes: int
     limit_source: str
+    tensor_error: str | None = None  # a tensor missing or not as the metadata says (the file is unusable)
 
     @property
     def needed_bytes(self) -> int:
@@ -125,16 +126,24 @@ def plan(model: str, kv_budget: str | int | None) -> MemoryPlan:
     or the budget cannot be used."""
     from engine import models
     from engine.gguf_file import GGUFError, GGUFFile
-    from engine.model import Config, ModelError, kv_layout
+    from engine.model import Config, ModelError, Weights, kv_layout
 
     try:
         path = models.resolve(model)
     except models.ModelError as e:
         raise MemoryGuardError(str(e)) from None
     try:
-        with GGUFFile(path) as gguf:
+        with GGUFFile(path, index_cache=True) as gguf:  # the engine opens it next: keep its string index
             cfg = Config.from_gguf(gguf)
             size = gguf.size
+            # Every tensor the model needs is there with the shape and type its metadata implies (the
+            # checks Model.load makes; only the tensor table is read), on the header parsed once;
+            # reported by check_worker_start after the memory comparison.
+            try:
+                Weights(gguf, cfg)
+                tensor_error = None
+            except ModelError as e:
+                tensor_error = str(e)
     except (GGUFError, ModelError) as e:
         raise MemoryGuardError(f"cannot use the model: {e}") from None
     try:
@@ -143,7 +152,7 @@ def plan(model: str, kv_budget: str | int | None) -> MemoryPlan:
     except ValueError as e:
         raise MemoryGuardError(f"--kv-budget: {e}") from None
     limit, source = memory_limit()
-    return MemoryPlan(Path(path), size, layout[0], kv_bytes, tokens, layout[4], limit, source)
+    return MemoryPlan(Path(path), size, layout[0], kv_bytes, tokens, layout[4], limit, source, tensor_error)
 
 
 def check_worker_start(model: str, kv_budget: str | int | None, *, memory_check: bool = True) -> MemoryPlan:
@@ -154,21 +163,9 @@ def check_worker_start(model: str, kv_budget: str | int | None, *, memory_check:
         raise MemoryGuardError(
             f"not starting the worker: {p.describe()}. Lower --kv-budget, use a smaller model, give the "
             f"process more memory, or pass --no-memory-check (or {ENV_SKIP}=1) to start anyway.")
-    validate_weights(p.model_path)
+    if p.tensor_error is not None:
+        raise MemoryGuardError(f"cannot use the model: {p.tensor_error}")
     return p
-
-
-def validate_weights(path: Path) -> None:
-    """Every tensor the model needs is there with the shape and type its metadata implies (the same
-    checks Model.load makes; nothing is read but the tensor table)."""
-    from engine.gguf_file import GGUFError, GGUFFile
-    from engine.model import Config, ModelError, Weights
-
-    try:
-        with GGUFFile(path) as gguf:
-            Weights(gguf, Config.from_gguf(gguf))
-    except (GGUFError, ModelError) as e:
-        raise MemoryGuardError(f"cannot use the model: {e}") from None
 
 
 def no_memory_check_option(fn):

@@ -300,6 +300,7 @@ class LLMWorker(SimpleWorker):
         self._beat: _Heartbeat | None = None
         self._current_job_id: str | None = None
         self._last_idle_beat = 0.0
+        self._said_ready = False
         self._popped_by = json.dumps(self.name)  # every rqllm:* value is JSON
         self.reaper = Reaper(self.connection, self.queue_names(), name=self.name,
                              exception_handlers=self._exc_handlers,
@@ -391,6 +392,10 @@ class LLMWorker(SimpleWorker):
                 if max_idle_time is not None and time.monotonic() - idle_since >= max_idle_time:
                     self.idle_exit = True
                     return None
+                if not self._said_ready:
+                    # bench/bench_startup.py times a worker's start-up up to this line
+                    self.log.info("Worker %s: ready, waiting for jobs on %s", self.name, qnames)
+                    self._said_ready = True
                 self.connection.blpop([self.doorbell], timeout=DOORBELL_WAIT)
                 backoff = 1.0
             except REDIS_DOWN_ERRORS as e:
@@ -479,6 +484,12 @@ class LLMWorker(SimpleWorker):
             self._beat.end()
             self._current_job_id = None
             self.jobs_run += 1
+            if self.jobs_run == 1:
+                # the first job's one-off allocations (tokenizer lookup tables, template) stay freed,
+                # not private to this process (bench_memory.py --pss)
+                from engine.engine import release_freed_heap
+
+                release_freed_heap()
         self.set_state(WorkerStatus.IDLE)
 
     def _refuse(self, job: Job, queue: Any, reason: str) -> None:
