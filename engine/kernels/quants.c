@@ -1801,7 +1801,7 @@ KERN256(k256_bf16, float_row_256, RQ_BF16, row, n, tv, res)
  * block b, dword j (4 elements) of the weights is broadcast and multiplied with dword j of the
  * 8 tokens (tile.qs8) by vpmaddubsw; the int16 sums of a half add up exactly (U <= 31: 4 x 7874;
  * Q6_K U <= 63: pairs only), and one vpmaddwd gives the exact half sum P per token: no
- * horizontal adds. The float sequence per (row, token) lane is that of legacy_slots_256 /
+ * horizontal adds (vphaddd costs ~2.5 cycles on Zen 3). The float sequence per (row, token) lane is that of legacy_slots_256 /
  * q4k_slots_256 / q6k_slots_256 exactly (so results do not depend on the tile):
  *     acc_(b&1),h = fma(float(P_b,h + NQ), WD_b,h * d_b, acc_(b&1),h)
  *     accM_(b&1)  = fma(M_b, d_b * S_b, accM_(b&1))      (mins; a padded fma(0, 0, .) if nb is odd)
@@ -1885,57 +1885,62 @@ A256 AINL void pf8_unpack_q6k(const uint8_t *row, int nb, uint8_t *ur) {
     }
 }
 
-A256 AINL __m256i pf8_bcast(const uint8_t *p) { return _mm256_set1_epi32((int)load_u32(p)); }
-
-/* Exact sums of one 16-element half (weights u, the tokens' dwords q) for the 8 tokens. */
-A256 AINL __m256i pf8_half(const uint8_t *u, const int8_t *q, const int pairs_only) {
+/* One parity pass over blocks b = par, par + 2, ... of R rows (unpacked at ur[r]) for the
+ * tile's 8 token lanes: acc[r][h] (half h) and accM[r] (mins). Even and odd blocks feed
+ * separate accumulators, so doing all even blocks first keeps every lane's sequence while half
+ * as many accumulators are live. A half's 16 weight bytes are loaded into both 128-bit lanes
+ * and each dword broadcast with vpshufd (not a load port, not the multiply pipes); the
+ * tokens' dwords are loaded once for the R rows. */
+A256 AINL void pf8_pass(const int t, const int R, const uint8_t *const *ur, int nb, const tile *tv, const int par,
+                        __m256 (*acc)[2], __m256 *accM) {
+    const int offs = type_offset(t) != 0, mins = type_has_min(t), q6 = (t == RQ_Q6_K);
     const __m256i ones = _mm256_set1_epi16(1);
-    __m256i p0 = _mm256_maddubs_epi16(pf8_bcast(u), _mm256_loadu_si256((const __m256i *)q));
-    __m256i p1 = _mm256_maddubs_epi16(pf8_bcast(u + 4), _mm256_loadu_si256((const __m256i *)(q + 32)));
-    __m256i p2 = _mm256_maddubs_epi16(pf8_bcast(u + 8), _mm256_loadu_si256((const __m256i *)(q + 64)));
-    __m256i p3 = _mm256_maddubs_epi16(pf8_bcast(u + 12), _mm256_loadu_si256((const __m256i *)(q + 96)));
-    if (pairs_only)
-        return _mm256_add_epi32(_mm256_madd_epi16(_mm256_add_epi16(p0, p1), ones),
-                                _mm256_madd_epi16(_mm256_add_epi16(p2, p3), ones));
-    return _mm256_madd_epi16(_mm256_add_epi16(_mm256_add_epi16(p0, p1), _mm256_add_epi16(p2, p3)), ones);
+    const float *WD[2];
+    for (int r = 0; r < R; r++) WD[r] = (const float *)(ur[r] + 32 * (size_t)nb);
+    for (int b = par; b < nb; b += 2) {
+        const int8_t *q = tv->qs8 + 256 * (size_t)b;
+        const __m256 td = _mm256_loadu_ps(tv->td8 + 8 * (size_t)b);
+        __m256 s[2];
+        if (!q6)
+            for (int r = 0; r < R; r++) s[r] = _mm256_mul_ps(_mm256_broadcast_ss(WD[r] + 2 * b), td);
+        for (int h = 0; h < 2; h++) {
+            const __m256i *qh = (const __m256i *)(q + 128 * h);
+            for (int r = 0; r < R; r++) {
+                const __m256i W = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(ur[r] + 32 * (size_t)b + 16 * h)));
+                __m256i p0 = _mm256_maddubs_epi16(_mm256_shuffle_epi32(W, 0x00), _mm256_loadu_si256(qh));
+                __m256i p1 = _mm256_maddubs_epi16(_mm256_shuffle_epi32(W, 0x55), _mm256_loadu_si256(qh + 1));
+                __m256i p2 = _mm256_maddubs_epi16(_mm256_shuffle_epi32(W, 0xAA), _mm256_loadu_si256(qh + 2));
+                __m256i p3 = _mm256_maddubs_epi16(_mm256_shuffle_epi32(W, 0xFF), _mm256_loadu_si256(qh + 3));
+                __m256i P;
+                if (q6)   /* U <= 63: only pairs of vpmaddubsw sums fit in int16 */
+                    P = _mm256_add_epi32(_mm256_madd_epi16(_mm256_add_epi16(p0, p1), ones),
+                                         _mm256_madd_epi16(_mm256_add_epi16(p2, p3), ones));
+                else
+                    P = _mm256_madd_epi16(_mm256_add_epi16(_mm256_add_epi16(p0, p1), _mm256_add_epi16(p2, p3)), ones);
+                if (offs) P = _mm256_add_epi32(P, _mm256_loadu_si256((const __m256i *)(tv->nq8 + 16 * (size_t)b + 8 * h)));
+                const __m256 sc = q6 ? _mm256_mul_ps(_mm256_broadcast_ss(WD[r] + 2 * b + h), td) : s[r];
+                acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(P), sc, acc[r][h]);
+            }
+        }
+        if (mins) {
+            const __m256 ds = _mm256_loadu_ps(tv->ds8 + 8 * (size_t)b);
+            for (int r = 0; r < R; r++) accM[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(WD[r] + 2 * (size_t)nb + b), ds, accM[r]);
+        }
+    }
 }
 
-/* Block b of one unpacked row into the accumulators of parity b & 1. */
-A256 AINL void pf8_block(const uint8_t *ur, int nb, const tile *tv, int b, const int t, __m256 *acc0, __m256 *acc1,
-                         __m256 *accM) {
-    const int offs = type_offset(t) != 0, mins = type_has_min(t), pairs_only = (t == RQ_Q6_K);
-    const float *WD = (const float *)(ur + 32 * (size_t)nb);
-    const uint8_t *u = ur + 32 * (size_t)b;
-    const int8_t *q = tv->qs8 + 256 * (size_t)b;
-    __m256i P0 = pf8_half(u, q, pairs_only), P1 = pf8_half(u + 16, q + 128, pairs_only);
-    if (offs) {
-        P0 = _mm256_add_epi32(P0, _mm256_loadu_si256((const __m256i *)(tv->nq8 + 16 * (size_t)b)));
-        P1 = _mm256_add_epi32(P1, _mm256_loadu_si256((const __m256i *)(tv->nq8 + 16 * (size_t)b + 8)));
+/* R unpacked rows against the 8 token lanes of the tile: res[8 r + k]. */
+A256 AINL void pf8_rowsR_256(const int t, const int R, const uint8_t *const *ur, int nb, const tile *tv, float *res) {
+    __m256 aE[2][2], aO[2][2], mE[2], mO[2];
+    for (int r = 0; r < R; r++) aE[r][0] = aE[r][1] = aO[r][0] = aO[r][1] = mE[r] = mO[r] = _mm256_setzero_ps();
+    pf8_pass(t, R, ur, nb, tv, 0, aE, mE);
+    pf8_pass(t, R, ur, nb, tv, 1, aO, mO);
+    for (int r = 0; r < R; r++) {
+        if (nb & 1) mO[r] = _mm256_add_ps(mO[r], _mm256_setzero_ps());   /* the slot kernels' padded fma(0, 0, accM) */
+        __m256 a = _mm256_add_ps(_mm256_add_ps(aE[r][0], aO[r][0]), _mm256_add_ps(aE[r][1], aO[r][1]));
+        if (type_has_min(t)) a = _mm256_add_ps(a, _mm256_add_ps(mE[r], mO[r]));
+        _mm256_storeu_ps(res + 8 * r, a);
     }
-    const __m256 td = _mm256_loadu_ps(tv->td8 + 8 * (size_t)b);
-    const __m256 s0 = _mm256_mul_ps(_mm256_broadcast_ss(WD + 2 * b), td);
-    const __m256 s1 = (t == RQ_Q6_K) ? _mm256_mul_ps(_mm256_broadcast_ss(WD + 2 * b + 1), td) : s0;
-    *acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(P0), s0, *acc0);
-    *acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(P1), s1, *acc1);
-    if (mins)
-        *accM = _mm256_fmadd_ps(_mm256_broadcast_ss(WD + 2 * (size_t)nb + b), _mm256_loadu_ps(tv->ds8 + 8 * (size_t)b), *accM);
-}
-
-/* One unpacked row against the 8 token lanes of the tile: res[k], k < 8. */
-A256 AINL void pf8_row_256(const int t, const uint8_t *ur, int nb, const tile *tv, float *res) {
-    __m256 aE0 = _mm256_setzero_ps(), aE1 = aE0, aO0 = aE0, aO1 = aE0, mE = aE0, mO = aE0;
-    int b = 0;
-    for (; b + 1 < nb; b += 2) {
-        pf8_block(ur, nb, tv, b, t, &aE0, &aE1, &mE);
-        pf8_block(ur, nb, tv, b + 1, t, &aO0, &aO1, &mO);
-    }
-    if (b < nb) {
-        pf8_block(ur, nb, tv, b, t, &aE0, &aE1, &mE);
-        mO = _mm256_add_ps(mO, _mm256_setzero_ps());   /* the slot kernels' padded fma(0, 0, accM) */
-    }
-    __m256 a = _mm256_add_ps(_mm256_add_ps(aE0, aO0), _mm256_add_ps(aE1, aO1));
-    if (type_has_min(t)) a = _mm256_add_ps(a, _mm256_add_ps(mE, mO));
-    _mm256_storeu_ps(res, a);
 }
 
 A256 AINL void pf8_unpack_256(const int t, const uint8_t *W, size_t rb, int r0, int r1, int nb, uint8_t *buf) {
@@ -1949,14 +1954,17 @@ A256 AINL void pf8_unpack_256(const int t, const uint8_t *W, size_t rb, int r0, 
     }
 }
 
-/* Rows [r0, r1), unpacked at buf, against a tile of T >= 3 tokens: out[(k0 + k) * ldo + r]. */
+/* Rows [r0, r1), unpacked at buf, against a tile of T >= 3 tokens: out[(k0 + k) * ldo + r].
+ * (Two rows per pass sharing the tokens' loads, or two tiles sharing the weight broadcasts,
+ * measured no faster on Zen 3: the multiply pipes and register pressure limit.) */
 A256 AINL void pf8_rows_256(const int t, const uint8_t *buf, int r0, int r1, int nb, const tile *tv, float *out,
                             int ldo, int k0) {
     const size_t us = pf8_urow_bytes(nb);
     const int T = tv->T;
     _Alignas(32) float res[8];
     for (int r = r0; r < r1; r++) {
-        pf8_row_256(t, buf + (size_t)(r - r0) * us, nb, tv, res);
+        const uint8_t *ur[1] = {buf + (size_t)(r - r0) * us};
+        pf8_rowsR_256(t, 1, ur, nb, tv, res);
         for (int k = 0; k < T; k++) out[(size_t)(k0 + k) * ldo + r] = res[k];
     }
 }
