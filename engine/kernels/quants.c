@@ -2206,7 +2206,7 @@ static int tiles_alloc(tileset *ts, int path, int t, int tmax, int ub, int cols,
     ts->tmax = tmax;
     ts->ub = ub;
     ts->nb = cols / QK;
-    ts->full = tile_bytes(t, ub, tmax, ts->nb);
+    ts->full = tile_bytes(t, ub, ntok < tmax ? ntok : tmax, ts->nb);   /* no tile holds more tokens */
     ts->pf8_buf = NULL;
     ts->pf8_nbuf = 0;
     if (!(tmax >= PF8_MIN_T && ntok >= PF8_MIN_T && simd_pf8(path, t, &ts->pf8u, &ts->pf8r))) ts->pf8r = NULL;
