@@ -352,7 +352,7 @@ def test_matmul_many_tokens_and_rows(path):
         _check_matmul(t, W, n, X, path, nthreads=2, label=T(t).name)
 
 
-TILE_TYPES = [T.Q4_0, T.Q4_1, T.Q5_1, T.Q8_0, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.F16]
+TILE_TYPES = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.F16]
 
 
 @pytest.mark.parametrize("path", FAST_PATHS)

@@ -743,6 +743,12 @@ static void prep_tile(int t, int ub, const rq_act *acts, int T, int nb, uint8_t 
     tl->T = T;
     for (int k = 0; k < T; k++) tl->f[k] = acts[k].f;
     if (is_float_type(t)) return;   /* float weights use acts[k].f only */
+    if (pf8_type(t, ub) && T >= PF8_MIN_T) {   /* only the prefill kernels read this tile */
+        uint8_t *pm = mem + tile_bytes_base(t, ub, T, nb);
+        if (T < 8) memset(pm, 0, pf8_tile_bytes(nb));
+        prep_tile_pf8(t, acts, T, nb, pm, tl);
+        return;
+    }
     size_t nu = (size_t)((nb + ub - 1) / ub), nc = (size_t)((nb + 7) / 8);
     memset(mem, 0, tile_bytes(t, ub, T, nb));
     int8_t *qs = (int8_t *)mem;
@@ -798,7 +804,6 @@ static void prep_tile(int t, int ub, const rq_act *acts, int T, int nb, uint8_t 
     tl->td = td;
     tl->nq = nq;
     tl->ds = ds;
-    if (pf8_type(t, ub) && T >= PF8_MIN_T) prep_tile_pf8(t, acts, T, nb, mem + tile_bytes_base(t, ub, T, nb), tl);
 }
 
 #define AINL static inline __attribute__((always_inline))
@@ -2359,7 +2364,7 @@ static int tiles_alloc(tileset *ts, int path, int t, int tmax, int ub, int cols,
     ts->tmax = tmax;
     ts->ub = ub;
     ts->nb = cols / QK;
-    ts->full = tile_bytes(t, ub, tmax, ts->nb);
+    ts->full = tile_bytes(t, ub, ntok < tmax ? ntok : tmax, ts->nb);   /* no tile holds more tokens */
     ts->pf8_buf = NULL;
     ts->pf8_nbuf = 0;
     if (!(tmax >= PF8_MIN_T && ntok >= PF8_MIN_T && simd_pf8(path, t, &ts->pf8u, &ts->pf8r))) ts->pf8r = NULL;
