@@ -119,7 +119,13 @@ static void rope(float *vec, int n_heads, int head_dim, int pos, float base, int
 
 static const float *f32_data(const rq_tensor *t) { return (const float *)t->data; }
 
+/* Per-token work of a prefill pass (norms, quantizing, RoPE, activations, residual adds), split
+ * across the threads: each token's result is computed exactly as alone, only elsewhere. Serial
+ * for one token (decode), where a parallel region costs more than the work. */
+#define FOR_TOKENS _Pragma("omp parallel for num_threads(m->n_threads) schedule(static) if (n > 1)")
+
 static void quantize_rows(rq_model *m, const float *x, int n, int cols, int ld) {
+    FOR_TOKENS
     for (int t = 0; t < n; t++) {
         m->acts[t].n = cols;
         rq_quantize_act(x + (size_t)t * ld, cols, &m->acts[t]);
@@ -421,6 +427,7 @@ static void attention(rq_model *m, int il, int n, int pos0) {
     const int local = layer_is_local(c, il);
     const float base = local ? c->rope_base_local : c->rope_base;
 
+    FOR_TOKENS
     for (int t = 0; t < n; t++)
         rmsnorm(m->xb + (size_t)t * d, m->x + (size_t)t * d, f32_data(&L->attn_norm), d, c->norm_eps);
     quantize_rows(m, m->xb, n, d, d);
@@ -433,6 +440,7 @@ static void attention(rq_model *m, int il, int n, int pos0) {
     add_bias(m->v, &L->bv, n, kv_dim);
 
     const int slots = m->kv.slots[il];
+    FOR_TOKENS
     for (int t = 0; t < n; t++) {
         float *qt = m->q + (size_t)t * q_dim, *kt = m->k + (size_t)t * kv_dim;
         if (L->attn_q_norm.data)
@@ -465,9 +473,11 @@ static void attention(rq_model *m, int il, int n, int pos0) {
 
     quantize_rows(m, m->att_out, n, q_dim, q_dim);
     matmul(m, &L->wo, n, m->xb, d);
-    if (L->post_attn_norm.data)
+    if (L->post_attn_norm.data) {
+        FOR_TOKENS
         for (int t = 0; t < n; t++)
             rmsnorm(m->xb + (size_t)t * d, m->xb + (size_t)t * d, f32_data(&L->post_attn_norm), d, c->norm_eps);
+    }
 }
 
 /* Gated feed-forward: down(act(gate x) * up x), output (before the residual add) in m->xb. */
@@ -476,13 +486,15 @@ static void feed_forward(rq_model *m, int il, int n) {
     const rq_layer_weights *L = &m->w.layers[il];
     const int d = c->n_embd, ff = c->n_ff;
 
+    FOR_TOKENS
     for (int t = 0; t < n; t++)
         rmsnorm(m->xb + (size_t)t * d, m->x + (size_t)t * d, f32_data(&L->ffn_norm), d, c->norm_eps);
     quantize_rows(m, m->xb, n, d, d);
     const rq_matmul_op gate_up[2] = {{L->ffn_gate.type, L->ffn_gate.data, L->ffn_gate.rows, m->hb, ff},
                                      {L->ffn_up.type, L->ffn_up.data, L->ffn_up.rows, m->hb2, ff}};
     rq_matmul_multi(gate_up, 2, d, m->acts, n, m->n_threads);
-    gated_act(m->hb, m->hb2, (size_t)n * ff, c->ffn_gelu);
+    FOR_TOKENS
+    for (int t = 0; t < n; t++) gated_act(m->hb + (size_t)t * ff, m->hb2 + (size_t)t * ff, (size_t)ff, c->ffn_gelu);
     /* The gated activations carry outliers that make per-block int8 too coarse for the other
      * values of their block (SmolLM2 loses top-1 agreement here). Since the product is linear,
      * quantize x as int8 plus an int8 rounding residual and run both as 2n "tokens" of one
@@ -491,6 +503,7 @@ static void feed_forward(rq_model *m, int il, int n) {
     if (!c->precise_ffn_down) {
         matmul(m, &L->ffn_down, n, m->xb, d);
     } else {
+    FOR_TOKENS
     for (int t = 0; t < n; t++) {
         const rq_act *a = &m->acts[t];
         float *r = m->hb2 + (size_t)t * ff;  /* hb2 is free again: reuse for the residual */
@@ -500,15 +513,18 @@ static void feed_forward(rq_model *m, int il, int n) {
         rq_quantize_act(r, ff, &m->acts[n + t]);
     }
     matmul(m, &L->ffn_down, 2 * n, m->down2, d);
+    FOR_TOKENS
     for (int t = 0; t < n; t++) {
         float *o = m->xb + (size_t)t * d;
         const float *hi = m->down2 + (size_t)t * d, *lo = m->down2 + (size_t)(n + t) * d;
         for (int i = 0; i < d; i++) o[i] = hi[i] + lo[i];
     }
     }
-    if (L->post_ffw_norm.data)
+    if (L->post_ffw_norm.data) {
+        FOR_TOKENS
         for (int t = 0; t < n; t++)
             rmsnorm(m->xb + (size_t)t * d, m->xb + (size_t)t * d, f32_data(&L->post_ffw_norm), d, c->norm_eps);
+    }
 }
 
 /* Final norm and output projection for tokens [t0, n) of the pass. */
@@ -530,8 +546,10 @@ static void forward_pass(rq_model *m, const int32_t *tokens, int n, int pos0, fl
     record(m, 0, n);
     for (int il = 0; il < c->n_layer; il++) {
         attention(m, il, n, pos0);
+        FOR_TOKENS
         for (int t = 0; t < n; t++) add_inplace(m->x + (size_t)t * d, m->xb + (size_t)t * d, d);
         feed_forward(m, il, n);
+        FOR_TOKENS
         for (int t = 0; t < n; t++) add_inplace(m->x + (size_t)t * d, m->xb + (size_t)t * d, d);
         record(m, il + 1, n);
     }
