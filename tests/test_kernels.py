@@ -352,7 +352,7 @@ def test_matmul_many_tokens_and_rows(path):
         _check_matmul(t, W, n, X, path, nthreads=2, label=T(t).name)
 
 
-TILE_TYPES = [T.Q4_0, T.Q4_1, T.Q5_1, T.Q8_0, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.F16]
+TILE_TYPES = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.F16]
 
 
 @pytest.mark.parametrize("path", FAST_PATHS)
@@ -408,6 +408,26 @@ def test_matmul_team_matches_matmul(path):
             for nth in (1, 2, 3):
                 got = q.matmul_team(int(t), W, rows, n, X, nthreads=nth, path=path)
                 np.testing.assert_array_equal(got, want, err_msg=f"{T(t).name} ntok={ntok} team={nth}")
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_matmul_multi_matches_matmul(path):
+    """Several matmuls over one activation as one parallel job (q/k/v, gate/up in decode) give each
+    op exactly rq_matmul's result: mixed types, row counts that split mid-op, 1..3 threads."""
+    _need(path)
+    rng = np.random.default_rng(11)
+    n = 512
+    specs = [(int(t), qp.random_rows(t, rows, n, rng), rows)
+             for t, rows in ((T.Q4_1, 300), (T.Q8_0, 21), (T.Q6_K, 77), (T.Q5_0, 5), (T.Q4_K, 130))]
+    for ntok in (1, 2, 5):
+        X = _x(rng, ntok, n)
+        want = [q.matmul(t, W, rows, n, X, nthreads=1, path=path) for t, W, rows in specs]
+        for nth in (1, 2, 3):
+            got = q.matmul_multi(specs, n, X, nthreads=nth, path=path)
+            for (t, _, _), g, w in zip(specs, got, want):
+                np.testing.assert_array_equal(g, w, err_msg=f"{T(t).name} ntok={ntok} threads={nth}")
+    with pytest.raises(ValueError, match="1 to 8"):
+        q.matmul_multi([], n, _x(rng, 1, n))
 
 
 @pytest.mark.parametrize("path", PATHS)

@@ -36,6 +36,14 @@ cdef extern from "quants.h":
                    const rq_act *acts, int ntok, float *out, int ldo, int nthreads) nogil
     void rq_matmul_team(int t, const void *W, int rows, int cols,
                         const rq_act *acts, int ntok, float *out, int ldo) nogil
+    ctypedef struct rq_matmul_op:
+        int type
+        const void *W
+        int rows
+        float *out
+        int ldo
+    void rq_matmul_multi(const rq_matmul_op *ops, int nops, int cols, const rq_act *acts, int ntok,
+                         int nthreads) nogil
     void rq_matmul_ref(int t, const void *W, int rows, int cols,
                        const rq_act *acts, int ntok, float *out, int ldo) nogil
     float rq_f16_to_f32(uint16_t h) nogil
@@ -272,6 +280,39 @@ def matmul(int t, W, int rows, int cols, X, int nthreads=1, path=None):
     finally:
         g.restore()
     return out
+
+
+def matmul_multi(list specs, int cols, X, int nthreads=2, path=None):
+    """rq_matmul_multi over specs [(t, W, rows), ...] sharing X; returns one (ntok x rows) array each."""
+    if not 0 < len(specs) <= 8:
+        raise ValueError("1 to 8 ops")
+    cdef rq_matmul_op ops[8]
+    cdef cnp.uint8_t[::1] wv
+    cdef float[:, ::1] ov
+    keep, outs = [], []
+    act = None
+    for i, (t, W, rows) in enumerate(specs):
+        wb, act_i = _mm_prep(t, W, rows, cols, X, path)
+        act = act if act is not None else act_i
+        out = np.full((act.ntok, rows), np.nan, dtype=np.float32)
+        wv = wb
+        ov = out
+        ops[i].type = t
+        ops[i].W = &wv[0]
+        ops[i].rows = rows
+        ops[i].out = &ov[0, 0]
+        ops[i].ldo = rows
+        keep.append(wb)
+        outs.append(out)
+    cdef Act a = act
+    cdef int nops = len(specs), ntok = a.ntok
+    g = _PathGuard(path)
+    try:
+        with nogil:
+            rq_matmul_multi(ops, nops, cols, a.acts, ntok, nthreads)
+    finally:
+        g.restore()
+    return outs
 
 
 def matmul_team(int t, W, int rows, int cols, X, int nthreads=2, path=None):

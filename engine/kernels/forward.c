@@ -119,7 +119,13 @@ static void rope(float *vec, int n_heads, int head_dim, int pos, float base, int
 
 static const float *f32_data(const rq_tensor *t) { return (const float *)t->data; }
 
+/* Per-token work of a prefill pass (norms, quantizing, RoPE, activations, residual adds), split
+ * across the threads: each token's result is computed exactly as alone, only elsewhere. Serial
+ * for one token (decode), where a parallel region costs more than the work. */
+#define FOR_TOKENS _Pragma("omp parallel for num_threads(m->n_threads) schedule(static) if (n > 1)")
+
 static void quantize_rows(rq_model *m, const float *x, int n, int cols, int ld) {
+    FOR_TOKENS
     for (int t = 0; t < n; t++) {
         m->acts[t].n = cols;
         rq_quantize_act(x + (size_t)t * ld, cols, &m->acts[t]);
@@ -278,28 +284,29 @@ A256F static inline __m256 exp8(__m256 x) {
 A256F static void attend_head_256(const float *qh, const float *K, const float *V, int kv_dim, int slots,
                                   int lo, int pos, int hd, float scale, float *sc, float *out) {
     const int nk = pos - lo + 1;
-    int j = lo;
-    for (; j + 4 <= pos + 1; j += 4) {   /* 4 keys at a time share the loads of q */
-        const float *k0 = K + (size_t)(j % slots) * kv_dim, *k1 = K + (size_t)((j + 1) % slots) * kv_dim;
-        const float *k2 = K + (size_t)((j + 2) % slots) * kv_dim, *k3 = K + (size_t)((j + 3) % slots) * kv_dim;
-        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    /* Keys are visited in order with their ring slot stepped along (no division per key). Eight
+     * keys at a time: eight independent FMA chains hide the FMA latency (hd is often only 64). */
+    int j = 0, slot = lo % slots;
+    const float *kp[8];
+    for (; j + 8 <= nk; j += 8) {
+        for (int u = 0; u < 8; u++) {
+            kp[u] = K + (size_t)slot * kv_dim;
+            slot = slot + 1 == slots ? 0 : slot + 1;
+        }
+        __m256 a[8];
+        for (int u = 0; u < 8; u++) a[u] = _mm256_setzero_ps();
         for (int i = 0; i < hd; i += 8) {
             __m256 q = _mm256_loadu_ps(qh + i);
-            a0 = _mm256_fmadd_ps(q, _mm256_loadu_ps(k0 + i), a0);
-            a1 = _mm256_fmadd_ps(q, _mm256_loadu_ps(k1 + i), a1);
-            a2 = _mm256_fmadd_ps(q, _mm256_loadu_ps(k2 + i), a2);
-            a3 = _mm256_fmadd_ps(q, _mm256_loadu_ps(k3 + i), a3);
+            for (int u = 0; u < 8; u++) a[u] = _mm256_fmadd_ps(q, _mm256_loadu_ps(kp[u] + i), a[u]);
         }
-        sc[j - lo] = hsum8(a0) * scale;
-        sc[j - lo + 1] = hsum8(a1) * scale;
-        sc[j - lo + 2] = hsum8(a2) * scale;
-        sc[j - lo + 3] = hsum8(a3) * scale;
+        for (int u = 0; u < 8; u++) sc[j + u] = hsum8(a[u]) * scale;
     }
-    for (; j <= pos; j++) {
-        const float *k0 = K + (size_t)(j % slots) * kv_dim;
+    for (; j < nk; j++) {
+        const float *k0 = K + (size_t)slot * kv_dim;
+        slot = slot + 1 == slots ? 0 : slot + 1;
         __m256 a0 = _mm256_setzero_ps();
         for (int i = 0; i < hd; i += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + i), _mm256_loadu_ps(k0 + i), a0);
-        sc[j - lo] = hsum8(a0) * scale;
+        sc[j] = hsum8(a0) * scale;
     }
     float mx = -INFINITY;
     for (int i = 0; i < nk; i++) mx = sc[i] > mx ? sc[i] : mx;
@@ -326,17 +333,37 @@ A256F static void attend_head_256(const float *qh, const float *K, const float *
         vs = _mm256_add_ps(vs, e);
     }
     const float inv = 1.0f / hsum8(vs);
-    for (int c = 0; c < hd; c += 64) {   /* 64 outputs in registers over all keys */
-        const int w = hd - c < 64 ? (hd - c) / 8 : 8;
-        __m256 o[8];
-        for (int u = 0; u < 8; u++) o[u] = _mm256_setzero_ps();
-        for (int jj = lo; jj <= pos; jj++) {
-            const float *v = V + (size_t)(jj % slots) * kv_dim + c;
-            const __m256 p = _mm256_set1_ps(sc[jj - lo] * inv);
-            for (int u = 0; u < 8; u++)
-                if (u < w) o[u] = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 8 * u), o[u]);
+    int c = 0;
+    for (; c + 64 <= hd; c += 64) {   /* 64 outputs in registers over all keys */
+        __m256 o0 = _mm256_setzero_ps(), o1 = o0, o2 = o0, o3 = o0, o4 = o0, o5 = o0, o6 = o0, o7 = o0;
+        int vslot = lo % slots;
+        for (int jj = 0; jj < nk; jj++) {
+            const float *v = V + (size_t)vslot * kv_dim + c;
+            vslot = vslot + 1 == slots ? 0 : vslot + 1;
+            const __m256 p = _mm256_set1_ps(sc[jj] * inv);
+            o0 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v), o0);
+            o1 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 8), o1);
+            o2 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 16), o2);
+            o3 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 24), o3);
+            o4 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 32), o4);
+            o5 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 40), o5);
+            o6 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 48), o6);
+            o7 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 56), o7);
         }
-        for (int u = 0; u < w; u++) _mm256_storeu_ps(out + c + 8 * u, o[u]);
+        float *oc = out + c;
+        _mm256_storeu_ps(oc, o0); _mm256_storeu_ps(oc + 8, o1); _mm256_storeu_ps(oc + 16, o2);
+        _mm256_storeu_ps(oc + 24, o3); _mm256_storeu_ps(oc + 32, o4); _mm256_storeu_ps(oc + 40, o5);
+        _mm256_storeu_ps(oc + 48, o6); _mm256_storeu_ps(oc + 56, o7);
+    }
+    for (; c < hd; c += 8) {   /* hd not a multiple of 64: the rest 8 outputs at a time */
+        __m256 o = _mm256_setzero_ps();
+        int vslot = lo % slots;
+        for (int jj = 0; jj < nk; jj++) {
+            const float *v = V + (size_t)vslot * kv_dim + c;
+            vslot = vslot + 1 == slots ? 0 : vslot + 1;
+            o = _mm256_fmadd_ps(_mm256_set1_ps(sc[jj] * inv), _mm256_loadu_ps(v), o);
+        }
+        _mm256_storeu_ps(out + c, o);
     }
 }
 #endif
@@ -400,17 +427,20 @@ static void attention(rq_model *m, int il, int n, int pos0) {
     const int local = layer_is_local(c, il);
     const float base = local ? c->rope_base_local : c->rope_base;
 
+    FOR_TOKENS
     for (int t = 0; t < n; t++)
         rmsnorm(m->xb + (size_t)t * d, m->x + (size_t)t * d, f32_data(&L->attn_norm), d, c->norm_eps);
     quantize_rows(m, m->xb, n, d, d);
-    matmul(m, &L->wq, n, m->q, q_dim);
-    matmul(m, &L->wk, n, m->k, kv_dim);
-    matmul(m, &L->wv, n, m->v, kv_dim);
+    const rq_matmul_op qkv[3] = {{L->wq.type, L->wq.data, L->wq.rows, m->q, q_dim},
+                                 {L->wk.type, L->wk.data, L->wk.rows, m->k, kv_dim},
+                                 {L->wv.type, L->wv.data, L->wv.rows, m->v, kv_dim}};
+    rq_matmul_multi(qkv, 3, d, m->acts, n, m->n_threads);
     add_bias(m->q, &L->bq, n, q_dim);
     add_bias(m->k, &L->bk, n, kv_dim);
     add_bias(m->v, &L->bv, n, kv_dim);
 
     const int slots = m->kv.slots[il];
+    FOR_TOKENS
     for (int t = 0; t < n; t++) {
         float *qt = m->q + (size_t)t * q_dim, *kt = m->k + (size_t)t * kv_dim;
         if (L->attn_q_norm.data)
@@ -428,7 +458,7 @@ static void attention(rq_model *m, int il, int n, int pos0) {
 
     const int group = c->n_head / c->n_head_kv;
     const float *Kc = m->kv.k[il], *Vc = m->kv.v[il];
-    #pragma omp parallel for collapse(2) schedule(dynamic) num_threads(m->n_threads) if (n > 1 || pos0 > 256)
+    #pragma omp parallel for collapse(2) schedule(dynamic) num_threads(m->n_threads) if (n > 1 || pos0 >= 32)
     for (int t = 0; t < n; t++) {
         for (int h = 0; h < c->n_head; h++) {
             const int pos = pos0 + t;
@@ -443,9 +473,11 @@ static void attention(rq_model *m, int il, int n, int pos0) {
 
     quantize_rows(m, m->att_out, n, q_dim, q_dim);
     matmul(m, &L->wo, n, m->xb, d);
-    if (L->post_attn_norm.data)
+    if (L->post_attn_norm.data) {
+        FOR_TOKENS
         for (int t = 0; t < n; t++)
             rmsnorm(m->xb + (size_t)t * d, m->xb + (size_t)t * d, f32_data(&L->post_attn_norm), d, c->norm_eps);
+    }
 }
 
 /* Gated feed-forward: down(act(gate x) * up x), output (before the residual add) in m->xb. */
@@ -454,12 +486,15 @@ static void feed_forward(rq_model *m, int il, int n) {
     const rq_layer_weights *L = &m->w.layers[il];
     const int d = c->n_embd, ff = c->n_ff;
 
+    FOR_TOKENS
     for (int t = 0; t < n; t++)
         rmsnorm(m->xb + (size_t)t * d, m->x + (size_t)t * d, f32_data(&L->ffn_norm), d, c->norm_eps);
     quantize_rows(m, m->xb, n, d, d);
-    matmul(m, &L->ffn_gate, n, m->hb, ff);
-    matmul(m, &L->ffn_up, n, m->hb2, ff);
-    gated_act(m->hb, m->hb2, (size_t)n * ff, c->ffn_gelu);
+    const rq_matmul_op gate_up[2] = {{L->ffn_gate.type, L->ffn_gate.data, L->ffn_gate.rows, m->hb, ff},
+                                     {L->ffn_up.type, L->ffn_up.data, L->ffn_up.rows, m->hb2, ff}};
+    rq_matmul_multi(gate_up, 2, d, m->acts, n, m->n_threads);
+    FOR_TOKENS
+    for (int t = 0; t < n; t++) gated_act(m->hb + (size_t)t * ff, m->hb2 + (size_t)t * ff, (size_t)ff, c->ffn_gelu);
     /* The gated activations carry outliers that make per-block int8 too coarse for the other
      * values of their block (SmolLM2 loses top-1 agreement here). Since the product is linear,
      * quantize x as int8 plus an int8 rounding residual and run both as 2n "tokens" of one
@@ -468,6 +503,7 @@ static void feed_forward(rq_model *m, int il, int n) {
     if (!c->precise_ffn_down) {
         matmul(m, &L->ffn_down, n, m->xb, d);
     } else {
+    FOR_TOKENS
     for (int t = 0; t < n; t++) {
         const rq_act *a = &m->acts[t];
         float *r = m->hb2 + (size_t)t * ff;  /* hb2 is free again: reuse for the residual */
@@ -477,15 +513,18 @@ static void feed_forward(rq_model *m, int il, int n) {
         rq_quantize_act(r, ff, &m->acts[n + t]);
     }
     matmul(m, &L->ffn_down, 2 * n, m->down2, d);
+    FOR_TOKENS
     for (int t = 0; t < n; t++) {
         float *o = m->xb + (size_t)t * d;
         const float *hi = m->down2 + (size_t)t * d, *lo = m->down2 + (size_t)(n + t) * d;
         for (int i = 0; i < d; i++) o[i] = hi[i] + lo[i];
     }
     }
-    if (L->post_ffw_norm.data)
+    if (L->post_ffw_norm.data) {
+        FOR_TOKENS
         for (int t = 0; t < n; t++)
             rmsnorm(m->xb + (size_t)t * d, m->xb + (size_t)t * d, f32_data(&L->post_ffw_norm), d, c->norm_eps);
+    }
 }
 
 /* Final norm and output projection for tokens [t0, n) of the pass. */
@@ -507,8 +546,10 @@ static void forward_pass(rq_model *m, const int32_t *tokens, int n, int pos0, fl
     record(m, 0, n);
     for (int il = 0; il < c->n_layer; il++) {
         attention(m, il, n, pos0);
+        FOR_TOKENS
         for (int t = 0; t < n; t++) add_inplace(m->x + (size_t)t * d, m->xb + (size_t)t * d, d);
         feed_forward(m, il, n);
+        FOR_TOKENS
         for (int t = 0; t < n; t++) add_inplace(m->x + (size_t)t * d, m->xb + (size_t)t * d, d);
         record(m, il + 1, n);
     }

@@ -96,6 +96,19 @@ void rq_matmul(int t, const void *W, int rows, int cols,
 void rq_matmul_team(int t, const void *W, int rows, int cols,
                     const rq_act *acts, int ntok, float *out, int ldo);
 
+/* Several matmuls over the same activations (cols elements each), e.g. q/k/v or gate/up, as
+ * one parallel job: decode-sized calls (ntok <= 2) split the concatenated rows by bytes across
+ * one team, so small matrices do not each pay for a region and a join; larger calls run each op
+ * through rq_matmul. Results equal rq_matmul's for each op. */
+typedef struct {
+    int type;
+    const void *W;
+    int rows;
+    float *out;
+    int ldo;
+} rq_matmul_op;
+void rq_matmul_multi(const rq_matmul_op *ops, int nops, int cols, const rq_act *acts, int ntok, int nthreads);
+
 /* Reference twin of rq_matmul: dequantizes rows and multiplies in f32 with the float
  * activations (acts[k].f). Slow; for tests. */
 void rq_matmul_ref(int t, const void *W, int rows, int cols,
