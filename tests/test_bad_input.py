@@ -10,25 +10,15 @@ test_pipeline_batch_file, test_memory_guard, test_gguf_file, test_worker_integra
 """
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.bench_module import load_bench_module
+
 pytestmark = pytest.mark.slow
 
 
-def _load_table():
-    spec = importlib.util.spec_from_file_location("bad_input_table", ROOT / "bench" / "bad_input_table.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bad_input_table"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-table = _load_table()
+table = load_bench_module("bad_input_table")
 
 SUBMISSION = "submission"
 WORKER = "worker"

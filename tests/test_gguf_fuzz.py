@@ -6,10 +6,8 @@ hypothesis makes the mutator's choices, so a failure is shrunk to a small set of
 """
 from __future__ import annotations
 
-import importlib.util
 import os
 import struct
-import sys
 import time
 from pathlib import Path
 
@@ -21,18 +19,9 @@ from hypothesis import strategies as st
 from engine.gguf_file import GGUFError, GGUFFile
 from engine.model import Config, ModelError
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.bench_module import load_bench_module
 
-
-def _load_fuzzer():
-    spec = importlib.util.spec_from_file_location("fuzz_gguf", ROOT / "bench" / "fuzz_gguf.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["fuzz_gguf"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-fuzz = _load_fuzzer()
+fuzz = load_bench_module("fuzz_gguf")
 
 
 class HypothesisChooser(fuzz.Chooser):

@@ -3,9 +3,7 @@ tokenizer copied from SmolLM2, small positive scales) and our engine runs it to 
 agree with the numpy reference.  (The 4.5 GB file itself is made by `python bench/shape_8b.py`.)"""
 from __future__ import annotations
 
-import importlib.util
 import shutil
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -15,18 +13,9 @@ from gguf import GGMLQuantizationType as T
 from engine.gguf_file import GGUFFile
 from engine.model import Model
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.bench_module import load_bench_module
 
-
-def _load_shape_8b():
-    spec = importlib.util.spec_from_file_location("shape_8b", ROOT / "bench" / "shape_8b.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["shape_8b"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-shape_8b = _load_shape_8b()
+shape_8b = load_bench_module("shape_8b")
 
 # What the tiny recipe must produce, written out here rather than taken from the generator:
 # hidden 256, FFN 512, 4 heads of 64 -> q 256 wide, 2 KV heads -> k/v 128 wide, vocab 49152.
