@@ -1679,18 +1679,44 @@ A256 AINL void slot_finish(__m256 acc0, __m256 acc1, __m256 accM, const int mins
     for (int k = 0; k < T; k++) res[k] = r[k];
 }
 
+/* Q4_K super-block x: its 8 group scales times d and its 8 group mins times -dmin, as floats. */
+A256 AINL void q4k_scales_256(const blk_q4_K *x, __m256 *dsc, __m256 *dmn) {
+    uint32_t u0, u1, u2, u3;
+    k4_unpack(x->scales, &u0, &u1, &u2, &u3);
+    __m128i v = _mm_set_epi32((int)u3, (int)u2, (int)u1, (int)u0);
+    *dsc = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)), _mm256_set1_ps(_cvtsh_ss(x->d)));
+    *dmn = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(v, 8))),
+                         _mm256_set1_ps(-_cvtsh_ss(x->dmin)));
+}
+
+/* Q6_K super-block x: its 16 scales times d, as floats [0, 8) in lo and [8, 16) in hi. */
+A256 AINL void q6k_scales_256(const blk_q6_K *x, __m256 *lo, __m256 *hi) {
+    __m128i s8 = _mm_loadu_si128((const __m128i *)x->scales);
+    __m256 d = _mm256_set1_ps(_cvtsh_ss(x->d));
+    *lo = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(s8)), d);
+    *hi = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(s8, 8))), d);
+}
+
+/* Q6_K super-block x, half h: the 32 unsigned 6-bit values (offset 32 not removed) of its
+ * 32-element group k (0..3), from 4 low bits in ql and 2 high bits in qh. */
+A256 AINL __m256i q6k_group_256(const blk_q6_K *x, int h, int k) {
+    const __m256i m0f = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
+    const __m256i L = _mm256_loadu_si256((const __m256i *)(x->ql + 64 * h + 32 * (k & 1)));
+    const __m256i H = _mm256_loadu_si256((const __m256i *)(x->qh + 32 * h));
+    const __m256i Lk = k < 2 ? _mm256_and_si256(L, m0f) : _mm256_and_si256(_mm256_srli_epi16(L, 4), m0f);
+    const __m256i Hk = k == 0 ? _mm256_slli_epi16(H, 4) : k == 1 ? _mm256_slli_epi16(H, 2)
+                     : k == 2 ? H : _mm256_srli_epi16(H, 2);
+    return _mm256_or_si256(Lk, _mm256_and_si256(Hk, m30));
+}
+
 A256 AINL void q4k_slots_256(const uint8_t *row, int n, const tile *tv, float *res, const int T) {
     const int nsb = n / QK_K;
     const __m256i m0f = _mm256_set1_epi8(0x0F);
     __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()}, accM = _mm256_setzero_ps();
     for (int i = 0; i < nsb; i++) {
         const blk_q4_K *x = (const blk_q4_K *)row + i;
-        uint32_t u0, u1, u2, u3;
-        k4_unpack(x->scales, &u0, &u1, &u2, &u3);
-        __m128i v = _mm_set_epi32((int)u3, (int)u2, (int)u1, (int)u0);
-        __m256 dsc = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)), _mm256_set1_ps(_cvtsh_ss(x->d)));
-        __m256 dmn = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(v, 8))),
-                                   _mm256_set1_ps(-_cvtsh_ss(x->dmin)));
+        __m256 dsc, dmn;
+        q4k_scales_256(x, &dsc, &dmn);
         for (int c = 0; c < 4; c++) {
             __m256i xq = _mm256_loadu_si256((const __m256i *)(x->qs + 32 * c));
             for (int e = 0; e < 2; e++) {
@@ -1711,27 +1737,15 @@ A256 AINL void q4k_slots_256(const uint8_t *row, int n, const tile *tv, float *r
 
 A256 AINL void q6k_slots_256(const uint8_t *row, int n, const tile *tv, float *res, const int T) {
     const int nsb = n / QK_K;
-    const __m256i m0f = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
     __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
     for (int i = 0; i < nsb; i++) {
         const blk_q6_K *x = (const blk_q6_K *)row + i;
-        __m128i s8 = _mm_loadu_si128((const __m128i *)x->scales);
-        __m256 d = _mm256_set1_ps(_cvtsh_ss(x->d));
-        __m256 sc_lo = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(s8)), d);
-        __m256 sc_hi = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(s8, 8))), d);
+        __m256 sc_lo, sc_hi;
+        q6k_scales_256(x, &sc_lo, &sc_hi);
         for (int h = 0; h < 2; h++) {
-            __m256i L0 = _mm256_loadu_si256((const __m256i *)(x->ql + 64 * h));
-            __m256i L1 = _mm256_loadu_si256((const __m256i *)(x->ql + 64 * h + 32));
-            __m256i H = _mm256_loadu_si256((const __m256i *)(x->qh + 32 * h));
-            __m256i U[4];
-            U[0] = _mm256_or_si256(_mm256_and_si256(L0, m0f), _mm256_and_si256(_mm256_slli_epi16(H, 4), m30));
-            U[1] = _mm256_or_si256(_mm256_and_si256(L1, m0f), _mm256_and_si256(_mm256_slli_epi16(H, 2), m30));
-            U[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(L0, 4), m0f), _mm256_and_si256(H, m30));
-            U[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(L1, 4), m0f),
-                                   _mm256_and_si256(_mm256_srli_epi16(H, 2), m30));
             for (int k = 0; k < 4; k++) {
                 const size_t b = 8 * (size_t)i + 4 * h + k;
-                __m256i P = _mm256_add_epi32(slot_pack_tok(U[k], tv, b, T),
+                __m256i P = _mm256_add_epi32(slot_pack_tok(q6k_group_256(x, h, k), tv, b, T),
                                              _mm256_loadu_si256((const __m256i *)(tv->nq4 + 8 * b)));
                 __m256 wd = pair4_256(sc_lo, sc_hi, 8 * h + 2 * k);   /* 16-element scales: one per half */
                 acc[k & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(P), _mm256_mul_ps(wd, _mm256_loadu_ps(tv->td4 + 8 * b)), acc[k & 1]);
@@ -1857,12 +1871,7 @@ A256 static void q4k_rows4_256(const uint8_t *const *rows, int n, const tile *tv
         for (int r = 0; r < 4; r++) {
             x[r] = (const blk_q4_K *)rows[r] + i;
             if (pf) _mm_prefetch((const char *)x[r] + pf, _MM_HINT_T0), _mm_prefetch((const char *)x[r] + pf + 64, _MM_HINT_T0);
-            uint32_t u0, u1, u2, u3;
-            k4_unpack(x[r]->scales, &u0, &u1, &u2, &u3);
-            __m128i v = _mm_set_epi32((int)u3, (int)u2, (int)u1, (int)u0);
-            dsc[r] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)), _mm256_set1_ps(_cvtsh_ss(x[r]->d)));
-            dmn[r] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(v, 8))),
-                                   _mm256_set1_ps(-_cvtsh_ss(x[r]->dmin)));
+            q4k_scales_256(x[r], &dsc[r], &dmn[r]);
         }
         rows4_transpose(dsc, SC);
         rows4_transpose(dmn, MN);
@@ -1888,7 +1897,6 @@ A256 static void q4k_rows4_256(const uint8_t *const *rows, int n, const tile *tv
 
 A256 static void q6k_rows4_256(const uint8_t *const *rows, int n, const tile *tv, float *res, size_t pf) {
     const int nsb = n / QK_K;
-    const __m256i m0f = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
     const __m256i tok0 = _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4);
     __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
     for (int i = 0; i < nsb; i++) {
@@ -1898,10 +1906,7 @@ A256 static void q6k_rows4_256(const uint8_t *const *rows, int n, const tile *tv
             x[r] = (const blk_q6_K *)rows[r] + i;
             if (pf)
                 for (int o = 0; o < (int)sizeof(blk_q6_K); o += 64) _mm_prefetch((const char *)x[r] + pf + o, _MM_HINT_T0);
-            __m128i s8 = _mm_loadu_si128((const __m128i *)x[r]->scales);
-            __m256 d = _mm256_set1_ps(_cvtsh_ss(x[r]->d));
-            lo[r] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(s8)), d);
-            hi[r] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(s8, 8))), d);
+            q6k_scales_256(x[r], &lo[r], &hi[r]);
         }
         rows4_transpose(lo, SL);
         rows4_transpose(hi, SH);
@@ -1909,14 +1914,7 @@ A256 static void q6k_rows4_256(const uint8_t *const *rows, int n, const tile *tv
             for (int k = 0; k < 4; k++) {
                 const size_t b = 8 * (size_t)i + 4 * h + k;
                 __m256i U[4];
-                for (int r = 0; r < 4; r++) {
-                    const __m256i L = _mm256_loadu_si256((const __m256i *)(x[r]->ql + 64 * h + 32 * (k & 1)));
-                    const __m256i H = _mm256_loadu_si256((const __m256i *)(x[r]->qh + 32 * h));
-                    const __m256i Lk = k < 2 ? _mm256_and_si256(L, m0f) : _mm256_and_si256(_mm256_srli_epi16(L, 4), m0f);
-                    const __m256i Hk = k == 0 ? _mm256_slli_epi16(H, 4) : k == 1 ? _mm256_slli_epi16(H, 2)
-                                     : k == 2 ? H : _mm256_srli_epi16(H, 2);
-                    U[r] = _mm256_or_si256(Lk, _mm256_and_si256(Hk, m30));
-                }
+                for (int r = 0; r < 4; r++) U[r] = q6k_group_256(x[r], h, k);
                 __m256i P = rows4_pack(U, _mm256_loadu_si256((const __m256i *)(tv->qs + 32 * b)));
                 P = _mm256_add_epi32(P, _mm256_permutevar8x32_epi32(_mm256_loadu_si256((const __m256i *)(tv->nq4 + 8 * b)), tok0));
                 const int g = 8 * h + 2 * k;   /* 16-element scales: one per half */
@@ -1998,12 +1996,8 @@ A256 AINL void pf8_unpack_q4k(const uint8_t *row, int nb, uint8_t *ur) {
     const __m256i m0f = _mm256_set1_epi8(0x0F);
     for (int i = 0; i < nb / 8; i++) {
         const blk_q4_K *x = (const blk_q4_K *)row + i;
-        uint32_t u0, u1, u2, u3;
-        k4_unpack(x->scales, &u0, &u1, &u2, &u3);
-        __m128i v = _mm_set_epi32((int)u3, (int)u2, (int)u1, (int)u0);
-        __m256 dsc = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)), _mm256_set1_ps(_cvtsh_ss(x->d)));
-        __m256 dmn = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(v, 8))),
-                                   _mm256_set1_ps(-_cvtsh_ss(x->dmin)));
+        __m256 dsc, dmn;
+        q4k_scales_256(x, &dsc, &dmn);
         float sc[8], mn[8];
         _mm256_storeu_ps(sc, dsc);
         _mm256_storeu_ps(mn, dmn);
@@ -2019,27 +2013,17 @@ A256 AINL void pf8_unpack_q4k(const uint8_t *row, int nb, uint8_t *ur) {
 }
 
 A256 AINL void pf8_unpack_q6k(const uint8_t *row, int nb, uint8_t *ur) {
-    const __m256i m0f = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30);
     for (int i = 0; i < nb / 8; i++) {
         const blk_q6_K *x = (const blk_q6_K *)row + i;
-        __m128i s8 = _mm_loadu_si128((const __m128i *)x->scales);
-        __m256 d = _mm256_set1_ps(_cvtsh_ss(x->d));
+        __m256 sc_lo, sc_hi;
+        q6k_scales_256(x, &sc_lo, &sc_hi);
         float sc[16];
-        _mm256_storeu_ps(sc, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(s8)), d));
-        _mm256_storeu_ps(sc + 8, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(s8, 8))), d));
+        _mm256_storeu_ps(sc, sc_lo);
+        _mm256_storeu_ps(sc + 8, sc_hi);
         for (int h = 0; h < 2; h++) {
-            __m256i L0 = _mm256_loadu_si256((const __m256i *)(x->ql + 64 * h));
-            __m256i L1 = _mm256_loadu_si256((const __m256i *)(x->ql + 64 * h + 32));
-            __m256i H = _mm256_loadu_si256((const __m256i *)(x->qh + 32 * h));
-            __m256i U[4];
-            U[0] = _mm256_or_si256(_mm256_and_si256(L0, m0f), _mm256_and_si256(_mm256_slli_epi16(H, 4), m30));
-            U[1] = _mm256_or_si256(_mm256_and_si256(L1, m0f), _mm256_and_si256(_mm256_slli_epi16(H, 2), m30));
-            U[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(L0, 4), m0f), _mm256_and_si256(H, m30));
-            U[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(L1, 4), m0f),
-                                   _mm256_and_si256(_mm256_srli_epi16(H, 2), m30));
             for (int k = 0; k < 4; k++) {
                 const int b = 8 * i + 4 * h + k;
-                _mm256_storeu_si256((__m256i *)(ur + 32 * (size_t)b), U[k]);
+                _mm256_storeu_si256((__m256i *)(ur + 32 * (size_t)b), q6k_group_256(x, h, k));
                 pf8_store_scales(ur, nb, b, sc[8 * h + 2 * k], sc[8 * h + 2 * k + 1], 0.0f);
             }
         }
