@@ -2553,10 +2553,6 @@ static void matmul_in_team(int t, const uint8_t *W, int rows, int cols,
 }
 #endif
 
-/* Below this much weight data (decode-sized calls), opening a parallel region costs more than
- * it saves. */
-#define RQ_SERIAL_BYTES (64 * 1024)
-
 void rq_matmul(int t, const void *W, int rows, int cols,
                const rq_act *acts, int ntok, float *out, int ldo, int nthreads) {
     rq_kernels_init();
