@@ -49,6 +49,22 @@ return attempt
 """
 
 
+# KEYS[1]: token stream. ARGV: write id, entry JSON, maxlen. Appends the entry unless the stream's last
+# entry carries the same write id: redis-py retries a command whose reply was lost to a dropped
+# connection (a Redis restart), and a plain XADD would then append the same text twice.
+_APPEND = """
+local last = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
+if #last > 0 then
+  local f = last[1][2]
+  for i = 1, #f - 1, 2 do
+    if f[i] == 'w' and f[i + 1] == ARGV[1] then return 0 end
+  end
+end
+redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[3], '*', 'd', ARGV[2], 'w', ARGV[1])
+return 1
+"""
+
+
 class TokenStreamWriter:
     """Appends a job's text to its stream, at most one XADD per `interval` seconds."""
 
@@ -72,6 +88,8 @@ class TokenStreamWriter:
         self._last_flush = clock()
         self.xadds = 0
         self.attempt = 0
+        self._writes = 0  # this writer's appends, numbered: the write id that makes a retried append a no-op
+        self._append = connection.register_script(_APPEND)
 
     def start(self, attempt: int, worker: str) -> int:
         """A new run: earlier text (from an interrupted, failed or dead attempt) is dropped, and readers
@@ -92,8 +110,7 @@ class TokenStreamWriter:
     def flush(self) -> None:
         text = self.take()
         if text:
-            self.connection.xadd(self.key, {"d": dumps({"type": "text", "text": text})},
-                                 maxlen=self.maxlen, approximate=True)
+            self.append({"type": "text", "text": text})
             self.xadds += 1
 
     def take(self) -> str:
@@ -105,7 +122,12 @@ class TokenStreamWriter:
 
     def mark(self, entry: dict[str, Any]) -> None:
         self.flush()
-        self.connection.xadd(self.key, {"d": dumps(entry)}, maxlen=self.maxlen, approximate=True)
+        self.append(entry)
+
+    def append(self, entry: dict[str, Any]) -> None:
+        """One entry, written at most once even when the connection drops and the call is retried."""
+        self._writes += 1
+        self._append(keys=[self.key], args=[f"{self.attempt}:{self._writes}", dumps(entry), int(self.maxlen)])
 
 
 @dataclass

@@ -2,11 +2,13 @@
 token-stream chunk batching. Real Redis, real rq objects."""
 from __future__ import annotations
 
+import json
 import signal
 from datetime import timedelta
 
 from jobs import keys
 from jobs.schemas import queue_names
+from pipeline import streams
 from pipeline.streams import TokenStreamWriter, final_text, read_all
 from pipeline.worker import LLMWorker
 from tests.conftest_redis import client, redis_conn, redis_server, redis_url  # noqa: F401
@@ -76,3 +78,18 @@ def test_token_stream_batches_chunks_by_time(redis_conn):
     assert 0 < redis_conn.ttl(keys.token_stream_key("gx")) <= 60
     wr.start(2, "w")  # a rerun drops the earlier text
     assert [e.type for e in read_all(redis_conn, keys.token_stream_key("gx"))] == ["start"]
+
+
+def test_token_stream_append_retried_after_a_lost_reply_is_written_once(redis_conn):
+    """A dropped connection makes redis-py resend the append it may already have applied (seen as
+    doubled text after a Redis restart): the same write must land once, the next one still lands."""
+    wr = TokenStreamWriter(redis_conn, "gy", ttl=60)
+    wr.start(1, "w")
+    key = keys.token_stream_key("gy")
+    wr.append({"type": "text", "text": "The number "})
+    resent = [f"{wr.attempt}:{wr._writes}", json.dumps({"type": "text", "text": "The number "}), 1000]
+    redis_conn.register_script(streams._APPEND)(keys=[key], args=resent)  # the retry, same args
+    wr.append({"type": "text", "text": "3"})
+    entries = read_all(redis_conn, key)
+    assert [e.type for e in entries] == ["start", "text", "text"]
+    assert final_text(entries) == "The number 3"
