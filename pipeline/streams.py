@@ -124,10 +124,14 @@ class TokenStreamWriter:
         self.flush()
         self.append(entry)
 
+    def write_id(self) -> str:
+        """Id of the latest append, as JSON (every field of our keys is JSON: nothing is unpickled)."""
+        return json.dumps(f"{self.attempt}:{self._writes}")
+
     def append(self, entry: dict[str, Any]) -> None:
         """One entry, written at most once even when the connection drops and the call is retried."""
         self._writes += 1
-        self._append(keys=[self.key], args=[f"{self.attempt}:{self._writes}", dumps(entry), int(self.maxlen)])
+        self._append(keys=[self.key], args=[self.write_id(), dumps(entry), int(self.maxlen)])
 
 
 @dataclass

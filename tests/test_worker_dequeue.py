@@ -87,7 +87,7 @@ def test_token_stream_append_retried_after_a_lost_reply_is_written_once(redis_co
     wr.start(1, "w")
     key = keys.token_stream_key("gy")
     wr.append({"type": "text", "text": "The number "})
-    resent = [f"{wr.attempt}:{wr._writes}", json.dumps({"type": "text", "text": "The number "}), 1000]
+    resent = [wr.write_id(), json.dumps({"type": "text", "text": "The number "}), 1000]
     redis_conn.register_script(streams._APPEND)(keys=[key], args=resent)  # the retry, same args
     wr.append({"type": "text", "text": "3"})
     entries = read_all(redis_conn, key)
