@@ -13,6 +13,7 @@ The scripts touch batch keys they compute from ids, so they need a single (non-c
 from __future__ import annotations
 
 import json
+import uuid
 from typing import TYPE_CHECKING, Any
 
 from rq.job import Job
@@ -27,13 +28,23 @@ DEFAULT_STREAM_MAXLEN = 10_000
 
 # KEYS: result, waiting set, token stream
 # ARGV: result json, status, result ttl, stream ttl, stream maxlen, last text chunk json ('' = none),
-#       end marker json, job id, only_if_absent ('1'/'0')
+#       end marker json, job id, only_if_absent ('1'/'0'), write id (JSON string, new for every finish)
+# The end marker carries the write id. redis-py resends a command whose reply a dropped connection (a
+# Redis restart) lost; if the stream's last entry is this finish's own end marker, the script already
+# ran in full (it is atomic) and the resend returns 0 without writing the last text and marker again.
 _FINISH = """
+local last = redis.call('XREVRANGE', KEYS[3], '+', '-', 'COUNT', 1)
+if #last > 0 then
+  local f = last[1][2]
+  for i = 1, #f - 1, 2 do
+    if f[i] == 'w' and f[i + 1] == ARGV[10] then return 0 end
+  end
+end
 if ARGV[9] == '1' and redis.call('EXISTS', KEYS[1]) == 1 then return -1 end
 if ARGV[6] ~= '' then
   redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[5], '*', 'd', ARGV[6])
 end
-redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[5], '*', 'd', ARGV[7])
+redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[5], '*', 'd', ARGV[7], 'w', ARGV[10])
 redis.call('EXPIRE', KEYS[3], ARGV[4])
 redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[3])
 local batches = redis.call('SMEMBERS', KEYS[2])
@@ -109,7 +120,7 @@ class Ledger:
         client: Any = None,
     ) -> int:
         """Record a job's outcome and tell its waiting batches. Returns how many batches were told, -1 if
-        only_if_absent and a result was already there."""
+        only_if_absent and a result was already there, 0 when the call was a resend of one already applied."""
         end = {"type": "end", "status": result.status, "finish_reason": result.finish_reason}
         if result.error is not None:
             end["error"] = result.error.model_dump()
@@ -127,6 +138,7 @@ class Ledger:
                     dumps(end),
                     result.job_id,
                     "1" if only_if_absent else "0",
+                    json.dumps(uuid.uuid4().hex),  # what makes a resend of this very call recognisable
                 ],
                 client=client,
             )

@@ -7,7 +7,9 @@ import signal
 from datetime import timedelta
 
 from jobs import keys
-from jobs.schemas import queue_names
+from jobs import ledger as ledger_module
+from jobs.ledger import Ledger
+from jobs.schemas import JobResult, queue_names
 from pipeline import streams
 from pipeline.streams import TokenStreamWriter, final_text, read_all
 from pipeline.worker import LLMWorker
@@ -93,3 +95,34 @@ def test_token_stream_append_retried_after_a_lost_reply_is_written_once(redis_co
     entries = read_all(redis_conn, key)
     assert [e.type for e in entries] == ["start", "text", "text"]
     assert final_text(entries) == "The number 3"
+
+
+def test_finish_resent_after_a_lost_reply_writes_the_last_text_and_end_marker_once(redis_conn):
+    """The end-of-job script is resent like any command whose reply a Redis restart lost: the replay,
+    with the very same arguments, must not append the last text and the end marker a second time (nor
+    tell the batches twice); a later finish call is a new write and still lands."""
+    wr = TokenStreamWriter(redis_conn, "gf", ttl=60)
+    wr.start(1, "w")
+    wr.append({"type": "text", "text": "The number "})
+    redis_conn.sadd(keys.job_batches_key("gf"), "bf")
+    redis_conn.hset(keys.batch_key("bf"), mapping={"total": 1, "done": 0})
+    redis_conn.expire(keys.batch_key("bf"), 60)
+
+    ledger = Ledger(redis_conn)
+    sent = []
+    script = ledger._finish
+    ledger._finish = lambda **kw: sent.append(kw) or script(**kw)  # what redis-py would resend
+    result = JobResult(job_id="gf", status="done", model=M, endpoint="/v1/completions", text="The number 3.",
+                       finish_reason="stop", prompt_tokens=4, completion_tokens=3)
+    assert ledger.finish(result, result_ttl=60, stream_ttl=60, last_text="3.") == 1
+    assert redis_conn.register_script(ledger_module._FINISH)(**sent[0]) == 0  # the resend
+
+    stream = keys.token_stream_key("gf")
+    entries = read_all(redis_conn, stream)
+    assert [e.type for e in entries] == ["start", "text", "text", "end"]
+    assert final_text(entries) == "The number 3."
+    assert int(redis_conn.hget(keys.batch_key("bf"), "done")) == 1
+    assert redis_conn.xlen(keys.batch_events_key("bf")) == 1
+    ledger._finish = script
+    ledger.finish(result, result_ttl=60, stream_ttl=60)  # a new call, not a resend
+    assert [e.type for e in read_all(redis_conn, stream)][-2:] == ["end", "end"]
