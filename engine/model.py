@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from engine.cpus import choose_threads
 from engine.gguf_constants import GGMLQuantizationType
 from engine.gguf_file import GGUFError, GGUFFile
 from engine.kv_cache import KVCache, parse_bytes
@@ -32,10 +33,8 @@ class ModelError(ValueError):
 
 
 def default_threads() -> int:
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not Linux
-        return max(1, os.cpu_count() or 1)
+    """RQLLM_THREADS, else the CPUs this process may use (affinity mask and cgroup quota: engine.cpus)."""
+    return choose_threads().threads
 
 
 @dataclass(frozen=True)

@@ -51,7 +51,8 @@ def models_list() -> None:
 
 def engine_options(fn):
     fn = click.option("--threads", type=click.IntRange(1, 1024), default=None,
-                      help="Compute threads (default: the machine's cores).")(fn)
+                      help="Compute threads (default: $RQLLM_THREADS, else the CPUs this process may use: "
+                           "affinity mask and cgroup CPU quota).")(fn)
     fn = click.option("--kv-budget", default="256MiB", show_default=True,
                       help="Bytes for the KV cache, e.g. 64MiB, 1GiB; capacity in tokens follows.")(fn)
     return fn

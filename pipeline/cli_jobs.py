@@ -101,7 +101,8 @@ def _gather_jobs(inputs: tuple[str, ...], *, model: str | None, literal: bool, r
 @click.option("--system", default=None, help="System message for prompt arguments / text files.")
 @click.option("--literal", is_flag=True, help="Treat every argument as prompt text, even if a file exists.")
 @click.option("--workers", type=int, default=1, show_default=True, help="Embedded mode: worker processes.")
-@click.option("--threads", type=int, default=None, help="Embedded mode: engine threads per worker.")
+@click.option("--threads", type=int, default=None,
+              help="Embedded mode: engine threads per worker (default: $RQLLM_THREADS, else usable CPUs / workers).")
 @click.option("--kv-budget", default=None, help="Embedded mode: KV budget per worker.")
 @click.option("--redis-url", envvar="REDIS_URL", default=None, help="Redis URL (default $REDIS_URL).")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")

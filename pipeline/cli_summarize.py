@@ -25,7 +25,8 @@ from pipeline.summarize import (
 @click.option("--workers", "-w", type=click.IntRange(1, 64), default=1, show_default=True,
               help="Worker processes to start when running embedded (no REDIS_URL).")
 @click.option("--threads", type=click.IntRange(1, 1024), default=None,
-              help="Engine threads per embedded worker (default: cores / workers).")
+              help="Engine threads per embedded worker (default: $RQLLM_THREADS, else the CPUs this process "
+                   "may use, affinity mask and cgroup quota, / workers).")
 @click.option("--template", type=click.Path(exists=True, dir_okay=False), default=None,
               help="Prompt template file (TOML or JSON) with [map] and/or [reduce] keys to override.")
 @click.option("--kv-budget", default=None,

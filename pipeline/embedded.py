@@ -28,6 +28,8 @@ from pathlib import Path
 
 from redis import Redis
 
+from engine.cpus import choose_threads
+
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -238,12 +240,13 @@ def embedded_cluster(model: str, workers: int = 1, *, threads: int | None = None
                      keep_logs: bool = False) -> Iterator[Cluster]:
     """A private redis-server plus `workers` worker processes for `model`; everything stops on exit.
 
-    `threads` defaults to cores // workers so the workers do not oversubscribe the CPU.
+    `threads` defaults to RQLLM_THREADS, else to the CPUs this process may use (affinity mask and
+    cgroup CPU quota, engine.cpus) divided among the workers, so they do not oversubscribe the CPU.
     """
     if workers < 1:
         raise ValueError("workers must be >= 1")
     if threads is None:
-        threads = max(1, (os.cpu_count() or 1) // workers)
+        threads = choose_threads(workers=workers).threads
     server = RedisServer().start()
     log_dir = tempfile.mkdtemp(prefix="rqllm-workers-")
     cluster = Cluster(server, model, log_dir)

@@ -58,11 +58,13 @@ import redis.exceptions
 from rq import SimpleWorker, worker_registration
 from rq.exceptions import StopRequested
 from rq.job import Job, JobStatus
+from rq.logutils import setup_loghandlers
 from rq.registry import FailedJobRegistry, FinishedJobRegistry, ReadyJobRegistry, StartedJobRegistry
 from rq.timeouts import BaseDeathPenalty
 from rq.utils import as_text, now
 from rq.worker.base import WorkerStatus
 
+from engine.cpus import ThreadChoice, ThreadSettingError, choose_threads
 from jobs import keys, runtime
 from jobs.allowlist import check_job
 from jobs.runtime import JobInterrupted, RedisUnavailable, TaskFailed
@@ -570,20 +572,27 @@ def load_engine(model: str, threads: int | None, kv_budget: str | None) -> Any:
     return Engine(model, **kw)
 
 
-def run_worker(model: str, *, redis_url: str | None = None, threads: int | None = None,
+def run_worker(model: str, *, redis_url: str | None = None, threads: int | ThreadChoice | None = None,
                kv_budget: str | None = None, burst: bool = False, name: str | None = None,
                max_jobs: int | None = None, heartbeat_interval: int = DEFAULT_HEARTBEAT_INTERVAL,
                maintenance_interval: int = DEFAULT_MAINTENANCE_INTERVAL,
                heartbeat_grace: int = DEFAULT_HEARTBEAT_GRACE, engine: Any = None,
                logging_level: str = "INFO", flush_interval: float = 0.05) -> bool:
-    """Load the engine once, then work the model's high/default/low queues. Returns whether any job ran."""
+    """Load the engine once, then work the model's high/default/low queues. Returns whether any job ran.
+
+    `threads`: an explicit count (--threads), a choice already made, or None for engine.cpus to choose."""
     connection = connect(redis_url)
     connection.ping()
     name = name or default_worker_name(model)
     t0 = time.monotonic()
     if engine is None:
-        engine = load_engine(model, threads, kv_budget)
+        choice = threads if isinstance(threads, ThreadChoice) else choose_threads(threads)
+        engine = load_engine(model, choice.threads, kv_budget)
+    else:
+        choice = ThreadChoice(getattr(engine, "threads", 0), "the engine passed in")
     logging.getLogger("rqllm").setLevel(logging_level)
+    # rq installs its log handlers only when work() starts: without this the start-up line was dropped.
+    setup_loghandlers(logging_level, name="rq.worker")
     worker = LLMWorker(queue_names(model), model=model, name=name, connection=connection,
                        heartbeat_interval=heartbeat_interval, maintenance_interval=maintenance_interval,
                        heartbeat_grace=heartbeat_grace)
@@ -591,8 +600,8 @@ def run_worker(model: str, *, redis_url: str | None = None, threads: int | None 
         engine=engine, connection=connection, worker_name=worker.name,
         force_stop=worker.should_stop_generating, flush_interval=flush_interval,
     ))
-    worker.log.info("Worker %s: model %s loaded in %.1f s; queues %s", worker.name, model,
-                    time.monotonic() - t0, ", ".join(worker.queue_names()))
+    worker.log.info("Worker %s: model %s loaded in %.1f s; %d engine threads (%s); queues %s", worker.name,
+                    model, time.monotonic() - t0, choice.threads, choice.reason, ", ".join(worker.queue_names()))
     worked = False
     try:
         while True:
@@ -622,7 +631,9 @@ def run_worker(model: str, *, redis_url: str | None = None, threads: int | None 
 
 @click.command("worker")
 @click.option("--model", "-m", required=True, help="Model name (smollm2-135m, gemma3-270m) or .gguf path.")
-@click.option("--threads", type=int, default=None, help="Engine threads (default: the engine's choice).")
+@click.option("--threads", type=click.IntRange(1, 1024), default=None,
+              help="Engine threads (default: $RQLLM_THREADS, else the CPUs this process may use: affinity mask "
+                   "and cgroup CPU quota).")
 @click.option("--kv-budget", default=None, help="KV cache budget, e.g. 256MiB.")
 @click.option("--burst", is_flag=True, help="Exit when the queues are empty.")
 @click.option("--name", default=None, help="Worker name (default <model>.<host>.<pid>).")
@@ -640,8 +651,12 @@ def worker_command(model: str, threads: int | None, kv_budget: str | None, burst
                    redis_url: str | None, max_jobs: int | None, heartbeat_interval: int, heartbeat_grace: int,
                    maintenance_interval: int, log_level: str) -> None:
     """Run one worker process for MODEL: load the engine once, generate queued jobs one at a time."""
+    try:
+        thread_choice = choose_threads(threads)
+    except ThreadSettingError as e:
+        raise click.UsageError(str(e)) from None
     check_worker_start(model, kv_budget)  # a bad model file or not enough memory: say so before loading
-    run_worker(model, redis_url=redis_url, threads=threads, kv_budget=kv_budget, burst=burst, name=name,
+    run_worker(model, redis_url=redis_url, threads=thread_choice, kv_budget=kv_budget, burst=burst, name=name,
                max_jobs=max_jobs, heartbeat_interval=heartbeat_interval, heartbeat_grace=heartbeat_grace,
                maintenance_interval=maintenance_interval, logging_level=log_level.upper())
 
