@@ -2,8 +2,8 @@
 
 Docker does not run where the tests run, so these check what can drift silently: the compose file
 parses, every service command is a real `rqllm` command line (introspected from the click CLI),
-the Redis password reaches every client URL, persistence is on, volumes are declared, and the
-image installs the project the way the README tells people to.
+the Redis password reaches every client URL, persistence is on, volumes are declared, each worker has
+a CPU limit its thread count follows, and the image installs the project the way the README tells people to.
 """
 from __future__ import annotations
 
@@ -186,11 +186,64 @@ def test_worker_command_is_a_real_rqllm_command(compose, env):
     assert argv[:2] == ["rqllm", "worker"]
     ctx = check_rqllm_argv(argv)
     assert ctx.params.get("model") == env["RQLLM_MODEL"]
-    assert "--threads" in argv and argv[argv.index("--threads") + 1] == env["RQLLM_THREADS"]
     # Scalable: nothing pins one container (name, host port).
     assert "container_name" not in worker
     assert not worker.get("ports"), "a published port would stop --scale worker=N"
     assert "deploy/Dockerfile" in str(worker.get("build", {}).get("dockerfile", ""))
+
+
+def worker_services(compose) -> dict[str, dict]:
+    return {name: s for name, s in compose["services"].items()
+            if s.get("command") and as_argv(s["command"])[:2] == ["rqllm", "worker"]}
+
+
+def cpu_limit(service: dict) -> float:
+    limit = service.get("cpus", (service.get("deploy") or {}).get("resources", {}).get("limits", {}).get("cpus"))
+    assert limit is not None, "a worker service needs a `cpus:` limit"
+    return float(limit)
+
+
+def worker_threads(service: dict, cpus: float, tmp_path: Path) -> tuple[int, str]:
+    """The thread count the worker would run with inside that container: --threads, else RQLLM_THREADS,
+    else engine.cpus reading the cgroup v2 cpu.max that Docker writes for `cpus:` (on a 64-core host)."""
+    from engine.cpus import choose_threads, usable_cpus
+
+    argv = as_argv(service["command"])
+    if "--threads" in argv:
+        return int(argv[argv.index("--threads") + 1]), "--threads"
+    root = tmp_path / "sys-fs-cgroup"
+    root.mkdir(parents=True)
+    proc = tmp_path / "cgroup"
+    proc.write_text("0::/\n")
+    (root / "cpu.max").write_text(f"{round(cpus * 100_000)} 100000\n")
+    detected = usable_cpus(affinity=lambda: range(64), proc_cgroup=proc, cgroup_root=root)
+    choice = choose_threads(environ=service_env(service), cpus=detected)
+    return choice.threads, choice.reason
+
+
+@pytest.mark.parametrize("override", [{}, {"RQLLM_WORKER_CPUS": "2"}, {"RQLLM_WORKER_CPUS": "1.5"},
+                                      {"RQLLM_WORKER_CPUS": "0.5"}, {"RQLLM_WORKER_CPUS": "4", "RQLLM_THREADS": "4"}])
+def test_worker_cpu_limit_and_thread_count_agree(raw, env, override, tmp_path):
+    """Every worker service is limited to some CPUs and runs as many threads as that limit allows (rounded
+    down, at least 1): more threads than CPUs stalls the worker at every barrier (issue 14)."""
+    compose = interpolate(raw, {**env, **override})
+    workers = worker_services(compose)
+    assert workers, "no `rqllm worker` service"
+    for i, (name, service) in enumerate(workers.items()):
+        cpus = cpu_limit(service)
+        assert cpus > 0, name
+        threads, why = worker_threads(service, cpus, tmp_path / f"{i}")
+        assert threads == max(1, int(cpus)), f"{name}: cpus {cpus} but {threads} threads ({why})"
+
+
+def test_worker_cpus_come_from_the_env_file_as_documented(raw, env):
+    """`--scale worker=N` on C cores: RQLLM_WORKER_CPUS = C/N, set in .env and described in the README."""
+    for name, service in worker_services(raw).items():
+        assert "RQLLM_WORKER_CPUS" in str(service.get("cpus")), f"{name}: cpus must follow RQLLM_WORKER_CPUS"
+    assert float(env["RQLLM_WORKER_CPUS"]) > 0
+    readme = README.read_text()
+    section = readme[readme.index("## Docker compose"):]
+    assert "RQLLM_WORKER_CPUS" in section and "--scale worker=N" in section and "C/N" in section
 
 
 def test_model_is_pulled_into_a_named_volume(compose, env):
