@@ -248,7 +248,7 @@ static void attend_head_ref(const float *qh, const float *K, const float *V, int
 }
 
 #if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
+#include "simd.h"   /* <immintrin.h> (and the SIMDe switch of the test build) */
 #define A256F __attribute__((target("avx2,fma")))
 
 A256F static inline float hsum8(__m256 v) {

@@ -860,13 +860,10 @@ static inline void q3k_unpack(const uint8_t *s, uint32_t *o0, uint32_t *o1, uint
     *o3 = ((a1 >> 4) & 0x0f0f0f0fu) | (((tmp >> 6) & 0x03030303u) << 4);
 }
 
-#if defined(__x86_64__) || defined(__i386__)
-#define RQ_HAVE_X86 1
-#include <immintrin.h>
+#include "simd.h"   /* x86: <immintrin.h>, RQ_HAVE_X86, the A512 target; -DRQ_SIMDE_AVX512: SIMDe test build */
+#ifdef RQ_HAVE_X86
 
 /* ============================== AVX-512 VNNI ============================================== */
-
-#define A512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,fma,f16c")))
 
 A512 AINL __m512i mk_w16_512(int lo, int hi) {   /* 16-bit lanes: lo in bytes 0-31, hi in 32-63 */
     return _mm512_inserti64x4(_mm512_set1_epi16((short)lo), _mm256_set1_epi16((short)hi), 1);
@@ -2242,10 +2239,7 @@ int rq_cpu_supports_path(int path) {
         __builtin_cpu_init();
         return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
     case RQ_PATH_AVX512:
-        __builtin_cpu_init();
-        return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-               __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni") &&
-               __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+        return rq_cpu_has_avx512();   /* simd.h (in the SIMDe test build: AVX2 + FMA + F16C) */
 #endif
     default:
         return 0;
