@@ -1,22 +1,43 @@
-"""Prefill and decode speed of our engine against llama.cpp, measured side by side in one run.
+"""Prefill and decode speed of our engine against llama.cpp and ik_llama.cpp, measured side by side in one run.
 
-    python bench/bench_engine.py [--model smollm2-135m --model gemma3-270m --model 8b-shape] [--threads 1 --threads 2]
-                                 [--reps 5] [--prefill N] [--decode N]
+    python bench/bench_engine.py --model 1.5b-shape --threads 2 \\
+        --llama-bench /path/to/llama.cpp/build/bin/llama-bench --ik-bench /path/to/ik_llama.cpp/build/bin/llama-bench
+    python bench/bench_engine.py [--model smollm2-135m --model 8b-shape ...] [--threads 1 --threads 2] [--reps 5]
+                                 [--prefill N] [--decode N] [--kernel avx2] [--peer-python] [--no-peer]
 
-`8b-shape` is the synthetic Llama-3-8B-shape Q4_K_M model, generated into the cache on first use
-(bench/shape_8b.py, ~4.5 GB, ~15 s).  Prefill/decode lengths default per model: pp64/tg16 for
-8b-shape (the issue's peer figures for it), pp128/tg64 for the others; --prefill/--decode override.
+Models: a known model name (engine.models), or a named shape from bench/shapes.py (`8b-shape`,
+`1.5b-shape`: random-weight Q4_K_M files with real models' shapes, generated into the cache on first
+use).  Prefill/decode lengths default per model: pp256/tg16 for 8b-shape, pp256/tg32 for
+1.5b-shape, pp256/tg64 for the others; --prefill/--decode override.
 
-llama.cpp runs through llama-cpp-python (pip install llama-cpp-python), timed around its eval
-calls only (its perf counters read zero through the binding). Runs are interleaved (ours, theirs, ours,
-...) because this machine is shared and noisy; medians and ratios are printed.
+Peers, each optional:
+* `--llama-bench PATH`: llama.cpp's llama-bench binary, run as a subprocess per repetition with
+  `-m FILE -p N -n M -t THREADS -r 1 -o json -ngl 0` (its own warm-up run included, not timed);
+  tokens/s are its `avg_ts` (prompt test: n_prompt > 0, n_gen = 0; generation test the other way).
+* `--ik-bench PATH`: ik_llama.cpp's llama-bench, run the same way twice per repetition, without and
+  with `-rtr 1` (run-time repacking of the weights); per figure (pp, tg) the table shows the better
+  of the two medians and says which ("plain" or "rtr").
+* llama-cpp-python (`pip install llama-cpp-python`), in-process, timed around its eval calls (its
+  perf counters read zero through the binding): with `--peer-python`, or by default when neither
+  binary is given and the module is importable (the behaviour before the binaries existed).
+* `--no-peer`: ours only.
+Neither binary is built by this project; the README's Benchmarks section says how to build them.
+
+Each engine first runs one untimed warm-up at the full prompt length.  Runs are interleaved per repetition (ours, llama-bench, ik, ik -rtr, llama-cpp-python, ours, ...)
+because this machine is shared and noisy; one table of medians and ratios (ours / peer) is printed
+at the end, then the spreads of the runs.  Ours runs in this process on the kernel path printed in
+the table (RQLLM_KERNEL forces one; --kernel sets RQLLM_KERNEL for our runs).
 """
 from __future__ import annotations
 
+import json
+import math
 import os
 import statistics
+import subprocess
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 # numpy's OpenBLAS threads (unused here) spin on the cores the engine's OpenMP threads need;
@@ -27,21 +48,23 @@ import click  # noqa: E402
 import numpy as np  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from engine import models  # noqa: E402
 from engine.model import Model  # noqa: E402
 
-
 SHAPE_8B = "8b-shape"
-DEFAULT_LENGTHS = {SHAPE_8B: (64, 16)}  # (prefill, decode) per model
-OTHER_LENGTHS = (128, 64)
+SHAPE_1_5B = "1.5b-shape"
+DEFAULT_LENGTHS = {SHAPE_8B: (256, 16), SHAPE_1_5B: (256, 32)}  # (prefill, decode) per model
+OTHER_LENGTHS = (256, 64)
+PEER_TIMEOUT_S = 1800
 
 
 def model_file(name: str) -> Path:
-    if name == SHAPE_8B:
-        from shape_8b import ensure  # bench/ is on sys.path when this runs as a script
+    from shapes import SHAPES, ensure  # bench/shapes.py
 
-        return ensure(log=lambda m: print(m, file=sys.stderr))
+    if name in SHAPES:
+        return ensure(name, log=lambda m: print(m, file=sys.stderr))
     return models.resolve(name)
 
 
@@ -66,6 +89,8 @@ def bench_ours(model: Model, toks: list[int], n_decode: int) -> tuple[float, flo
 
 
 class LlamaCpp:
+    """llama.cpp through llama-cpp-python, in this process."""
+
     def __init__(self, path: Path, threads: int, n_ctx: int):
         import llama_cpp
 
@@ -96,9 +121,64 @@ def peer_run(llm, toks: list[int], n_decode: int) -> tuple[float, float]:
     return len(toks) / (t1 - t0), n_decode / t_decode
 
 
+class PeerError(RuntimeError):
+    pass
+
+
+def llama_bench_command(exe: str | os.PathLike[str], path: Path, threads: int, n_prefill: int, n_decode: int,
+                        extra: tuple[str, ...] = ()) -> list[str]:
+    return [str(exe), "-m", str(path), "-p", str(n_prefill), "-n", str(n_decode), "-t", str(threads),
+            "-r", "1", "-o", "json", "-ngl", "0", *extra]
+
+
+def parse_llama_bench_json(text: str) -> tuple[float, float]:
+    """(prompt tok/s, generation tok/s) from llama-bench's `-o json` output."""
+    start = text.find("[")  # anything printed before the JSON array is ignored
+    if start < 0:
+        raise PeerError("no JSON array in llama-bench's output")
+    try:
+        tests = json.loads(text[start:])
+    except json.JSONDecodeError as e:
+        raise PeerError(f"llama-bench's JSON does not parse: {e}") from None
+    pp = [t["avg_ts"] for t in tests if t.get("n_prompt", 0) > 0 and t.get("n_gen", 0) == 0]
+    tg = [t["avg_ts"] for t in tests if t.get("n_gen", 0) > 0 and t.get("n_prompt", 0) == 0]
+    if len(pp) != 1 or len(tg) != 1:
+        raise PeerError(f"expected one prompt and one generation test, got {len(pp)} and {len(tg)}")
+    return float(pp[0]), float(tg[0])
+
+
+@dataclass
+class LlamaBench:
+    """A llama-bench binary (llama.cpp's or ik_llama.cpp's), one subprocess per repetition."""
+    label: str
+    exe: str
+    extra: tuple[str, ...] = ()
+    error: str | None = field(default=None)
+
+    def bench(self, path: Path, threads: int, n_prefill: int, n_decode: int) -> tuple[float, float]:
+        cmd = llama_bench_command(self.exe, path, threads, n_prefill, n_decode, self.extra)
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=PEER_TIMEOUT_S)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            raise PeerError(f"{self.label}: {' '.join(cmd)}: {e}") from None
+        if proc.returncode != 0:
+            tail = "\n".join(proc.stderr.strip().splitlines()[-5:])
+            raise PeerError(f"{self.label}: {' '.join(cmd)} exited {proc.returncode}:\n{tail}")
+        try:
+            return parse_llama_bench_json(proc.stdout)
+        except PeerError as e:
+            raise PeerError(f"{self.label}: {e}") from None
+
+
 def spread(runs: list[tuple[float, float]], i: int) -> float:
     values = [r[i] for r in runs]
     return max(values) / min(values) - 1
+
+
+def median_pair(runs: list[tuple[float, float]]) -> tuple[float, float]:
+    if not runs:
+        return math.nan, math.nan
+    return statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs)
 
 
 def peak_rss_mb() -> float:
@@ -107,20 +187,119 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def kernel_path() -> str:
+    """The kernel path our engine runs on (engine.kernels._quants.kernel_path()); when the
+    forward module reports a different one, both."""
+    from engine.kernels import _quants
+
+    path = str(_quants.kernel_path())
+    try:
+        from engine.kernels import _forward
+
+        fwd = str(_forward.kernel_path())
+    except (ImportError, AttributeError):
+        return path
+    return path if fwd == path else f"{path}/fwd:{fwd}"
+
+
+def best_of(settings: dict[str, tuple[float, float]], i: int) -> tuple[float, str]:
+    """The best median of figure i among a peer's settings, and that setting's name."""
+    ok = {k: v[i] for k, v in settings.items() if not math.isnan(v[i])}
+    if not ok:
+        return math.nan, "-"
+    name = max(ok, key=ok.get)
+    return ok[name], name
+
+
+def fmt(x: float, width: int, spec: str = ".1f") -> str:
+    return f"{'-':>{width}}" if math.isnan(x) else f"{x:>{width}{spec}}"
+
+
+def ratio(ours: float, theirs: float, width: int) -> str:
+    x = ours / theirs if theirs and not math.isnan(theirs) else math.nan
+    return f"{'-':>{width}}" if math.isnan(x) else f"{x:>{width - 1}.2f}x"
+
+
+def print_table(rows: list[dict], reps: int, peers: list[str]) -> None:
+    print(f"\nprefill (pp) / decode (tg) tok/s; medians of {reps} interleaved runs")
+    header = f"{'model':<14} {'thr':>3} {'lengths':>11} {'kernel':>10} {'ours pp':>8} {'ours tg':>8}"
+    for p in peers:
+        header += f" {p + ' pp':>{max(8, len(p) + 3)}} {p + ' tg':>{max(8, len(p) + 3)}}"
+        if p == "ik":
+            header += f" {'ik set':>11}"
+    for p in peers:
+        header += f" {'/' + p + ' pp':>{max(7, len(p) + 4)}} {'/' + p + ' tg':>{max(7, len(p) + 4)}}"
+    print(header)
+    for r in rows:
+        line = (f"{r['model']:<14} {r['threads']:>3} {r['lengths']:>11} {r['kernel']:>10}"
+                f" {fmt(r['ours'][0], 8)} {fmt(r['ours'][1], 8)}")
+        for p in peers:
+            w = max(8, len(p) + 3)
+            line += f" {fmt(r[p][0], w)} {fmt(r[p][1], w)}"
+            if p == "ik":
+                line += f" {r['ik_setting'][0] + '/' + r['ik_setting'][1]:>11}"
+        for p in peers:
+            w = max(7, len(p) + 4)
+            line += f" {ratio(r['ours'][0], r[p][0], w)} {ratio(r['ours'][1], r[p][1], w)}"
+        print(line)
+    if "ik" in peers:
+        print("ik set: the ik_llama.cpp setting each ik figure comes from, pp/tg (plain, or rtr = -rtr 1); "
+              "both settings' medians:")
+        for r in rows:
+            print(f"  {r['model']:<14} {r['threads']:>3}  " +
+                  "  ".join(f"{k} {fmt(v[0], 0)}/{fmt(v[1], 0)}" for k, v in r["ik_settings"].items()))
+    print("/peer: ours divided by the peer (above 1: ours is faster)")
+    print("spread of the runs (max/min - 1), pp and tg:")
+    for r in rows:
+        parts = " ".join(f"{name} {s[0]:>4.0%} {s[1]:>4.0%}" for name, s in r["spread"].items())
+        print(f"  {r['model']:<14} {r['threads']:>3}  {parts}")
+
+
 @click.command()
-@click.option("--model", "model_names", multiple=True, default=("smollm2-135m", "gemma3-270m"))
+@click.option("--model", "model_names", multiple=True, default=("smollm2-135m", "gemma3-270m"),
+              help="A known model, a bench/shapes.py name (8b-shape, 1.5b-shape) or a .gguf path; repeatable.")
 @click.option("--threads", "thread_counts", multiple=True, type=int, default=(1, 2))
 @click.option("--reps", type=int, default=5)
 @click.option("--prefill", "prefill_arg", type=int, default=None, help="Prompt tokens (default per model).")
 @click.option("--decode", "decode_arg", type=int, default=None, help="Decoded tokens (default per model).")
-@click.option("--no-peer", is_flag=True, help="Skip llama.cpp.")
-def main(model_names, thread_counts, reps, prefill_arg, decode_arg, no_peer):
-    try:
-        import llama_cpp  # noqa: F401
-        have_peer = not no_peer
-    except ImportError:
-        have_peer = False
-        print("llama-cpp-python not installed: printing our figures only", file=sys.stderr)
+@click.option("--llama-bench", "llama_bench", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="llama.cpp's llama-bench binary (a peer).")
+@click.option("--ik-bench", "ik_bench", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="ik_llama.cpp's llama-bench binary (a peer, run without and with -rtr 1).")
+@click.option("--peer-python", is_flag=True,
+              help="Also run llama-cpp-python (default: only when neither binary is given and it is installed).")
+@click.option("--no-peer", is_flag=True, help="Ours only.")
+@click.option("--kernel", default=None, help="Kernel path for our runs (sets RQLLM_KERNEL), e.g. scalar, avx2, avx512.")
+def main(model_names, thread_counts, reps, prefill_arg, decode_arg, llama_bench, ik_bench, peer_python, no_peer, kernel):
+    if kernel:
+        os.environ["RQLLM_KERNEL"] = kernel  # read when the kernels first initialise, below
+    active = kernel_path()
+    forced = os.environ.get("RQLLM_KERNEL")
+    if forced and active.split("/")[0] != forced:
+        raise click.UsageError(f"RQLLM_KERNEL={forced} asked for, but our kernels run {active} "
+                               "(an unknown name, a path this CPU lacks, or kernels initialised earlier)")
+    print(f"our kernel path: {active}" + (f" (RQLLM_KERNEL={forced})" if forced else ""), file=sys.stderr)
+
+    binaries: list[LlamaBench] = []
+    if not no_peer:
+        if llama_bench:
+            binaries.append(LlamaBench("llama", llama_bench))
+        if ik_bench:
+            binaries += [LlamaBench("ik", ik_bench), LlamaBench("ik-rtr", ik_bench, ("-rtr", "1"))]
+    use_python = False
+    if not no_peer and (peer_python or not binaries):
+        try:
+            import llama_cpp  # noqa: F401
+            use_python = True
+        except ImportError:
+            msg = "llama-cpp-python not installed"
+            if peer_python:
+                raise click.UsageError(f"--peer-python: {msg}") from None
+            print(f"{msg}: no in-process peer", file=sys.stderr)
+    peers = (["llama"] if llama_bench and not no_peer else []) + (["ik"] if ik_bench and not no_peer else [])
+    if use_python:
+        peers.append("llama-py")
+
     rows = []
     for name in model_names:
         path = model_file(name)
@@ -131,40 +310,53 @@ def main(model_names, thread_counts, reps, prefill_arg, decode_arg, no_peer):
             cfg = ours.cfg
             bos = ours.gguf.get("tokenizer.ggml.bos_token_id")
             toks = prompt_tokens(n_prefill, cfg.n_vocab, bos)
-            peer = LlamaCpp(path, threads, n_prefill + n_decode + 8) if have_peer else None
-            bench_ours(ours, toks[:16], 4)  # warm caches and page in the weights
-            if peer:
-                peer.bench(toks[:16], 4)
-            r_ours, r_peer = [], []
-            for _ in range(reps):
-                r_ours.append(bench_ours(ours, toks, n_decode))
-                if peer:
-                    r_peer.append(peer.bench(toks, n_decode))
-            pp = statistics.median(r[0] for r in r_ours)
-            tg = statistics.median(r[1] for r in r_ours)
-            row = {"model": name, "threads": threads, "lengths": f"pp{n_prefill}/tg{n_decode}", "pp": pp, "tg": tg}
-            row["spread"] = [spread(r_ours, 0), spread(r_ours, 1)]
-            if peer:
-                row["peer_pp"] = statistics.median(r[0] for r in r_peer)
-                row["peer_tg"] = statistics.median(r[1] for r in r_peer)
-                row["spread"] += [spread(r_peer, 0), spread(r_peer, 1)]
+            py_peer = LlamaCpp(path, threads, n_prefill + n_decode + 8) if use_python else None
+            # Warm-up at full prompt length (as llama-bench's own warm-up run): pages in the weights
+            # and touches every prefill pass and the KV cache, so the first timed run is not an outlier.
+            bench_ours(ours, toks, 4)
+            if py_peer:
+                py_peer.bench(toks, 4)
+            runs: dict[str, list[tuple[float, float]]] = {"ours": []}
+            runs.update({b.label: [] for b in binaries})
+            if py_peer:
+                runs["llama-py"] = []
+            for rep in range(reps):
+                runs["ours"].append(bench_ours(ours, toks, n_decode))
+                for b in binaries:
+                    if b.error:
+                        continue
+                    try:
+                        runs[b.label].append(b.bench(path, threads, n_prefill, n_decode))
+                    except PeerError as e:
+                        b.error = str(e)
+                        print(f"peer failed (skipped from now on for {name}): {e}", file=sys.stderr)
+                if py_peer:
+                    runs["llama-py"].append(py_peer.bench(toks, n_decode))
+                print(f"{name} t{threads} rep {rep + 1}/{reps}: " +
+                      ", ".join(f"{k} {v[-1][0]:.1f}/{v[-1][1]:.1f}" for k, v in runs.items() if len(v) == rep + 1),
+                      file=sys.stderr)
+            for b in binaries:
+                b.error = None  # a failure on one model does not skip the peer on the next
+            medians = {k: median_pair(v) for k, v in runs.items()}
+            row = {"model": name, "threads": threads, "lengths": f"pp{n_prefill}/tg{n_decode}", "kernel": active,
+                   "ours": medians["ours"], "spread": {}}
+            if "llama" in medians:
+                row["llama"] = medians["llama"]
+            if "llama-py" in medians:
+                row["llama-py"] = medians["llama-py"]
+            if "ik" in medians:
+                ik = {"plain": medians["ik"], "rtr": medians["ik-rtr"]}
+                (pp, pp_set), (tg, tg_set) = best_of(ik, 0), best_of(ik, 1)
+                row["ik"] = (pp, tg)
+                row["ik_setting"] = (pp_set, tg_set)
+                row["ik_settings"] = ik
+            for k, v in runs.items():
+                if v:
+                    row["spread"][k] = (spread(v, 0), spread(v, 1))
             rows.append(row)
-            del ours, peer
-    print(f"\nprefill / decode tok/s; medians of {reps} interleaved runs")
-    header = f"{'model':<14} {'thr':>3} {'lengths':>11} {'ours pp':>9} {'ours tg':>9}"
-    if have_peer:
-        header += f" {'llama pp':>9} {'llama tg':>9} {'pp ratio':>9} {'tg ratio':>9}"
-    print(header)
-    for r in rows:
-        line = f"{r['model']:<14} {r['threads']:>3} {r['lengths']:>11} {r['pp']:>9.1f} {r['tg']:>9.1f}"
-        if "peer_pp" in r:
-            line += (f" {r['peer_pp']:>9.1f} {r['peer_tg']:>9.1f} {r['pp'] / r['peer_pp']:>8.2f}x"
-                     f" {r['tg'] / r['peer_tg']:>8.2f}x")
-        print(line)
-    print("spread of the runs (max/min - 1), in the same column order:")
-    for r in rows:
-        print(f"  {r['model']:<14} {r['threads']:>3} " + " ".join(f"{x:>5.0%}" for x in r["spread"]))
-    print(f"peak RSS of this process (both engines): {peak_rss_mb():.0f} MB")
+            del ours, py_peer
+    print_table(rows, reps, peers)
+    print(f"peak RSS of this process (ours{' and llama-cpp-python' if use_python else ''}): {peak_rss_mb():.0f} MB")
 
 
 if __name__ == "__main__":

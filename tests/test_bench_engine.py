@@ -1,0 +1,112 @@
+"""bench/bench_engine.py's peers: llama-bench's JSON is parsed into (pp, tg) tok/s, and a whole run
+against two fake llama-bench binaries prints one table with ours, llama, the better ik setting per
+figure and the ratios.  The fakes are tiny scripts that print llama-bench's JSON and record their
+arguments."""
+from __future__ import annotations
+
+import json
+import re
+import stat
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from tests.bench_module import load_bench_module
+
+shapes = load_bench_module("shapes")
+bench_engine = load_bench_module("bench_engine")
+
+
+def _test(n_prompt: int, n_gen: int, ts: float) -> dict:
+    return {"model_type": "qwen2 1.5B Q4_K - Medium", "n_prompt": n_prompt, "n_gen": n_gen, "n_depth": 0,
+            "avg_ns": 1, "avg_ts": ts, "stddev_ts": 0.0, "samples_ts": [ts]}
+
+
+def test_parse_llama_bench_json_takes_prompt_and_generation_tests():
+    text = "some log line\n" + json.dumps([_test(256, 0, 123.5), _test(0, 32, 9.25)])
+    assert bench_engine.parse_llama_bench_json(text) == (123.5, 9.25)
+    with pytest.raises(bench_engine.PeerError):
+        bench_engine.parse_llama_bench_json(json.dumps([_test(256, 0, 1.0)]))  # no generation test
+    with pytest.raises(bench_engine.PeerError):
+        bench_engine.parse_llama_bench_json("error: failed to load model")
+
+
+def test_llama_bench_command_has_the_documented_flags():
+    cmd = bench_engine.llama_bench_command("/x/llama-bench", Path("/m.gguf"), 2, 256, 32, ("-rtr", "1"))
+    assert cmd == ["/x/llama-bench", "-m", "/m.gguf", "-p", "256", "-n", "32", "-t", "2", "-r", "1", "-o", "json",
+                   "-ngl", "0", "-rtr", "1"]
+
+
+FAKE = """#!{python}
+import json, sys
+args = sys.argv[1:]
+with open({log!r}, "a") as f:
+    f.write(" ".join(args) + "\\n")
+get = lambda flag: args[args.index(flag) + 1]
+pp, tg = {pp}, {tg}
+if "-rtr" in args:
+    pp, tg = {rtr_pp}, {rtr_tg}
+print(json.dumps([
+    {{"n_prompt": int(get("-p")), "n_gen": 0, "avg_ts": pp}},
+    {{"n_prompt": 0, "n_gen": int(get("-n")), "avg_ts": tg}},
+]))
+"""
+
+
+def _fake(path: Path, log: Path, pp: float, tg: float, rtr_pp: float, rtr_tg: float) -> Path:
+    path.write_text(FAKE.format(python=sys.executable, log=str(log), pp=pp, tg=tg, rtr_pp=rtr_pp, rtr_tg=rtr_tg))
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+    return path
+
+
+def test_a_run_against_fake_binaries_prints_one_table(tmp_path, smollm2_path):
+    model = shapes.SHAPES["8b-shape"].generate(tmp_path / "tiny.gguf", tiny=True, tokenizer_src=smollm2_path)
+    log_l, log_ik = tmp_path / "llama.log", tmp_path / "ik.log"
+    llama = _fake(tmp_path / "llama-bench", log_l, 100.0, 10.0, 0, 0)
+    # ik: -rtr 1 is better for prefill, plain is better for decode
+    ik = _fake(tmp_path / "ik-bench", log_ik, 200.0, 20.0, 400.0, 5.0)
+    result = CliRunner().invoke(bench_engine.main, [
+        "--model", str(model), "--threads", "1", "--reps", "2", "--prefill", "16", "--decode", "4",
+        "--llama-bench", str(llama), "--ik-bench", str(ik)])
+    assert result.exit_code == 0, result.output
+    out = result.output
+    # two repetitions, interleaved: llama twice, ik twice without and twice with -rtr 1
+    assert log_l.read_text().count("-p 16 -n 4 -t 1 -r 1 -o json -ngl 0") == 2
+    ik_runs = log_ik.read_text().splitlines()
+    assert len(ik_runs) == 4 and sum("-rtr 1" in r for r in ik_runs) == 2
+    header = next(line for line in out.splitlines() if line.startswith("model"))
+    for col in ("kernel", "ours pp", "ours tg", "llama pp", "llama tg", "ik pp", "ik tg", "ik set",
+                "/llama pp", "/llama tg", "/ik pp", "/ik tg"):
+        assert col in header, col
+    row = next(line for line in out.splitlines() if line.startswith(str(model)[:14]))
+    cells = row.split()
+    assert "pp16/tg4" in cells
+    assert cells[cells.index("pp16/tg4") + 1] == bench_engine.kernel_path()
+    assert ["100.0", "10.0", "400.0", "20.0", "rtr/plain"] == cells[cells.index("pp16/tg4") + 4:][:5]
+    ours_pp, ours_tg = float(cells[cells.index("pp16/tg4") + 2]), float(cells[cells.index("pp16/tg4") + 3])
+    ratios = [float(c.rstrip("x")) for c in cells[-4:]]
+    assert ratios == pytest.approx([ours_pp / 100, ours_tg / 10, ours_pp / 400, ours_tg / 20], rel=0.02, abs=0.006)
+    assert re.search(r"spread of the runs", out)
+
+
+def test_a_failing_peer_is_reported_and_the_table_still_prints(tmp_path, smollm2_path):
+    model = shapes.SHAPES["8b-shape"].generate(tmp_path / "tiny.gguf", tiny=True, tokenizer_src=smollm2_path)
+    bad = tmp_path / "llama-bench"
+    bad.write_text("#!/bin/sh\necho 'error: failed to load model' >&2\nexit 1\n")
+    bad.chmod(0o755)
+    result = CliRunner().invoke(bench_engine.main, [
+        "--model", str(model), "--threads", "1", "--reps", "1", "--prefill", "16", "--decode", "4",
+        "--llama-bench", str(bad)])
+    assert result.exit_code == 0, result.output
+    assert "failed to load model" in result.output
+    row = next(line for line in result.output.splitlines() if line.startswith(str(model)[:14]))
+    assert row.split()[-4:] == ["-", "-", "-", "-"]  # llama pp/tg and both ratios are missing
+
+
+def test_an_unavailable_kernel_is_refused(tmp_path, smollm2_path, monkeypatch):
+    monkeypatch.setattr(bench_engine, "kernel_path", lambda: "avx2")
+    monkeypatch.setenv("RQLLM_KERNEL", "")  # restored after the test: main() sets it
+    result = CliRunner().invoke(bench_engine.main, ["--kernel", "avx512", "--model", "x", "--no-peer"])
+    assert result.exit_code == 2 and "RQLLM_KERNEL=avx512" in result.output
