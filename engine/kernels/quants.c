@@ -863,302 +863,11 @@ static inline void q3k_unpack(const uint8_t *s, uint32_t *o0, uint32_t *o1, uint
 #include "simd.h"   /* x86: <immintrin.h>, RQ_HAVE_X86, the A512 target; -DRQ_SIMDE_AVX512: SIMDe test build */
 #ifdef RQ_HAVE_X86
 
-/* ============================== AVX-512 VNNI ============================================== */
-
-A512 AINL __m512i mk_w16_512(int lo, int hi) {   /* 16-bit lanes: lo in bytes 0-31, hi in 32-63 */
-    return _mm512_inserti64x4(_mm512_set1_epi16((short)lo), _mm256_set1_epi16((short)hi), 1);
-}
-A512 AINL __m512i mk_b8_512(int lo, int hi) {    /* bytes: lo in 0-31, hi in 32-63 */
-    return _mm512_inserti64x4(_mm512_set1_epi8((char)lo), _mm256_set1_epi8((char)hi), 1);
-}
-A512 AINL __m512i mk_i32_512(int lo, int hi) {   /* dword index: lo in lanes 0-7, hi in 8-15 */
-    return _mm512_inserti64x4(_mm512_set1_epi32(lo), _mm256_set1_epi32(hi), 1);
-}
-A512 AINL __m512i mk_g4_512(int g0) {            /* lanes 4j..4j+3 = g0 + j */
-    return _mm512_add_epi32(_mm512_set1_epi32(g0),
-                            _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0));
-}
-A512 AINL __m512i mk_dup2_512(int g0) {          /* lanes 2j, 2j+1 = g0 + j */
-    return _mm512_add_epi32(_mm512_set1_epi32(g0),
-                            _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0));
-}
-
-/* Activation blocks b, b+1 (b even) for the T tokens of the tile. */
-A512 AINL void pair_512(__m512i U, __m512 WD, const tile *tv, size_t b, const int T, const int offs, __m512 *acc) {
-    const size_t u = (b >> 1) * (size_t)T;
-    const int8_t *qb = tv->qs + 64 * u;
-    const float *tb = tv->td + 16 * u;
-    const int32_t *nb = offs ? tv->nq + 16 * u : NULL;
-    for (int t = 0; t < T; t++) {
-        __m512i q = _mm512_loadu_si512(qb + 64 * t);
-        __m512i c = offs ? _mm512_loadu_si512(nb + 16 * t) : _mm512_setzero_si512();
-        __m512i p = _mm512_dpbusd_epi32(c, U, q);
-        __m512 s = _mm512_mul_ps(WD, _mm512_loadu_ps(tb + 16 * t));
-        acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), s, acc[t]);
-    }
-}
-
-/* Always two accumulators per token: a token's sum order must not depend on how many tokens
- * share its tile, or prefix reuse and batch splits change results (same seed, other tokens). */
-#define NPAR512(T) 2
-
-#define ACC_DECL_512(T)                                                        \
-    __m512 acc[2][TMAX];                                                       \
-    for (int t_ = 0; t_ < (T); t_++) acc[0][t_] = acc[1][t_] = _mm512_setzero_ps();
-
-A512 AINL void finish_512(__m512 (*acc)[TMAX], float *res, const int T) {
-    for (int t = 0; t < T; t++)
-        res[t] = _mm512_reduce_add_ps(NPAR512(T) == 2 ? _mm512_add_ps(acc[0][t], acc[1][t]) : acc[0][t]);
-}
-
-/* Two legacy blocks (B may be NULL) -> 64 unsigned bytes. */
-A512 AINL __m512i legacy_u_512(const int t, const uint8_t *A, const uint8_t *B) {
-    if (t == RQ_Q8_0) {
-        __m256i lo = _mm256_loadu_si256((const __m256i *)(A + 2));
-        __m256i hi = B ? _mm256_loadu_si256((const __m256i *)(B + 2)) : _mm256_set1_epi8((char)0x80);
-        return _mm512_xor_si512(_mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1), _mm512_set1_epi8((char)0x80));
-    }
-    const int qoff = legacy_qoff(t);
-    __m512i x = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(A + qoff)));
-    if (B) x = _mm512_mask_broadcast_i32x4(x, 0xFF00, _mm_loadu_si128((const __m128i *)(B + qoff)));
-    else x = _mm512_maskz_mov_epi32(0x00FF, x);
-    /* 128-bit lanes: [lo nibbles A, hi nibbles A, lo B, hi B] */
-    const __m512i sh = _mm512_set_epi64(0x0004000400040004LL, 0x0004000400040004LL, 0, 0,
-                                        0x0004000400040004LL, 0x0004000400040004LL, 0, 0);
-    __m512i u = _mm512_and_si512(_mm512_srlv_epi16(x, sh), _mm512_set1_epi8(0x0F));
-    if (t == RQ_Q5_0 || t == RQ_Q5_1) {
-        const int hoff = (t == RQ_Q5_0) ? 2 : 4;
-        uint64_t bits = (uint64_t)load_u32(A + hoff) | (B ? (uint64_t)load_u32(B + hoff) << 32 : 0);
-        u = _mm512_mask_add_epi8(u, _cvtu64_mask64(bits), u, _mm512_set1_epi8(16));
-    }
-    return u;
-}
-
-/* Up to 4 legacy blocks starting at activation block b (cnt = how many exist). */
-A512 AINL void legacy_group_512(const int t, const uint8_t *g, const int cnt, const tile *tv, size_t b,
-                                const int T, __m512 (*acc)[TMAX]) {
-    const int bs = legacy_bs(t);
-    const int P = NPAR512(T);
-    const int offs = type_offset(t) != 0;
-    const uint8_t *blk[4];
-    for (int j = 0; j < 4; j++) blk[j] = j < cnt ? g + (size_t)j * bs : NULL;
-    __m512 WD0, WD1 = _mm512_setzero_ps();
-    __m512 MEXP = _mm512_setzero_ps();
-    if (type_has_min(t)) {
-        __m128i h;
-        if (cnt == 4 && t == RQ_Q4_1) {        /* d|m dwords at bytes 0, 20, 40, 60 */
-            h = _mm512_castsi512_si128(_mm512_permutexvar_epi32(_mm512_setr_epi32(0, 5, 10, 15, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0),
-                                                                 _mm512_loadu_si512(g)));
-        } else if (cnt == 4) {                 /* Q5_1: bytes 0, 24, 48, 72 */
-            h = _mm512_castsi512_si128(_mm512_permutex2var_epi32(
-                _mm512_loadu_si512(g), _mm512_setr_epi32(0, 6, 12, 26, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0),
-                _mm512_loadu_si512(g + 32)));
-        } else {
-            h = _mm_set_epi32(cnt > 3 ? (int)load_u32(blk[3]) : 0, cnt > 2 ? (int)load_u32(blk[2]) : 0,
-                              cnt > 1 ? (int)load_u32(blk[1]) : 0, (int)load_u32(blk[0]));
-        }
-        __m256 dm = _mm256_cvtph_ps(h); /* dA mA dB mB dC mC dD mD */
-        __m512 dmz = _mm512_castps256_ps512(dm);
-        WD0 = _mm512_permutexvar_ps(mk_i32_512(0, 2), dmz);
-        if (cnt > 2) WD1 = _mm512_permutexvar_ps(mk_i32_512(4, 6), dmz);
-        MEXP = _mm512_maskz_permutexvar_ps(0x00FF, _mm512_castsi256_si512(_mm256_setr_epi32(1, 1, 3, 3, 5, 5, 7, 7)), dmz);
-    } else {
-        __m128i h;
-        if (cnt == 4 && t == RQ_Q4_0) {        /* d words at bytes 0, 18, 36, 54 */
-            h = _mm512_castsi512_si128(_mm512_permutexvar_epi16(_mm512_set_epi64(0, 0, 0, 0, 0, 0, 0, 0x001b001200090000LL),
-                                                                 _mm512_loadu_si512(g)));
-        } else if (cnt == 4 && t == RQ_Q5_0) { /* bytes 0, 22, 44 | 66 = second load (g + 24) byte 42 */
-            h = _mm512_castsi512_si128(_mm512_permutex2var_epi16(
-                _mm512_loadu_si512(g), _mm512_set_epi64(0, 0, 0, 0, 0, 0, 0, 0x00350016000b0000LL),
-                _mm512_loadu_si512(g + 24)));
-        } else if (cnt == 4 && t == RQ_Q8_0) { /* bytes 0, 34 | 68, 102 = second load (g + 64) bytes 4, 38 */
-            h = _mm512_castsi512_si128(_mm512_permutex2var_epi16(
-                _mm512_loadu_si512(g), _mm512_set_epi64(0, 0, 0, 0, 0, 0, 0, 0x0033002200110000LL),
-                _mm512_loadu_si512(g + 64)));
-        } else {
-            h = _mm_set_epi16(0, 0, 0, 0, cnt > 3 ? (short)load_u16(blk[3]) : 0, cnt > 2 ? (short)load_u16(blk[2]) : 0,
-                              cnt > 1 ? (short)load_u16(blk[1]) : 0, (short)load_u16(blk[0]));
-        }
-        __m512 dz = _mm512_castps128_ps512(_mm_cvtph_ps(h));
-        WD0 = _mm512_permutexvar_ps(mk_i32_512(0, 1), dz);
-        if (cnt > 2) WD1 = _mm512_permutexvar_ps(mk_i32_512(2, 3), dz);
-    }
-    __m512i U0 = legacy_u_512(t, blk[0], blk[1]);
-    pair_512(U0, WD0, tv, b, T, offs, acc[0]);
-    if (cnt > 2) {
-        __m512i U1 = legacy_u_512(t, blk[2], blk[3]);
-        pair_512(U1, WD1, tv, b + 2, T, offs, acc[P - 1]);
-    }
-    if (type_has_min(t)) {
-        const float *db = tv->ds + (b >> 3) * (size_t)T * 16 + 2 * (b & 4);
-        for (int k = 0; k < T; k++)
-            acc[P - 1][k] = _mm512_fmadd_ps(MEXP, _mm512_maskz_loadu_ps(0x00FF, db + 16 * k), acc[P - 1][k]);
-    }
-}
-
-A512 AINL void legacy_row_512(const int t, const uint8_t *row, int n, const tile *tv, float *res, const int T) {
-    const int bs = legacy_bs(t);
-    const size_t nb = (size_t)(n / QK);
-    ACC_DECL_512(T);
-    size_t b = 0;
-    for (; b + 4 <= nb; b += 4) legacy_group_512(t, row + b * bs, 4, tv, b, T, acc);
-    switch (nb - b) {   /* tail group, specialized on its size */
-    case 1: legacy_group_512(t, row + b * bs, 1, tv, b, T, acc); break;
-    case 2: legacy_group_512(t, row + b * bs, 2, tv, b, T, acc); break;
-    case 3: legacy_group_512(t, row + b * bs, 3, tv, b, T, acc); break;
-    default: break;
-    }
-    finish_512(acc, res, T);
-}
-
-/* --- K types --- */
-
-/* Q4_K/Q5_K: lanes 0-7 = d*sc_j, lanes 8-15 = -dmin*m_j */
-A512 AINL __m512 k4_scales_512(const uint8_t *scales, uint16_t dh, uint16_t dminh) {
-    uint32_t u0, u1, u2, u3;
-    k4_unpack(scales, &u0, &u1, &u2, &u3);
-    __m512 v = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_set_epi32((int)u3, (int)u2, (int)u1, (int)u0)));
-    __m512 mul = _mm512_mask_blend_ps(0xFF00, _mm512_set1_ps(_cvtsh_ss(dh)), _mm512_set1_ps(-_cvtsh_ss(dminh)));
-    return _mm512_mul_ps(v, mul);
-}
-
-/* min terms of one superblock: 16 per-16-group mins (lanes) x DS */
-A512 AINL void kmin_512(__m512 mins16, const tile *tv, int i, const int T, __m512 *acc) {
-    const float *db = tv->ds + (size_t)i * T * 16;
-    for (int k = 0; k < T; k++) acc[k] = _mm512_fmadd_ps(mins16, _mm512_loadu_ps(db + 16 * k), acc[k]);
-}
-
-A512 AINL void q45k_row_512(const int t, const uint8_t *row, int n, const tile *tv, float *res, const int T) {
-    const int nsb = n / QK_K;
-    const int P = NPAR512(T);
-    ACC_DECL_512(T);
-    const __m512i m0f = _mm512_set1_epi8(0x0F);
-    const __m512i sh04 = mk_w16_512(0, 4);
-    for (int i = 0; i < nsb; i++) {
-        const uint8_t *qs, *qh = NULL;
-        __m512 sm;
-        if (t == RQ_Q4_K) {
-            const blk_q4_K *x = (const blk_q4_K *)row + i;
-            sm = k4_scales_512(x->scales, x->d, x->dmin);
-            qs = x->qs;
-        } else {
-            const blk_q5_K *x = (const blk_q5_K *)row + i;
-            sm = k4_scales_512(x->scales, x->d, x->dmin);
-            qs = x->qs;
-            qh = x->qh;
-        }
-        kmin_512(_mm512_permutexvar_ps(mk_dup2_512(8), sm), tv, i, T, acc[P - 1]);
-        __m512i H = _mm512_setzero_si512();
-        if (t == RQ_Q5_K) H = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)qh));
-        for (int c = 0; c < 4; c++) {
-            __m512i x = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(qs + 32 * c)));
-            __m512i U = _mm512_and_si512(_mm512_srlv_epi16(x, sh04), m0f);
-            if (t == RQ_Q5_K) {
-                __mmask64 k = _mm512_test_epi8_mask(H, mk_b8_512(1 << (2 * c), 1 << (2 * c + 1)));
-                U = _mm512_mask_add_epi8(U, k, U, _mm512_set1_epi8(16));
-            }
-            __m512 WD = _mm512_permutexvar_ps(mk_i32_512(2 * c, 2 * c + 1), sm);
-            pair_512(U, WD, tv, 8 * i + 2 * c, T, 0, acc[(c & 1) & (P - 1)]);
-        }
-    }
-    finish_512(acc, res, T);
-}
-
-A512 AINL void q6k_row_512(const uint8_t *row, int n, const tile *tv, float *res, const int T) {
-    const int nsb = n / QK_K;
-    const int P = NPAR512(T);
-    ACC_DECL_512(T);
-    const __m512i m0f = _mm512_set1_epi8(0x0F), m30 = _mm512_set1_epi8(0x30);
-    const __m512i shl42 = mk_w16_512(4, 2), shr02 = mk_w16_512(0, 2);
-    for (int i = 0; i < nsb; i++) {
-        const blk_q6_K *x = (const blk_q6_K *)row + i;
-        __m512 sc = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)x->scales))),
-                                  _mm512_set1_ps(_cvtsh_ss(x->d)));
-        for (int h = 0; h < 2; h++) {
-            __m512i L = _mm512_loadu_si512(x->ql + 64 * h);
-            __m512i H = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(x->qh + 32 * h)));
-            __m512i U01 = _mm512_or_si512(_mm512_and_si512(L, m0f), _mm512_and_si512(_mm512_sllv_epi16(H, shl42), m30));
-            __m512i U23 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(L, 4), m0f),
-                                          _mm512_and_si512(_mm512_srlv_epi16(H, shr02), m30));
-            pair_512(U01, _mm512_permutexvar_ps(mk_g4_512(8 * h), sc), tv, 8 * i + 4 * h, T, 1, acc[0]);
-            pair_512(U23, _mm512_permutexvar_ps(mk_g4_512(8 * h + 4), sc), tv, 8 * i + 4 * h + 2, T, 1, acc[P - 1]);
-        }
-    }
-    finish_512(acc, res, T);
-}
-
-/* Q2_K and Q3_K share the 2-bit layout: per 128-half, 32 bytes, shifts 0/2/4/6. */
-A512 AINL void q23k_row_512(const int t, const uint8_t *row, int n, const tile *tv, float *res, const int T) {
-    const int nsb = n / QK_K;
-    const int P = NPAR512(T);
-    const int offs = (t == RQ_Q3_K);
-    ACC_DECL_512(T);
-    const __m512i m03 = _mm512_set1_epi8(3);
-    for (int i = 0; i < nsb; i++) {
-        const uint8_t *qs;
-        __m512 wd16;
-        __m512i HM = _mm512_setzero_si512();
-        if (t == RQ_Q3_K) {
-            const blk_q3_K *x = (const blk_q3_K *)row + i;
-            uint32_t a0, a1, a2, a3;
-            q3k_unpack(x->scales, &a0, &a1, &a2, &a3);
-            __m512i s = _mm512_sub_epi32(_mm512_cvtepu8_epi32(_mm_set_epi32((int)a3, (int)a2, (int)a1, (int)a0)),
-                                         _mm512_set1_epi32(32));
-            wd16 = _mm512_mul_ps(_mm512_cvtepi32_ps(s), _mm512_set1_ps(_cvtsh_ss(x->d)));
-            qs = x->qs;
-            HM = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)x->hmask));
-        } else {
-            const blk_q2_K *x = (const blk_q2_K *)row + i;
-            __m512i s = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)x->scales));
-            wd16 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_and_si512(s, _mm512_set1_epi32(15))),
-                                 _mm512_set1_ps(_cvtsh_ss(x->d)));
-            __m512 mw16 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(s, 4)), _mm512_set1_ps(-_cvtsh_ss(x->dmin)));
-            kmin_512(mw16, tv, i, T, acc[P - 1]);
-            qs = x->qs;
-        }
-        for (int h = 0; h < 2; h++) {
-            __m512i Q = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(qs + 32 * h)));
-            for (int pp = 0; pp < 2; pp++) {
-                __m512i U = _mm512_and_si512(_mm512_srlv_epi16(Q, mk_w16_512(4 * pp, 4 * pp + 2)), m03);
-                if (t == RQ_Q3_K) {
-                    __mmask64 k = _mm512_test_epi8_mask(HM, mk_b8_512(1 << (4 * h + 2 * pp), 1 << (4 * h + 2 * pp + 1)));
-                    U = _mm512_mask_add_epi8(U, k, U, _mm512_set1_epi8(4));
-                }
-                __m512 WD = _mm512_permutexvar_ps(mk_g4_512(8 * h + 4 * pp), wd16);
-                pair_512(U, WD, tv, 8 * i + 4 * h + 2 * pp, T, offs, acc[pp & (P - 1)]);
-            }
-        }
-    }
-    finish_512(acc, res, T);
-}
-
-/* --- float weights --- */
-A512 AINL __m512 fload_512(const int t, const uint8_t *row, int i, __mmask16 m) {
-    if (t == RQ_F32) return _mm512_maskz_loadu_ps(m, (const float *)row + i);
-    __m256i h = _mm256_maskz_loadu_epi16(m, (const uint16_t *)row + i);
-    if (t == RQ_F16) return _mm512_cvtph_ps(h);
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
-
-A512 AINL void float_row_512(const int t, const uint8_t *row, int n, const tile *tv, float *res, const int T) {
-    __m512 acc[2][TMAX];
-    for (int k = 0; k < T; k++) acc[0][k] = acc[1][k] = _mm512_setzero_ps();
-    int i = 0;
-    for (; i + 32 <= n; i += 32) {
-        __m512 w0 = fload_512(t, row, i, 0xFFFF), w1 = fload_512(t, row, i + 16, 0xFFFF);
-        for (int k = 0; k < T; k++) {
-            acc[0][k] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(tv->f[k] + i), acc[0][k]);
-            acc[1][k] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(tv->f[k] + i + 16), acc[1][k]);
-        }
-    }
-    for (; i < n; i += 16) {
-        __mmask16 m = (n - i >= 16) ? 0xFFFF : (__mmask16)((1u << (n - i)) - 1);
-        __m512 w = fload_512(t, row, i, m);
-        for (int k = 0; k < T; k++) acc[0][k] = _mm512_fmadd_ps(w, _mm512_maskz_loadu_ps(m, tv->f[k] + i), acc[0][k]);
-    }
-    for (int k = 0; k < T; k++) res[k] = _mm512_reduce_add_ps(_mm512_add_ps(acc[0][k], acc[1][k]));
-}
-
+/* ============================== AVX-512 ================================================== */
+/* The AVX-512 path runs the AVX2 kernels except for prefill matmuls (v16_*, below the AVX2
+ * section), which compute the same float sequence, so both paths give the same results. The
+ * earlier AVX-512 kernels (2 blocks per vector, a float sequence of their own) lost to the AVX2
+ * ones in prefill on every CPU measured, and in decode on Intel; removed. */
 
 /* --- activation quantization (same results as quantize_act_ref, bit for bit) --- */
 
@@ -1193,26 +902,6 @@ A512 static void quantize_act_512(const float *x, int n, rq_act *a) {
         _mm_storeu_si128((__m128i *)(a->qs + 32 * b + 16), _mm512_cvtepi32_epi8(q1));
     }
 }
-
-#define KERN512(name, IMPL, ...)                                                        \
-    A512 static void name(const uint8_t *row, int n, const tile *tv, float *res) {      \
-        const int T = tv->T;                                                            \
-        DISPATCH_T8(IMPL, __VA_ARGS__);                                                 \
-    }
-
-KERN512(k512_q4_0, legacy_row_512, RQ_Q4_0, row, n, tv, res)
-KERN512(k512_q4_1, legacy_row_512, RQ_Q4_1, row, n, tv, res)
-KERN512(k512_q5_0, legacy_row_512, RQ_Q5_0, row, n, tv, res)
-KERN512(k512_q5_1, legacy_row_512, RQ_Q5_1, row, n, tv, res)
-KERN512(k512_q8_0, legacy_row_512, RQ_Q8_0, row, n, tv, res)
-KERN512(k512_q2_K, q23k_row_512, RQ_Q2_K, row, n, tv, res)
-KERN512(k512_q3_K, q23k_row_512, RQ_Q3_K, row, n, tv, res)
-KERN512(k512_q4_K, q45k_row_512, RQ_Q4_K, row, n, tv, res)
-KERN512(k512_q5_K, q45k_row_512, RQ_Q5_K, row, n, tv, res)
-KERN512(k512_q6_K, q6k_row_512, row, n, tv, res)
-KERN512(k512_f32, float_row_512, RQ_F32, row, n, tv, res)
-KERN512(k512_f16, float_row_512, RQ_F16, row, n, tv, res)
-KERN512(k512_bf16, float_row_512, RQ_BF16, row, n, tv, res)
 
 /* ============================== AVX2 ====================================================== */
 
@@ -2126,6 +1815,237 @@ PF8_256(q5_1, RQ_Q5_1)
 PF8_256(q4_K, RQ_Q4_K)
 PF8_256(q6_K, RQ_Q6_K)
 
+/* ============================== AVX-512 VNNI prefill: 16 interleaved rows ================= */
+/*
+ * The AVX2 prefill design (a row chunk unpacked once, exact integer half-block sums, one float
+ * FMA per half per (row, token)) turned around for AVX-512 VNNI: the vector runs over 16 ROWS,
+ * not over tokens. A group of 16 rows is unpacked and interleaved (per block b, half h and
+ * 4-element group g, one dword per row), so one vpdpbusd multiplies 16 rows' 4 weights by one
+ * token's 4 activations (a broadcast dword), with no shuffles and no int16 stage. The float
+ * sequence of every (row, token) lane is pf8_pass's exactly:
+ *     acc_(b&1),h = fma(float(P_b,h + NQ_b,h), WD_b,h * d_b, acc_(b&1),h)
+ *     accM_(b&1)  = fma(M_b, d_b * S_b, accM_(b&1))
+ *     result = ((acc_0,0 + acc_1,0) + (acc_0,1 + acc_1,1)) + (accM_0 + accM_1)
+ * so this path gives bit for bit the AVX2 path's results (which decode keeps using), in any
+ * tile, thread count or mode.
+ *
+ * Group layout (16 rows, nb blocks; v16_group_bytes):
+ *   U  [b][h][g][16] u32   row r's elements 32b + 16h + 4g .. +3, unsigned (offset not removed)
+ *   WD [b][h][16]    f32   row r's scale of half h of block b
+ *   M  [b][16]       f32   row r's min of block b (types with mins)
+ * Per-token data (v16_toks): nq[k][2b + h] = -offset * sum16_k[2b + h], ds[k][b] = d_k(b) * S_k(b),
+ * the same values as the AVX2 tiles' nq8 / ds8.
+ */
+#define V16_TMAX 8
+/* Fewer tokens than this stay on the AVX2 kernels (decode-sized calls). */
+#define V16_MIN_TOK 24
+
+static int v16_type(int t) {
+    return t == RQ_Q4_0 || t == RQ_Q4_1 || t == RQ_Q5_0 || t == RQ_Q5_1 || t == RQ_Q8_0 || t == RQ_Q4_K || t == RQ_Q6_K;
+}
+static size_t v16_group_bytes(int nb) { return (size_t)nb * (512 + 128 + 64); }
+
+/* Token tiles of a v16 matmul: up to 8 tokens each, per block b (missing tokens zero):
+ *   qs [b][8][32] int8    the tokens' activations of block b
+ *   nq [b][2][8]  int32   -offset * sum16_k[2b + h]
+ *   d  [b][8]     f32     d_k(b)
+ *   ds [b][8]     f32     d_k(b) * S_k(b)
+ * so a kernel reaches token k of block b at a constant displacement from one pointer. */
+#define V16_TILE_BLOCK_BYTES (8 * 32 + 16 * 4 + 8 * 4 + 8 * 4)
+typedef struct {
+    int nb, ntiles;
+    uint8_t *mem;   /* ntiles x nb x V16_TILE_BLOCK_BYTES */
+} v16_toks;
+
+static void v16_prep_tile(int t, const rq_act *acts, int ntok, int i, v16_toks *tk) {
+    const int nb = tk->nb, off = type_offset(t), k0 = 8 * i;
+    const int T = ntok - k0 < 8 ? ntok - k0 : 8;
+    uint8_t *m = tk->mem + (size_t)i * nb * V16_TILE_BLOCK_BYTES;
+    if (T < 8) memset(m, 0, (size_t)nb * V16_TILE_BLOCK_BYTES);
+    for (int k = 0; k < T; k++) {
+        const rq_act *a = &acts[k0 + k];
+        for (int b = 0; b < nb; b++) {
+            uint8_t *mb = m + (size_t)b * V16_TILE_BLOCK_BYTES;
+            int32_t *nq = (int32_t *)(mb + 256);
+            float *d = (float *)(mb + 320), *ds = (float *)(mb + 352);
+            int s0 = a->sum16[2 * b], s1 = a->sum16[2 * b + 1];
+            memcpy(mb + 32 * k, a->qs + 32 * (size_t)b, 32);
+            nq[k] = -off * s0;
+            nq[8 + k] = -off * s1;
+            d[k] = a->d[b];
+            ds[k] = a->d[b] * (float)(s0 + s1);
+        }
+    }
+}
+
+/* Q8_0 rows in the AVX2 prefill kernels' unpacked form (their unpackers cover 4/5-bit types). */
+A256 AINL void v16_unpack_q8_0(const uint8_t *row, int nb, uint8_t *ur) {
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *A = row + (size_t)b * sizeof(blk_q8_0);
+        __m256i q = _mm256_loadu_si256((const __m256i *)(A + 2));
+        _mm256_storeu_si256((__m256i *)(ur + 32 * (size_t)b), _mm256_xor_si256(q, _mm256_set1_epi8((char)0x80)));
+        float d = _cvtsh_ss(load_u16(A));
+        pf8_store_scales(ur, nb, b, d, d, 0.0f);
+    }
+}
+
+/* Rows [r0, r0 + nr) (nr <= 16) -> one interleaved group at grp; tmp holds 16 unpacked rows. */
+A512 static void v16_unpack(const int t, const uint8_t *W, size_t rb, int r0, int nr, int nb, uint8_t *tmp,
+                             uint8_t *grp) {
+    const size_t us = pf8_urow_bytes(nb);
+    for (int r = 0; r < 16; r++) {
+        uint8_t *ur = tmp + (size_t)r * us;
+        if (r >= nr) { memset(ur, 0, us); continue; }
+        const uint8_t *row = W + (size_t)(r0 + r) * rb;
+        if (t == RQ_Q4_K) pf8_unpack_q4k(row, nb, ur);
+        else if (t == RQ_Q6_K) pf8_unpack_q6k(row, nb, ur);
+        else if (t == RQ_Q8_0) v16_unpack_q8_0(row, nb, ur);
+        else pf8_unpack_legacy(t, row, nb, ur);
+    }
+    const __m512i idx = _mm512_mullo_epi32(_mm512_set1_epi32((int)us),
+                                           _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+    __m512i *U = (__m512i *)grp;
+    float *WD = (float *)(grp + 512 * (size_t)nb), *M = WD + 32 * (size_t)nb;
+    const float *sWD = (const float *)(tmp + 32 * (size_t)nb), *sM = sWD + 2 * (size_t)nb;
+    const int mins = type_has_min(t);
+    for (int b = 0; b < nb; b++) {
+        for (int j = 0; j < 8; j++)
+            _mm512_storeu_si512(U + 8 * (size_t)b + j, _mm512_i32gather_epi32(idx, tmp + 32 * (size_t)b + 4 * j, 1));
+        _mm512_storeu_ps(WD + 32 * (size_t)b, _mm512_i32gather_ps(idx, sWD + 2 * (size_t)b, 1));
+        _mm512_storeu_ps(WD + 32 * (size_t)b + 16, _mm512_i32gather_ps(idx, sWD + 2 * (size_t)b + 1, 1));
+        if (mins) _mm512_storeu_ps(M + 16 * (size_t)b, _mm512_i32gather_ps(idx, sM + b, 1));
+    }
+}
+
+/* Blocks par, par + 2, ... of a group against the T tokens of a tile: acc[k][h] per half. */
+A512 AINL void v16_pass(const int t, const uint8_t *grp, int nb, const int T, const uint8_t *tile, const int par,
+                         __m512 (*acc)[2]) {
+    const int offs = type_offset(t) != 0, q6 = (t == RQ_Q6_K);
+    const __m512i *U = (const __m512i *)grp;
+    const float *WD = (const float *)(grp + 512 * (size_t)nb);
+    for (int b = par; b < nb; b += 2) {
+        const uint8_t *tb = tile + (size_t)b * V16_TILE_BLOCK_BYTES;
+        const int32_t *nq = (const int32_t *)(tb + 256);
+        const float *d = (const float *)(tb + 320);
+        const __m512 wd0 = _mm512_loadu_ps(WD + 32 * (size_t)b);
+        const __m512 wd1 = q6 ? _mm512_loadu_ps(WD + 32 * (size_t)b + 16) : wd0;
+        __m512 sc[V16_TMAX];
+        if (!q6)
+            for (int k = 0; k < T; k++) sc[k] = _mm512_mul_ps(wd0, _mm512_set1_ps(d[k]));
+        for (int h = 0; h < 2; h++) {
+            const __m512i W0 = _mm512_loadu_si512(U + 8 * (size_t)b + 4 * h);
+            const __m512i W1 = _mm512_loadu_si512(U + 8 * (size_t)b + 4 * h + 1);
+            const __m512i W2 = _mm512_loadu_si512(U + 8 * (size_t)b + 4 * h + 2);
+            const __m512i W3 = _mm512_loadu_si512(U + 8 * (size_t)b + 4 * h + 3);
+            for (int k = 0; k < T; k++) {
+                const uint8_t *qd = tb + 32 * k + 16 * h;
+                __m512i P = offs ? _mm512_set1_epi32(nq[8 * h + k]) : _mm512_setzero_si512();
+                P = _mm512_dpbusd_epi32(P, W0, _mm512_set1_epi32((int)load_u32(qd)));
+                P = _mm512_dpbusd_epi32(P, W1, _mm512_set1_epi32((int)load_u32(qd + 4)));
+                P = _mm512_dpbusd_epi32(P, W2, _mm512_set1_epi32((int)load_u32(qd + 8)));
+                P = _mm512_dpbusd_epi32(P, W3, _mm512_set1_epi32((int)load_u32(qd + 12)));
+                const __m512 s = q6 ? _mm512_mul_ps(h ? wd1 : wd0, _mm512_set1_ps(d[k])) : sc[k];
+                acc[k][h] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(P), s, acc[k][h]);
+            }
+        }
+    }
+}
+
+/* The mins of blocks par, par + 2, ... against the T tokens of a tile. */
+A512 AINL void v16_pass_mins(const uint8_t *grp, int nb, const int T, const uint8_t *tile, const int par,
+                              __m512 *acc) {
+    const float *M = (const float *)(grp + 512 * (size_t)nb) + 32 * (size_t)nb;
+    for (int b = par; b < nb; b += 2) {
+        const float *ds = (const float *)(tile + (size_t)b * V16_TILE_BLOCK_BYTES + 352);
+        const __m512 mv = _mm512_loadu_ps(M + 16 * (size_t)b);
+        for (int k = 0; k < T; k++) acc[k] = _mm512_fmadd_ps(mv, _mm512_set1_ps(ds[k]), acc[k]);
+    }
+}
+
+/* A group against a tile of T tokens: out[k * ldo + r] for the group's nr rows. Each pass keeps
+ * T accumulators live (all 32 zmm registers would not hold a tile's 3 x 8 at once). */
+A512 AINL void v16_tile(const int t, const uint8_t *grp, int nb, const int T, const uint8_t *tile, float *out,
+                         int ldo, int nr) {
+    __m512 a[4][V16_TMAX], m[2][V16_TMAX];
+    for (int p = 0; p < 2; p++) {   /* parity p: a[p] half 0, a[p + 2] half 1 */
+        __m512 acc[V16_TMAX][2];
+        for (int k = 0; k < T; k++) acc[k][0] = acc[k][1] = _mm512_setzero_ps();
+        v16_pass(t, grp, nb, T, tile, p, acc);
+        for (int k = 0; k < T; k++) { a[p][k] = acc[k][0]; a[p + 2][k] = acc[k][1]; }
+    }
+    if (type_has_min(t))
+        for (int p = 0; p < 2; p++) {
+            __m512 acc[V16_TMAX];
+            for (int k = 0; k < T; k++) acc[k] = _mm512_setzero_ps();
+            v16_pass_mins(grp, nb, T, tile, p, acc);
+            for (int k = 0; k < T; k++) m[p][k] = acc[k];
+        }
+    const __mmask16 keep = nr >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << nr) - 1);
+    for (int k = 0; k < T; k++) {
+        __m512 r = _mm512_add_ps(_mm512_add_ps(a[0][k], a[1][k]), _mm512_add_ps(a[2][k], a[3][k]));
+        if (type_has_min(t)) {
+            __m512 mo = m[1][k];
+            if (nb & 1) mo = _mm512_add_ps(mo, _mm512_setzero_ps());   /* the slot kernels' padded fma(0, 0, .) */
+            r = _mm512_add_ps(r, _mm512_add_ps(m[0][k], mo));
+        }
+        _mm512_mask_storeu_ps(out + (size_t)k * ldo, keep, r);
+    }
+}
+
+#define V16_TILE_T(t, grp, nb, tile, out, ldo, nr, T) v16_tile(t, grp, nb, T, tile, out, ldo, nr)
+
+/* Groups of this many bytes or less are unpacked several at a time (they and a token tile stay
+ * in L2 while the tile passes over each of them). */
+#define V16_L2_BYTES (512 * 1024)
+
+/* Rows [r0, r1) against every token tile: groups of 16 rows unpacked (G at a time) into grp
+ * (tmp: scratch for 16 unpacked rows), then each tile runs against the G groups. */
+A512 AINL void v16_rows(const int t, const uint8_t *W, size_t rb, int r0, int r1, int nb, int ntok,
+                         const v16_toks *tk, float *out, int ldo, uint8_t *tmp, uint8_t *grp, int gmax) {
+    const size_t gb = (v16_group_bytes(nb) + 63) & ~(size_t)63;
+    for (int c0 = r0; c0 < r1; c0 += 16 * gmax) {
+        const int c1 = c0 + 16 * gmax < r1 ? c0 + 16 * gmax : r1;
+        int ng = 0;
+        for (int g0 = c0; g0 < c1; g0 += 16, ng++) v16_unpack(t, W, rb, g0, c1 - g0 < 16 ? c1 - g0 : 16, nb, tmp, grp + gb * ng);
+        for (int i = 0; i < tk->ntiles; i++) {
+            const int k0 = 8 * i, T = ntok - k0 < 8 ? ntok - k0 : 8;
+            const uint8_t *tile = tk->mem + (size_t)i * nb * V16_TILE_BLOCK_BYTES;
+            for (int g = 0; g < ng; g++) {
+                const int g0 = c0 + 16 * g, nr = c1 - g0 < 16 ? c1 - g0 : 16;
+                DISPATCH_T8(V16_TILE_T, t, grp + gb * g, nb, tile, out + (size_t)k0 * ldo + g0, ldo, nr);
+            }
+        }
+    }
+}
+
+#define V16_ROWS(suffix, t)                                                                                       \
+    A512 static void v16r_##suffix(const uint8_t *W, size_t rb, int r0, int r1, int nb, int ntok,                \
+                                    const v16_toks *tk, float *out, int ldo, uint8_t *tmp, uint8_t *grp, int gmax) { \
+        v16_rows(t, W, rb, r0, r1, nb, ntok, tk, out, ldo, tmp, grp, gmax);                                       \
+    }
+V16_ROWS(q4_0, RQ_Q4_0)
+V16_ROWS(q4_1, RQ_Q4_1)
+V16_ROWS(q5_0, RQ_Q5_0)
+V16_ROWS(q5_1, RQ_Q5_1)
+V16_ROWS(q8_0, RQ_Q8_0)
+V16_ROWS(q4_K, RQ_Q4_K)
+V16_ROWS(q6_K, RQ_Q6_K)
+
+typedef void (*v16_rows_fn)(const uint8_t *W, size_t rb, int r0, int r1, int nb, int ntok, const v16_toks *tk,
+                            float *out, int ldo, uint8_t *tmp, uint8_t *grp, int gmax);
+static v16_rows_fn v16_kernel(int t) {
+    switch (t) {
+    case RQ_Q4_0: return v16r_q4_0;
+    case RQ_Q4_1: return v16r_q4_1;
+    case RQ_Q5_0: return v16r_q5_0;
+    case RQ_Q5_1: return v16r_q5_1;
+    case RQ_Q8_0: return v16r_q8_0;
+    case RQ_Q4_K: return v16r_q4_K;
+    case RQ_Q6_K: return v16r_q6_K;
+    default: return NULL;
+    }
+}
+
 #endif /* x86 */
 
 /* Kernel for (path, type) and the largest token tile it takes; NULL: use the scalar reference. */
@@ -2133,26 +2053,7 @@ static kern_fn simd_kernel(int path, int t, int *tmax, int *ub) {
     *tmax = 1;
     *ub = 1;
 #ifdef RQ_HAVE_X86
-    if (path == RQ_PATH_AVX512) {
-        *tmax = TMAX;
-        *ub = 2;
-        switch (t) {
-        case RQ_F32: return k512_f32;
-        case RQ_F16: return k512_f16;
-        case RQ_BF16: return k512_bf16;
-        case RQ_Q4_0: return k512_q4_0;
-        case RQ_Q4_1: return k512_q4_1;
-        case RQ_Q5_0: return k512_q5_0;
-        case RQ_Q5_1: return k512_q5_1;
-        case RQ_Q8_0: return k512_q8_0;
-        case RQ_Q2_K: return k512_q2_K;
-        case RQ_Q3_K: return k512_q3_K;
-        case RQ_Q4_K: return k512_q4_K;
-        case RQ_Q5_K: return k512_q5_K;
-        case RQ_Q6_K: return k512_q6_K;
-        default: return NULL;
-        }
-    }
+    if (path == RQ_PATH_AVX512) path = RQ_PATH_AVX2;   /* see the AVX-512 section */
     if (path == RQ_PATH_AVX2) {
         *tmax = pf8_type(t, 1) ? 8 : TMAX2;   /* 8-token tiles: pf8_row_256 */
         switch (t) {
@@ -2183,6 +2084,7 @@ static kern_fn simd_kernel(int path, int t, int *tmax, int *ub) {
 typedef void (*rows_fn)(const uint8_t *W, size_t rb, int r0, int r1, int n, const tile *tv, float *out, int ldo, int k0);
 static rows_fn simd_rows_kernel(int path, int t) {
 #ifdef RQ_HAVE_X86
+    if (path == RQ_PATH_AVX512) path = RQ_PATH_AVX2;
     if (path == RQ_PATH_AVX2) {
         switch (t) {
         case RQ_Q4_0: return r256_q4_0;
@@ -2208,6 +2110,7 @@ static int simd_pf8(int path, int t, pf8_unpack_fn *u, pf8_rows_fn *r) {
     *u = NULL;
     *r = NULL;
 #ifdef RQ_HAVE_X86
+    if (path == RQ_PATH_AVX512) path = RQ_PATH_AVX2;
     if (path == RQ_PATH_AVX2) {
         switch (t) {
         case RQ_Q4_0: *u = pf8u_q4_0; *r = pf8r_q4_0; break;
@@ -2435,6 +2338,70 @@ static void tiles_run(const tileset *ts, kern_fn kern, int t, const uint8_t *W, 
     }
 }
 
+/* ---- AVX-512 VNNI prefill driver (see v16_pass) ---- */
+typedef struct {
+    v16_rows_fn fn;
+    v16_toks tk;
+    int nbuf, gmax;
+    size_t tmp_bytes, grp_bytes;
+    uint8_t *buf;   /* nbuf x (tmp + gmax groups) */
+} v16_set;
+
+static int v16_use(int path, int t, int ntok) {
+#ifdef RQ_HAVE_X86
+    return path == RQ_PATH_AVX512 && v16_type(t) && ntok >= V16_MIN_TOK;
+#else
+    (void)path; (void)t; (void)ntok;
+    return 0;
+#endif
+}
+
+#ifdef RQ_HAVE_X86
+static int v16_alloc(v16_set *vs, int t, int cols, int ntok, int nbuf) {
+    const int nb = cols / QK;
+    vs->fn = v16_kernel(t);
+    vs->tk.nb = nb;
+    vs->tk.ntiles = (ntok + 7) / 8;
+    vs->tk.mem = aligned_alloc(64, (size_t)vs->tk.ntiles * nb * V16_TILE_BLOCK_BYTES);
+    vs->nbuf = nbuf;
+    vs->tmp_bytes = 16 * pf8_urow_bytes(nb);
+    size_t gb = (v16_group_bytes(nb) + 63) & ~(size_t)63;
+    vs->gmax = (int)(V16_L2_BYTES / gb);
+    if (vs->gmax < 1) vs->gmax = 1;
+    if (vs->gmax > 8) vs->gmax = 8;
+    vs->grp_bytes = gb * (size_t)vs->gmax;
+    vs->buf = aligned_alloc(64, (vs->tmp_bytes + vs->grp_bytes) * (size_t)nbuf);
+    if (!vs->fn || !vs->tk.mem || !vs->buf) {
+        free(vs->tk.mem);
+        free(vs->buf);
+        return -1;
+    }
+    return 0;
+}
+
+static void v16_free(v16_set *vs) {
+    free(vs->tk.mem);
+    free(vs->buf);
+}
+
+static void v16_run(const v16_set *vs, int t, const uint8_t *W, int cols, int r0, int r1, int ntok, float *out,
+                    int ldo, int buf_id) {
+    uint8_t *tmp = vs->buf + (vs->tmp_bytes + vs->grp_bytes) * (size_t)buf_id;
+    vs->fn(W, rq_row_bytes(t, cols), r0, r1, vs->tk.nb, ntok, &vs->tk, out, ldo, tmp, tmp + vs->tmp_bytes, vs->gmax);
+}
+
+/* Single-threaded: rows [r0, r1). Returns 0 when done, -1 when out of memory (nothing written). */
+static int v16_matmul_rows(int t, const uint8_t *W, int cols, int r0, int r1, const rq_act *acts, int ntok,
+                           float *out, int ldo) {
+    v16_set vs;
+    if (v16_alloc(&vs, t, cols, ntok, 1) != 0) return -1;
+    for (int i = 0; i < vs.tk.ntiles; i++) v16_prep_tile(t, acts, ntok, i, &vs.tk);
+    v16_run(&vs, t, W, cols, r0, r1, ntok, out, ldo, 0);
+    v16_free(&vs);
+    return 0;
+}
+#endif
+
 static void fill_nan(int r0, int r1, int ntok, float *out, int ldo) {
     for (int k = 0; k < ntok; k++)
         for (int r = r0; r < r1; r++) out[(size_t)k * ldo + r] = NAN;
@@ -2448,6 +2415,9 @@ void rq_matmul_rows(int t, const void *W, int cols, int r0, int r1,
         return;
     }
     int path = rq_kernel_path(), tmax, ub;
+#ifdef RQ_HAVE_X86
+    if (v16_use(path, t, ntok) && v16_matmul_rows(t, W, cols, r0, r1, acts, ntok, out, ldo) == 0) return;
+#endif
     kern_fn k = path == RQ_PATH_SCALAR ? NULL : simd_kernel(path, t, &tmax, &ub);
     tileset ts;
     if (k && tiles_alloc(&ts, path, t, tmax, ub, cols, ntok, 1) == 0) {
@@ -2494,6 +2464,34 @@ static void matmul_in_team(int t, const uint8_t *W, int rows, int cols,
         fill_nan(0, rows, ntok, out, ldo);
         return;
     }
+#ifdef RQ_HAVE_X86
+    if (v16_use(path, t, ntok)) {
+        v16_set *vs = NULL;
+        int ok = 0;
+#pragma omp single copyprivate(vs, ok)
+        {
+            vs = malloc(sizeof(v16_set));
+            ok = vs && v16_alloc(vs, t, cols, ntok, nth) == 0;
+            if (!ok) { free(vs); vs = NULL; }
+        }
+        if (ok) {
+            const int cr16 = chunk_rows(t, cols, rows, nth, 1), nch16 = (rows + cr16 - 1) / cr16;
+#pragma omp for schedule(static)
+            for (int i = 0; i < vs->tk.ntiles; i++) v16_prep_tile(t, acts, ntok, i, &vs->tk);
+#pragma omp for schedule(dynamic, 1)
+            for (int c = 0; c < nch16; c++) {
+                int r0 = c * cr16, r1 = r0 + cr16 < rows ? r0 + cr16 : rows;
+                v16_run(vs, t, W, cols, r0, r1, ntok, out, ldo, omp_get_thread_num());
+            }
+#pragma omp single nowait
+            {
+                v16_free(vs);
+                free(vs);
+            }
+            return;   /* the loop's barrier: out is complete */
+        }
+    }
+#endif
     int prefill = k && ntok > 2 * tmax;
     int cr = chunk_rows(t, cols, rows, nth, prefill);
     int nch = (rows + cr - 1) / cr;

@@ -1,0 +1,60 @@
+"""Prefill matmuls (many tokens) against decode (one token at a time), bit for bit.
+
+The AVX-512 path multiplies prefill tiles with its own kernels (16 interleaved rows per vector,
+quants.c `v16_*`) and everything else with the AVX2 kernels; both must give every (row, token)
+the same float, whatever the tile, the thread count or the path. Calls here have enough tokens
+(>= 24) to take the prefill kernels, with partial token tiles and partial row groups.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as T
+
+from tests import quant_pack as qp
+
+q = pytest.importorskip("engine.kernels._quants", reason="build the kernels: python setup.py build_ext --inplace")
+
+PREFILL_TYPES = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q6_K]
+FAST_PATHS = ["avx2", "avx512"]
+
+
+def _need(path: str) -> None:
+    if not q.cpu_supports(path):
+        pytest.skip(f"this CPU cannot run the {path} path")
+
+
+def _n_for(t) -> int:
+    # an odd number of 32-element blocks for the legacy types (the padded mins step)
+    return 256 * 3 if T(t) in qp.K_TYPES else 32 * 23
+
+
+@pytest.mark.parametrize("path", FAST_PATHS)
+@pytest.mark.parametrize("t", PREFILL_TYPES, ids=[T(t).name for t in PREFILL_TYPES])
+def test_prefill_equals_decode_bit_for_bit(t, path):
+    _need(path)
+    rng = np.random.default_rng(900 + int(t))
+    n, rows, ntok = _n_for(t), 37, 45          # 2 full groups of 16 rows + 5; 5 tiles of 8 tokens + 5
+    W = qp.random_rows(t, rows, n, rng)
+    X = rng.standard_normal((ntok, n)).astype(np.float32)
+    X[3, :64] = 0.0                              # a token with zero blocks
+    alone = np.stack([q.matmul(int(t), W, rows, n, X[k:k + 1], nthreads=1, path=path)[0] for k in range(ntok)])
+    for threads in (1, 2):
+        got = q.matmul(int(t), W, rows, n, X, nthreads=threads, path=path)
+        np.testing.assert_array_equal(got, alone, err_msg=f"threads={threads}")
+    # and the result is right: close to the f32 reference (int8 activations cost a little)
+    ref = q.matmul_ref(int(t), W, rows, n, X)
+    scale = np.abs(ref).max()
+    assert np.abs(alone - ref).max() <= 0.02 * scale
+
+
+@pytest.mark.parametrize("t", PREFILL_TYPES, ids=[T(t).name for t in PREFILL_TYPES])
+def test_avx512_path_equals_avx2_path(t):
+    _need("avx512")
+    rng = np.random.default_rng(950 + int(t))
+    n, rows, ntok = _n_for(t), 50, 64
+    W = qp.random_rows(t, rows, n, rng)
+    X = rng.standard_normal((ntok, n)).astype(np.float32)
+    a = q.matmul(int(t), W, rows, n, X, nthreads=2, path="avx2")
+    b = q.matmul(int(t), W, rows, n, X, nthreads=2, path="avx512")
+    np.testing.assert_array_equal(a, b)
