@@ -2,28 +2,52 @@
 
 Portable on purpose: no -march=native. SIMD variants carry their own
 __attribute__((target(...))) and are chosen at run time from CPU flags.
+
+One extension module, engine.kernels._kernels: every C kernel source is compiled into it once,
+so the process has one kernel path and one copy of each kernel (engine.kernels._quants and
+_forward are Python modules re-exporting its names). tests/simde_build.py builds a test-only
+twin from the same sources through kernel_extension() (this file is imported there, so setup()
+runs only as a script).
 """
+import glob
+import os
+
 import numpy
-from Cython.Build import cythonize
-from setuptools import Extension, setup
+from setuptools import Extension
 
 KERNELS = "engine/kernels"
-COMMON = dict(
-    include_dirs=[KERNELS, numpy.get_include()],
-    extra_compile_args=["-O3", "-std=gnu11", "-fopenmp", "-fno-math-errno", "-Wall", "-Wno-unused-function"],
-    extra_link_args=["-fopenmp"],
-    define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
-)
+# C sources compiled into the kernels module (a new kernel file goes here).
+C_SOURCES = ["quants.c", "forward.c"]
+COMPILE_ARGS = ["-O3", "-std=gnu11", "-fopenmp", "-fno-math-errno", "-Wall", "-Wno-unused-function"]
+CYTHON_DIRECTIVES = {"boundscheck": False, "wraparound": False}
 
-extensions = [
-    # Quantized dot products, matmuls and their reference twins.
-    Extension("engine.kernels._quants", [f"{KERNELS}/_quants.pyx", f"{KERNELS}/quants.c"], **COMMON),
-    # The forward pass (llama2.c style), KV cache; links the same kernels.
-    Extension(
-        "engine.kernels._forward",
-        [f"{KERNELS}/_forward.pyx", f"{KERNELS}/forward.c", f"{KERNELS}/quants.c"],
-        **COMMON,
-    ),
-]
 
-setup(ext_modules=cythonize(extensions, language_level=3, compiler_directives={"boundscheck": False, "wraparound": False}))
+def kernel_extension(name="engine.kernels._kernels", pyx=f"{KERNELS}/_kernels.pyx", root=".", define_macros=()):
+    """The kernels Extension: the Cython module `pyx` (including quants.pxi and forward.pxi) and
+    C_SOURCES, paths under the checkout `root`."""
+    kdir = os.path.join(root, KERNELS)
+    return Extension(
+        name,
+        [pyx] + [os.path.join(kdir, c) for c in C_SOURCES],
+        include_dirs=[kdir, numpy.get_include()],
+        extra_compile_args=list(COMPILE_ARGS),
+        extra_link_args=["-fopenmp"],
+        define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")] + list(define_macros),
+    )
+
+
+def _remove_stale_modules():
+    """Earlier builds made _quants and _forward extension modules; left in the tree, they would
+    shadow the Python modules of those names (an extension wins the import) and bring back a
+    second copy of the kernels with its own path."""
+    for stale in ("_quants", "_forward"):
+        for path in glob.glob(os.path.join(os.path.dirname(os.path.abspath(__file__)), KERNELS, stale + ".*.so")):
+            os.remove(path)
+
+
+if __name__ == "__main__":
+    from Cython.Build import cythonize
+    from setuptools import setup
+
+    _remove_stale_modules()
+    setup(ext_modules=cythonize([kernel_extension()], language_level=3, compiler_directives=CYTHON_DIRECTIVES))

@@ -128,6 +128,32 @@ def test_path_selection():
     q.set_path(old)
 
 
+def test_one_kernel_path_for_quants_and_forward():
+    """quants.c is compiled once, into engine.kernels._kernels: a path set through _quants is the
+    forward pass's and one set through _forward is the quantized kernels' (once each extension
+    had its own copy of the kernels and of the path)."""
+    from engine.kernels import _forward
+
+    paths = [p for p in PATHS if q.cpu_supports(p)]
+    rng = np.random.default_rng(12)
+    W = qp.random_rows(T.Q4_K, 1, 512, rng)[0]
+    x = _x(rng, 1, 512)[0]
+    old = q.kernel_path()
+    try:
+        for p in paths:
+            q.set_path(p)
+            assert _forward.kernel_path() == p
+        for p in paths:
+            _forward.set_kernel_path(p)
+            assert q.kernel_path() == p
+            # and the kernels dispatch on it: the current path's dot is that path's
+            assert q.vec_dot(int(T.Q4_K), W, x) == q.vec_dot(int(T.Q4_K), W, x, path=p)
+        _forward.set_kernel_path("scalar")
+        assert q.vec_dot(int(T.Q4_K), W, x) == q.vec_dot_ref(int(T.Q4_K), W, x)
+    finally:
+        q.set_path(old)
+
+
 @pytest.mark.parametrize("path", PATHS)
 def test_env_forces_path(path):
     _need(path)

@@ -1,5 +1,5 @@
-# cython: language_level=3
-"""numpy-friendly wrappers around the quantized kernels (quants.h), mainly for tests and benchmarks."""
+# numpy-friendly wrappers around the quantized kernels (quants.h), mainly for tests and benchmarks.
+# Included by _kernels.pyx (and re-exported by engine.kernels._quants).
 import numpy as np
 cimport numpy as cnp
 from libc.stdint cimport int8_t, int32_t, uint8_t, uint16_t

@@ -1,9 +1,8 @@
-# cython: language_level=3
-"""Python handle on the compiled forward pass (forward.c).
-
-Weights are passed as raw addresses into the mapped GGUF file and KV memory as numpy arrays;
-this object keeps references to both so they outlive the C model.
-"""
+# Python handle on the compiled forward pass (forward.c). Included by _kernels.pyx after
+# quants.pxi (whose declarations of quants.h it uses); re-exported by engine.kernels._forward.
+#
+# Weights are passed as raw addresses into the mapped GGUF file and KV memory as numpy arrays;
+# this object keeps references to both so they outlive the C model.
 import numpy as np
 cimport numpy as cnp
 from libc.stdint cimport int32_t, uintptr_t
@@ -182,21 +181,13 @@ cdef class ForwardModel:
         rq_model_record_layers(self.model, <float *>cnp.PyArray_DATA(arr), max_tokens)
 
 
-cdef extern from "quants.h":
-    int rq_set_kernel_path(int path)
-    int rq_kernel_path()
-    void rq_kernels_init()
-
 KERNEL_PATHS = {"scalar": 0, "avx2": 1, "avx512": 2}
 
 
 def set_kernel_path(str name):
-    """Force this module's kernel path (tests); raises if the CPU cannot run it."""
+    """Force the kernel path (tests): the one path of every kernel in this process (set_path's
+    twin that raises ValueError); raises if the CPU cannot run it. kernel_path() (quants.pxi)
+    reads it back."""
     rq_kernels_init()
     if name not in KERNEL_PATHS or rq_set_kernel_path(KERNEL_PATHS[name]) != 0:
         raise ValueError(f"kernel path {name!r} is not available on this CPU")
-
-
-def kernel_path() -> str:
-    rq_kernels_init()
-    return {v: k for k, v in KERNEL_PATHS.items()}[rq_kernel_path()]
