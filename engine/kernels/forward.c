@@ -134,7 +134,7 @@ static void quantize_rows(rq_model *m, const float *x, int n, int cols, int ld) 
 
 /* out[t][0..rows) = W x[t] for the n activations already quantized in m->acts. */
 static void matmul(rq_model *m, const rq_tensor *W, int n, float *out, int ldo) {
-    rq_matmul(W->type, W->data, W->rows, W->cols, m->acts, n, out, ldo, m->n_threads);
+    rq_matmul_r16(W->type, W->data, W->r16, W->rows, W->cols, m->acts, n, out, ldo, m->n_threads);
 }
 
 static void add_bias(float *y, const rq_tensor *b, int n, int ld) {
@@ -431,9 +431,9 @@ static void attention(rq_model *m, int il, int n, int pos0) {
     for (int t = 0; t < n; t++)
         rmsnorm(m->xb + (size_t)t * d, m->x + (size_t)t * d, f32_data(&L->attn_norm), d, c->norm_eps);
     quantize_rows(m, m->xb, n, d, d);
-    const rq_matmul_op qkv[3] = {{L->wq.type, L->wq.data, L->wq.rows, m->q, q_dim},
-                                 {L->wk.type, L->wk.data, L->wk.rows, m->k, kv_dim},
-                                 {L->wv.type, L->wv.data, L->wv.rows, m->v, kv_dim}};
+    const rq_matmul_op qkv[3] = {{L->wq.type, L->wq.data, L->wq.rows, m->q, q_dim, L->wq.r16},
+                                 {L->wk.type, L->wk.data, L->wk.rows, m->k, kv_dim, L->wk.r16},
+                                 {L->wv.type, L->wv.data, L->wv.rows, m->v, kv_dim, L->wv.r16}};
     rq_matmul_multi(qkv, 3, d, m->acts, n, m->n_threads);
     add_bias(m->q, &L->bq, n, q_dim);
     add_bias(m->k, &L->bk, n, kv_dim);
@@ -490,8 +490,8 @@ static void feed_forward(rq_model *m, int il, int n) {
     for (int t = 0; t < n; t++)
         rmsnorm(m->xb + (size_t)t * d, m->x + (size_t)t * d, f32_data(&L->ffn_norm), d, c->norm_eps);
     quantize_rows(m, m->xb, n, d, d);
-    const rq_matmul_op gate_up[2] = {{L->ffn_gate.type, L->ffn_gate.data, L->ffn_gate.rows, m->hb, ff},
-                                     {L->ffn_up.type, L->ffn_up.data, L->ffn_up.rows, m->hb2, ff}};
+    const rq_matmul_op gate_up[2] = {{L->ffn_gate.type, L->ffn_gate.data, L->ffn_gate.rows, m->hb, ff, L->ffn_gate.r16},
+                                     {L->ffn_up.type, L->ffn_up.data, L->ffn_up.rows, m->hb2, ff, L->ffn_up.r16}};
     rq_matmul_multi(gate_up, 2, d, m->acts, n, m->n_threads);
     FOR_TOKENS
     for (int t = 0; t < n; t++) gated_act(m->hb + (size_t)t * ff, m->hb2 + (size_t)t * ff, (size_t)ff, c->ffn_gelu);

@@ -36,6 +36,7 @@ typedef struct {
     int type;
     const void *data;  /* NULL when absent */
     int rows, cols;
+    const void *r16;   /* the repacked (R16) copy of data, or NULL (quants.h) */
 } rq_tensor;
 
 typedef struct {

@@ -22,6 +22,7 @@ cdef extern from "forward.h":
         int type
         const void *data
         int rows, cols
+        const void *r16
     ctypedef struct rq_layer_weights:
         rq_tensor attn_norm, wq, wk, wv, wo, bq, bk, bv, attn_q_norm, attn_k_norm, post_attn_norm
         rq_tensor ffn_norm, ffn_gate, ffn_up, ffn_down, post_ffw_norm
@@ -48,17 +49,20 @@ CONFIG_FIELDS = ("arch", "n_layer", "n_embd", "n_ff", "n_head", "n_head_kv", "he
 
 
 cdef rq_tensor _tensor(object spec):
-    """spec: None or (type, address, rows, cols)."""
+    """spec: None or (type, address, rows, cols[, address of the R16 copy or 0])."""
     cdef rq_tensor t
     t.type = 0
     t.data = NULL
     t.rows = 0
     t.cols = 0
+    t.r16 = NULL
     if spec is not None:
         t.type = spec[0]
         t.data = <const void *><uintptr_t>spec[1]
         t.rows = spec[2]
         t.cols = spec[3]
+        if len(spec) > 4 and spec[4]:
+            t.r16 = <const void *><uintptr_t>spec[4]
     return t
 
 

@@ -860,6 +860,167 @@ static inline void q3k_unpack(const uint8_t *s, uint32_t *o0, uint32_t *o1, uint
     *o3 = ((a1 >> 4) & 0x0f0f0f0fu) | (((tmp >> 6) & 0x03030303u) << 4);
 }
 
+/* ============================== R16: repacked weights, 16 interleaved rows ================= */
+/*
+ * The v16 group layout computed ahead of time and kept compact: the same bits as the GGUF rows,
+ * rearranged so that one 64-byte load holds the same 4-element group of 16 rows. Kernels read it
+ * directly (few tokens: decode, short passes) or expand a group once into the v16 layout (many
+ * tokens); the integers and the float sequence are v16_pass's, so results equal the GGUF
+ * layout's bit for bit on every path. Per 16-row group, arrays one after another (nb blocks,
+ * nsb = nb / 8 super-blocks; u32 entries hold one dword per row, [..][16]):
+ *   NIB [b][g][16] u32   4-bit types and Q6_K's low bits: byte i = lo4(elem 4g+i) | lo4(elem 16+4g+i) << 4
+ *   Q8  [b][h][g][16] u32  Q8_0: the int8 values + 128 (as in v16)
+ *   HB  [b][16] u32      Q5_0/Q5_1: bit 8i + (4h+g) = 5th bit of elem 16h+4g+i
+ *   HB6 [b][h][16] u32   Q6_K: bits 8i + 2g, +1 = the 2 high bits of elem 16h+4g+i
+ *   D   [b][16] f16      legacy scale;  M [b][16] f16 legacy min (Q4_1, Q5_1)
+ *   KD, KDM [s][16] f16  Q4_K d, dmin;   KSC, KMN [s][j][16] u8   Q4_K 6-bit scales and mins
+ *   QD  [s][16] f16      Q6_K d;        QSC [s][sub][16] i8       Q6_K 16-element scales
+ */
+#define R16_V 1   /* layout version; bump when any layout above changes */
+
+static int r16_type(int t) {
+    return t == RQ_Q4_0 || t == RQ_Q4_1 || t == RQ_Q5_0 || t == RQ_Q5_1 || t == RQ_Q8_0 || t == RQ_Q4_K || t == RQ_Q6_K;
+}
+
+static size_t r16_group_bytes_t(int t, int nb) {
+    const size_t n = (size_t)nb, s = (size_t)nb / 8;
+    switch (t) {
+    case RQ_Q4_0: return n * (256 + 32);
+    case RQ_Q4_1: return n * (256 + 64);
+    case RQ_Q5_0: return n * (256 + 64 + 32);
+    case RQ_Q5_1: return n * (256 + 64 + 64);
+    case RQ_Q8_0: return n * (512 + 32);
+    case RQ_Q4_K: return n * 256 + s * (32 + 32 + 128 + 128);
+    case RQ_Q6_K: return n * (256 + 128) + s * (32 + 256);
+    default: return 0;
+    }
+}
+
+/* Pointers into one group. */
+typedef struct {
+    const uint8_t *nib, *q8, *hb, *d, *m, *kd, *kdm, *ksc, *kmn, *qd, *qsc;
+} r16_ptrs;
+
+static r16_ptrs r16_group_ptrs(int t, const uint8_t *g, int nb) {
+    r16_ptrs p;
+    memset(&p, 0, sizeof(p));
+    const size_t n = (size_t)nb, s = (size_t)nb / 8;
+    switch (t) {
+    case RQ_Q4_0: p.nib = g; p.d = g + n * 256; break;
+    case RQ_Q4_1: p.nib = g; p.d = g + n * 256; p.m = p.d + n * 32; break;
+    case RQ_Q5_0: p.nib = g; p.hb = g + n * 256; p.d = p.hb + n * 64; break;
+    case RQ_Q5_1: p.nib = g; p.hb = g + n * 256; p.d = p.hb + n * 64; p.m = p.d + n * 32; break;
+    case RQ_Q8_0: p.q8 = g; p.d = g + n * 512; break;
+    case RQ_Q4_K: p.nib = g; p.kd = g + n * 256; p.kdm = p.kd + s * 32; p.ksc = p.kdm + s * 32; p.kmn = p.ksc + s * 128; break;
+    case RQ_Q6_K: p.nib = g; p.hb = g + n * 256; p.qd = p.hb + n * 128; p.qsc = p.qd + s * 32; break;
+    default: break;
+    }
+    return p;
+}
+
+/* --- repacking (scalar: runs once per model file, bound by reading the file) --- */
+
+static void r16_put32(uint8_t *base, size_t idx, int r, uint32_t v) { memcpy(base + (idx * 16 + (size_t)r) * 4, &v, 4); }
+static void r16_put16(uint8_t *base, size_t idx, int r, uint16_t v) { memcpy(base + (idx * 16 + (size_t)r) * 2, &v, 2); }
+
+/* Row r (0..15) of a group: its blocks' bits and scales into the group's arrays. */
+static void r16_repack_row(int t, const uint8_t *row, int nb, const r16_ptrs *p, int r) {
+    uint8_t *nib = (uint8_t *)p->nib, *hb = (uint8_t *)p->hb, *d = (uint8_t *)p->d, *m = (uint8_t *)p->m;
+    if (t == RQ_Q4_0 || t == RQ_Q4_1 || t == RQ_Q5_0 || t == RQ_Q5_1) {
+        const int bs = legacy_bs(t), qoff = legacy_qoff(t);
+        for (int b = 0; b < nb; b++) {
+            const uint8_t *A = row + (size_t)b * bs;
+            for (int g = 0; g < 4; g++) r16_put32(nib, (size_t)b * 4 + g, r, load_u32(A + qoff + 4 * g));
+            r16_put16(d, b, r, load_u16(A));
+            if (m) r16_put16(m, b, r, load_u16(A + 2));
+            if (hb) {
+                uint32_t qh = load_u32(A + (t == RQ_Q5_0 ? 2 : 4)), v = 0;
+                for (int h = 0; h < 2; h++)
+                    for (int g = 0; g < 4; g++)
+                        for (int i = 0; i < 4; i++) v |= ((qh >> (16 * h + 4 * g + i)) & 1u) << (8 * i + 4 * h + g);
+                r16_put32(hb, b, r, v);
+            }
+        }
+        return;
+    }
+    if (t == RQ_Q8_0) {
+        uint8_t *q8 = (uint8_t *)p->q8;
+        for (int b = 0; b < nb; b++) {
+            const uint8_t *A = row + (size_t)b * sizeof(blk_q8_0);
+            for (int j = 0; j < 8; j++) r16_put32(q8, (size_t)b * 8 + j, r, load_u32(A + 2 + 4 * j) ^ 0x80808080u);
+            r16_put16(d, b, r, load_u16(A));
+        }
+        return;
+    }
+    uint8_t u[32];
+    if (t == RQ_Q4_K) {
+        for (int s = 0; s < nb / 8; s++) {
+            const blk_q4_K *x = (const blk_q4_K *)row + s;
+            r16_put16((uint8_t *)p->kd, s, r, x->d);
+            r16_put16((uint8_t *)p->kdm, s, r, x->dmin);
+            for (int j = 0; j < 8; j++) {
+                int sc, mn;
+                scale_min_k4(j, x->scales, &sc, &mn);
+                ((uint8_t *)p->ksc)[((size_t)s * 8 + j) * 16 + r] = (uint8_t)sc;
+                ((uint8_t *)p->kmn)[((size_t)s * 8 + j) * 16 + r] = (uint8_t)mn;
+                const uint8_t *q = x->qs + 32 * (j / 2);
+                for (int l = 0; l < 32; l++) u[l] = (j & 1) ? (q[l] >> 4) : (q[l] & 0xF);
+                for (int g = 0; g < 4; g++) {
+                    uint32_t v = 0;
+                    for (int i = 0; i < 4; i++) v |= (uint32_t)(u[4 * g + i] | (u[16 + 4 * g + i] << 4)) << (8 * i);
+                    r16_put32(nib, ((size_t)s * 8 + j) * 4 + g, r, v);
+                }
+            }
+        }
+        return;
+    }
+    if (t == RQ_Q6_K) {
+        for (int s = 0; s < nb / 8; s++) {
+            const blk_q6_K *x = (const blk_q6_K *)row + s;
+            r16_put16((uint8_t *)p->qd, s, r, x->d);
+            for (int k = 0; k < 16; k++) ((int8_t *)p->qsc)[((size_t)s * 16 + k) * 16 + r] = x->scales[k];
+            for (int hh = 0; hh < 2; hh++) {           /* 128-element halves of the super-block */
+                const uint8_t *ql = x->ql + 64 * hh, *qh = x->qh + 32 * hh;
+                for (int k = 0; k < 4; k++) {          /* 32-element groups: block b = 8s + 4hh + k */
+                    for (int l = 0; l < 32; l++) {
+                        int lo = k < 2 ? (ql[l + 32 * (k & 1)] & 0xF) : (ql[l + 32 * (k & 1)] >> 4);
+                        u[l] = (uint8_t)(lo | (((qh[l] >> (2 * k)) & 3) << 4));
+                    }
+                    const size_t b = (size_t)s * 8 + 4 * hh + k;
+                    for (int g = 0; g < 4; g++) {
+                        uint32_t v = 0;
+                        for (int i = 0; i < 4; i++) v |= (uint32_t)((u[4 * g + i] & 0xF) | ((u[16 + 4 * g + i] & 0xF) << 4)) << (8 * i);
+                        r16_put32(nib, b * 4 + g, r, v);
+                    }
+                    for (int h = 0; h < 2; h++) {
+                        uint32_t v = 0;
+                        for (int g = 0; g < 4; g++)
+                            for (int i = 0; i < 4; i++) v |= (uint32_t)(u[16 * h + 4 * g + i] >> 4) << (8 * i + 2 * g);
+                        r16_put32(hb, b * 2 + h, r, v);
+                    }
+                }
+            }
+        }
+    }
+}
+
+
+static size_t r16_bytes(int t, int rows, int cols) {
+    return r16_group_bytes_t(t, cols / QK) * (size_t)((rows + 15) / 16);
+}
+
+/* Groups [g0, g1) of W into R (the whole repacked matrix); rows past the end are zero. */
+static void r16_repack_groups(int t, const uint8_t *W, int rows, int cols, uint8_t *R, int g0, int g1) {
+    const int nb = cols / QK;
+    const size_t rb = rq_row_bytes(t, cols), gbytes = r16_group_bytes_t(t, nb);
+    for (int g = g0; g < g1; g++) {
+        uint8_t *dst = R + gbytes * (size_t)g;
+        memset(dst, 0, gbytes);
+        const r16_ptrs p = r16_group_ptrs(t, dst, nb);
+        for (int r = 0; r < 16 && 16 * g + r < rows; r++) r16_repack_row(t, W + rb * (size_t)(16 * g + r), nb, &p, r);
+    }
+}
+
 #include "simd.h"   /* x86: <immintrin.h>, RQ_HAVE_X86, the A512 target; -DRQ_SIMDE_AVX512: SIMDe test build */
 #ifdef RQ_HAVE_X86
 
@@ -2046,6 +2207,198 @@ static v16_rows_fn v16_kernel(int t) {
     }
 }
 
+/* ---- R16 kernels (layout and repacking: see the R16 section above) ---- */
+
+
+/* Block b of a group in registers: W[4h + g] (the v16 U vectors), the half scales and the mins. */
+A512 AINL void r16_block(const int t, const r16_ptrs *p, size_t b, __m512i *W, __m512 *wd0, __m512 *wd1, __m512 *mn) {
+    const __m512i m0f = _mm512_set1_epi8(0x0F);
+    if (t == RQ_Q8_0) {
+        for (int j = 0; j < 8; j++) W[j] = _mm512_loadu_si512(p->q8 + (b * 8 + j) * 64);
+    } else {
+        for (int g = 0; g < 4; g++) {
+            const __m512i v = _mm512_loadu_si512(p->nib + (b * 4 + g) * 64);
+            W[g] = _mm512_and_si512(v, m0f);
+            W[4 + g] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m0f);
+        }
+        if (t == RQ_Q5_0 || t == RQ_Q5_1) {
+            const __m512i hb = _mm512_loadu_si512(p->hb + b * 64), b5 = _mm512_set1_epi8(0x10);
+            for (int j = 0; j < 8; j++) {   /* bit 8i + j -> 0x10 of byte i */
+                const __m512i hj = j <= 4 ? _mm512_slli_epi32(hb, 4 - j) : _mm512_srli_epi32(hb, j - 4);
+                W[j] = _mm512_or_si512(W[j], _mm512_and_si512(hj, b5));
+            }
+        } else if (t == RQ_Q6_K) {
+            const __m512i m30 = _mm512_set1_epi8(0x30);
+            for (int h = 0; h < 2; h++) {
+                const __m512i hb = _mm512_loadu_si512(p->hb + (b * 2 + h) * 64);
+                for (int g = 0; g < 4; g++) {   /* bits 8i + 2g, +1 -> 0x30 of byte i */
+                    const __m512i hg = g < 2 ? _mm512_slli_epi32(hb, 4 - 2 * g) : _mm512_srli_epi32(hb, 2 * g - 4);
+                    W[4 * h + g] = _mm512_or_si512(W[4 * h + g], _mm512_and_si512(hg, m30));
+                }
+            }
+        }
+    }
+    if (t == RQ_Q4_K) {
+        const size_t s = b / 8, j = b % 8;
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p->kd + s * 32)));
+        const __m512 dm = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p->kdm + s * 32)));
+        const __m512 sc = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p->ksc + (s * 8 + j) * 16))));
+        const __m512 m = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p->kmn + (s * 8 + j) * 16))));
+        *wd0 = *wd1 = _mm512_mul_ps(sc, d);   /* as q4k_scales_256: float(sc) * d, float(m) * -dmin */
+        *mn = _mm512_mul_ps(m, _mm512_sub_ps(_mm512_setzero_ps(), dm));
+    } else if (t == RQ_Q6_K) {
+        const size_t s = b / 8, bb = b % 8;
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p->qd + s * 32)));
+        const int8_t *qs = (const int8_t *)p->qsc + (s * 16 + 2 * bb) * 16;
+        *wd0 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)qs))), d);
+        *wd1 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(qs + 16)))), d);
+        *mn = _mm512_setzero_ps();
+    } else {
+        *wd0 = *wd1 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p->d + b * 32)));
+        *mn = p->m ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p->m + b * 32))) : _mm512_setzero_ps();
+    }
+}
+
+/* A group expanded into the v16 layout (for calls with many tokens: expanded once, then every
+ * token tile runs v16_tile on it). */
+A512 static void r16_expand(const int t, const uint8_t *g, int nb, uint8_t *grp) {
+    const r16_ptrs p = r16_group_ptrs(t, g, nb);
+    __m512i *U = (__m512i *)grp;
+    float *WD = (float *)(grp + 512 * (size_t)nb), *M = WD + 32 * (size_t)nb;
+    for (int b = 0; b < nb; b++) {
+        __m512i W[8];
+        __m512 wd0, wd1, mn;
+        r16_block(t, &p, (size_t)b, W, &wd0, &wd1, &mn);
+        for (int j = 0; j < 8; j++) _mm512_storeu_si512(U + 8 * (size_t)b + j, W[j]);
+        _mm512_storeu_ps(WD + 32 * (size_t)b, wd0);
+        _mm512_storeu_ps(WD + 32 * (size_t)b + 16, wd1);
+        _mm512_storeu_ps(M + 16 * (size_t)b, mn);
+    }
+}
+
+/* Blocks par, par + 2, ... of a repacked group against T tokens, straight from the packed data
+ * (v16_pass's sequence; the mins ride in the same pass: decode-sized T keeps few accumulators). */
+A512 AINL void r16_pass(const int t, const r16_ptrs *p, int nb, const int T, const uint8_t *tile, int k0,
+                        const int par, __m512 (*acc)[2], __m512 *accM) {
+    const int offs = type_offset(t) != 0, mins = type_has_min(t);
+    for (int b = par; b < nb; b += 2) {
+        const uint8_t *tb = tile + (size_t)b * V16_TILE_BLOCK_BYTES;
+        const int32_t *nq = (const int32_t *)(tb + 256);
+        const float *d = (const float *)(tb + 320), *ds = (const float *)(tb + 352);
+        __m512i W[8];
+        __m512 wd0, wd1, mn;
+        r16_block(t, p, (size_t)b, W, &wd0, &wd1, &mn);
+        for (int h = 0; h < 2; h++)
+            for (int k = 0; k < T; k++) {
+                const uint8_t *qd = tb + 32 * (k0 + k) + 16 * h;
+                __m512i P = offs ? _mm512_set1_epi32(nq[8 * h + k0 + k]) : _mm512_setzero_si512();
+                P = _mm512_dpbusd_epi32(P, W[4 * h], _mm512_set1_epi32((int)load_u32(qd)));
+                P = _mm512_dpbusd_epi32(P, W[4 * h + 1], _mm512_set1_epi32((int)load_u32(qd + 4)));
+                P = _mm512_dpbusd_epi32(P, W[4 * h + 2], _mm512_set1_epi32((int)load_u32(qd + 8)));
+                P = _mm512_dpbusd_epi32(P, W[4 * h + 3], _mm512_set1_epi32((int)load_u32(qd + 12)));
+                const __m512 s = _mm512_mul_ps(h ? wd1 : wd0, _mm512_set1_ps(d[k0 + k]));
+                acc[k][h] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(P), s, acc[k][h]);
+            }
+        if (mins)
+            for (int k = 0; k < T; k++) accM[k] = _mm512_fmadd_ps(mn, _mm512_set1_ps(ds[k0 + k]), accM[k]);
+    }
+}
+
+#define R16_TMAX 4
+A512 AINL void r16_tile(const int t, const r16_ptrs *p, int nb, const int T, const uint8_t *tile, int k0, float *out,
+                        int ldo, int nr) {
+    __m512 aE[R16_TMAX][2], aO[R16_TMAX][2], mE[R16_TMAX], mO[R16_TMAX];
+    for (int k = 0; k < T; k++) aE[k][0] = aE[k][1] = aO[k][0] = aO[k][1] = mE[k] = mO[k] = _mm512_setzero_ps();
+    r16_pass(t, p, nb, T, tile, k0, 0, aE, mE);
+    r16_pass(t, p, nb, T, tile, k0, 1, aO, mO);
+    const __mmask16 keep = nr >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << nr) - 1);
+    for (int k = 0; k < T; k++) {
+        __m512 r = _mm512_add_ps(_mm512_add_ps(aE[k][0], aO[k][0]), _mm512_add_ps(aE[k][1], aO[k][1]));
+        if (type_has_min(t)) {
+            __m512 mo = mO[k];
+            if (nb & 1) mo = _mm512_add_ps(mo, _mm512_setzero_ps());   /* the slot kernels' padded fma(0, 0, .) */
+            r = _mm512_add_ps(r, _mm512_add_ps(mE[k], mo));
+        }
+        _mm512_mask_storeu_ps(out + (size_t)k * ldo, keep, r);
+    }
+}
+
+#define R16_TILE_T(t, p, nb, tile, k0, out, ldo, nr, T) r16_tile(t, p, nb, T, tile, k0, out, ldo, nr)
+#define DISPATCH_T4R(IMPL, ...)                                 \
+    do {                                                        \
+        switch (T) {                                            \
+        case 1: IMPL(__VA_ARGS__, 1); break;                    \
+        case 2: IMPL(__VA_ARGS__, 2); break;                    \
+        case 3: IMPL(__VA_ARGS__, 3); break;                    \
+        default: IMPL(__VA_ARGS__, 4); break;                   \
+        }                                                       \
+    } while (0)
+
+/* Tokens at or above this take the expand-then-v16 route. */
+#define R16_EXPAND_MIN_TOK 12
+
+/* Groups [g0, g1) of a repacked matrix (rows rows) against all token tiles. Many tokens: up to
+ * gmax groups at a time are expanded into grp (gmax v16 group buffers) and every tile runs over
+ * them; few tokens: straight from the packed data. */
+A512 AINL void r16_groups(const int t, const uint8_t *R, int rows, int g0, int g1, int nb, int ntok,
+                          const v16_toks *tk, float *out, int ldo, uint8_t *grp, int gmax) {
+    const size_t gbytes = r16_group_bytes_t(t, nb), vb = (v16_group_bytes(nb) + 63) & ~(size_t)63;
+    if (ntok >= R16_EXPAND_MIN_TOK) {
+        for (int c0 = g0; c0 < g1; c0 += gmax) {
+            const int c1 = c0 + gmax < g1 ? c0 + gmax : g1;
+            for (int g = c0; g < c1; g++) r16_expand(t, R + gbytes * (size_t)g, nb, grp + vb * (size_t)(g - c0));
+            for (int i = 0; i < tk->ntiles; i++) {
+                const int k0 = 8 * i, T = ntok - k0 < 8 ? ntok - k0 : 8;
+                const uint8_t *tile = tk->mem + (size_t)i * nb * V16_TILE_BLOCK_BYTES;
+                for (int g = c0; g < c1; g++) {
+                    const int r0 = 16 * g, nr = rows - r0 < 16 ? rows - r0 : 16;
+                    DISPATCH_T8(V16_TILE_T, t, grp + vb * (size_t)(g - c0), nb, tile, out + (size_t)k0 * ldo + r0, ldo, nr);
+                }
+            }
+        }
+        return;
+    }
+    for (int g = g0; g < g1; g++) {
+        const r16_ptrs p = r16_group_ptrs(t, R + gbytes * (size_t)g, nb);
+        const int r0 = 16 * g, nr = rows - r0 < 16 ? rows - r0 : 16;
+        for (int i = 0; i < tk->ntiles; i++) {
+            const uint8_t *tile = tk->mem + (size_t)i * nb * V16_TILE_BLOCK_BYTES;
+            for (int k0 = 0; k0 < 8 && 8 * i + k0 < ntok; k0 += R16_TMAX) {
+                const int left = ntok - 8 * i - k0, T = left < R16_TMAX ? left : R16_TMAX;
+                DISPATCH_T4R(R16_TILE_T, t, &p, nb, tile, k0, out + (size_t)(8 * i + k0) * ldo + r0, ldo, nr);
+            }
+        }
+    }
+}
+
+#define R16_GROUPS(suffix, t)                                                                                   \
+    A512 static void r16g_##suffix(const uint8_t *R, int rows, int g0, int g1, int nb, int ntok, const v16_toks *tk, \
+                                   float *out, int ldo, uint8_t *grp, int gmax) {                               \
+        r16_groups(t, R, rows, g0, g1, nb, ntok, tk, out, ldo, grp, gmax);                                      \
+    }
+R16_GROUPS(q4_0, RQ_Q4_0)
+R16_GROUPS(q4_1, RQ_Q4_1)
+R16_GROUPS(q5_0, RQ_Q5_0)
+R16_GROUPS(q5_1, RQ_Q5_1)
+R16_GROUPS(q8_0, RQ_Q8_0)
+R16_GROUPS(q4_K, RQ_Q4_K)
+R16_GROUPS(q6_K, RQ_Q6_K)
+
+typedef void (*r16_groups_fn)(const uint8_t *R, int rows, int g0, int g1, int nb, int ntok, const v16_toks *tk,
+                              float *out, int ldo, uint8_t *grp, int gmax);
+static r16_groups_fn r16_kernel(int t) {
+    switch (t) {
+    case RQ_Q4_0: return r16g_q4_0;
+    case RQ_Q4_1: return r16g_q4_1;
+    case RQ_Q5_0: return r16g_q5_0;
+    case RQ_Q5_1: return r16g_q5_1;
+    case RQ_Q8_0: return r16g_q8_0;
+    case RQ_Q4_K: return r16g_q4_K;
+    case RQ_Q6_K: return r16g_q6_K;
+    default: return NULL;
+    }
+}
+
 #endif /* x86 */
 
 /* Kernel for (path, type) and the largest token tile it takes; NULL: use the scalar reference. */
@@ -2570,6 +2923,103 @@ void rq_matmul(int t, const void *W, int rows, int cols,
 #endif
 }
 
+/* ------------------------------------------------------------------------------------------ */
+/* Repacked (R16) weights                                                                      */
+
+int rq_r16_supported(int t) { return r16_type(t); }
+
+int rq_r16_usable(void) {
+#ifdef RQ_HAVE_X86
+    return rq_kernel_path() == RQ_PATH_AVX512;
+#else
+    return 0;
+#endif
+}
+
+size_t rq_r16_bytes(int t, int rows, int cols) {
+    if (!r16_type(t) || rows <= 0 || cols <= 0 || cols % rq_block_elems(t)) return 0;
+    return r16_bytes(t, rows, cols);
+}
+
+void rq_r16_repack(int t, const void *W, int rows, int cols, void *R, int g0, int g1, int nthreads) {
+    if (!rq_r16_bytes(t, rows, cols)) return;
+    const int ng = (rows + 15) / 16;
+    if (g0 < 0) g0 = 0;
+    if (g1 > ng) g1 = ng;
+#ifdef _OPENMP
+    int nt = nthreads > 0 ? nthreads : omp_get_max_threads();
+#pragma omp parallel for num_threads(nt) schedule(dynamic, 4)
+#endif
+    for (int g = g0; g < g1; g++) r16_repack_groups(t, W, rows, cols, R, g, g + 1);
+    (void)nthreads;
+}
+
+#ifdef RQ_HAVE_X86
+static void r16_matmul(int t, const uint8_t *R, int rows, int cols, const rq_act *acts, int ntok, float *out,
+                       int ldo, int nthreads) {
+    const int nb = cols / QK, ng = (rows + 15) / 16;
+    const int expand = ntok >= R16_EXPAND_MIN_TOK;
+    v16_toks tk = {nb, (ntok + 7) / 8, NULL};
+    tk.mem = aligned_alloc(64, (size_t)tk.ntiles * nb * V16_TILE_BLOCK_BYTES);
+    int nt = 1;
+#ifdef _OPENMP
+    nt = nthreads > 0 ? nthreads : omp_get_max_threads();
+    if (!expand && r16_bytes(t, rows, cols) < RQ_SERIAL_BYTES) nt = 1;
+#endif
+    if (nt > ng) nt = ng;
+    const size_t vb = (v16_group_bytes(nb) + 63) & ~(size_t)63;
+    int gmax = (int)(V16_L2_BYTES / vb);
+    gmax = gmax < 1 ? 1 : gmax > 8 ? 8 : gmax;
+    uint8_t *grp = expand ? aligned_alloc(64, vb * (size_t)gmax * (size_t)nt) : NULL;
+    r16_groups_fn fn = r16_kernel(t);
+    if (!tk.mem || (expand && !grp)) {   /* out of memory: NaN, as for an unsupported type */
+        free(tk.mem);
+        free(grp);
+        fill_nan(0, rows, ntok, out, ldo);
+        return;
+    }
+    if (nt <= 1) {
+        for (int i = 0; i < tk.ntiles; i++) v16_prep_tile(t, acts, ntok, i, &tk);
+        fn(R, rows, 0, ng, nb, ntok, &tk, out, ldo, grp, gmax);
+    } else {
+#ifdef _OPENMP
+#pragma omp parallel num_threads(nt)
+        {
+#pragma omp for schedule(static)
+            for (int i = 0; i < tk.ntiles; i++) v16_prep_tile(t, acts, ntok, i, &tk);
+            if (expand) {
+                const int nch = (ng + gmax - 1) / gmax;
+                uint8_t *mine = grp + vb * (size_t)gmax * (size_t)omp_get_thread_num();
+#pragma omp for schedule(dynamic, 1)
+                for (int c = 0; c < nch; c++) {
+                    const int g0 = c * gmax, g1 = g0 + gmax < ng ? g0 + gmax : ng;
+                    fn(R, rows, g0, g1, nb, ntok, &tk, out, ldo, mine, gmax);
+                }
+            } else {   /* decode-sized: one contiguous share of the groups per thread, by bytes */
+                const int me = omp_get_thread_num(), nth = omp_get_num_threads();
+                const int g0 = (int)((long)ng * me / nth), g1 = (int)((long)ng * (me + 1) / nth);
+                if (g1 > g0) fn(R, rows, g0, g1, nb, ntok, &tk, out, ldo, NULL, gmax);
+            }
+        }
+#endif
+    }
+    free(tk.mem);
+    free(grp);
+}
+#endif
+
+void rq_matmul_r16(int t, const void *W, const void *R, int rows, int cols, const rq_act *acts, int ntok,
+                   float *out, int ldo, int nthreads) {
+    rq_kernels_init();
+#ifdef RQ_HAVE_X86
+    if (R && rows > 0 && ntok > 0 && r16_type(t) && rq_kernel_path() == RQ_PATH_AVX512) {
+        r16_matmul(t, R, rows, cols, acts, ntok, out, ldo, nthreads);
+        return;
+    }
+#endif
+    rq_matmul(t, W, rows, cols, acts, ntok, out, ldo, nthreads);
+}
+
 /* First row of op (byte offset `base` in the concatenation, rb bytes a row, rows rows) at or
  * after byte `at`, rounded up to 16 rows: neighbouring threads' ranges meet exactly. */
 static int multi_row_at(size_t at, size_t base, size_t rb, int rows) {
@@ -2581,6 +3031,15 @@ static int multi_row_at(size_t at, size_t base, size_t rb, int rows) {
 
 void rq_matmul_multi(const rq_matmul_op *ops, int nops, int cols, const rq_act *acts, int ntok, int nthreads) {
     rq_kernels_init();
+    if (rq_r16_usable()) {
+        int any = 0;
+        for (int i = 0; i < nops; i++) any |= ops[i].r16 != NULL;
+        if (any) {   /* R16 ops run one by one (each splits its groups across the threads) */
+            for (int i = 0; i < nops; i++)
+                rq_matmul_r16(ops[i].type, ops[i].W, ops[i].r16, ops[i].rows, cols, acts, ntok, ops[i].out, ops[i].ldo, nthreads);
+            return;
+        }
+    }
     size_t total = 0;
     int simple = ntok > 2;
     for (int i = 0; i < nops; i++) {

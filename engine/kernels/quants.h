@@ -106,6 +106,7 @@ typedef struct {
     int rows;
     float *out;
     int ldo;
+    const void *r16;   /* the R16 copy of W, or NULL (see rq_matmul_r16) */
 } rq_matmul_op;
 void rq_matmul_multi(const rq_matmul_op *ops, int nops, int cols, const rq_act *acts, int ntok, int nthreads);
 
@@ -113,6 +114,21 @@ void rq_matmul_multi(const rq_matmul_op *ops, int nops, int cols, const rq_act *
  * activations (acts[k].f). Slow; for tests. */
 void rq_matmul_ref(int t, const void *W, int rows, int cols,
                    const rq_act *acts, int ntok, float *out, int ldo);
+
+/* Repacked weights ("R16"): a matrix's rows in groups of 16, the same bits rearranged so that one
+ * 64-byte load holds the same 4 elements of 16 rows (quants.c, section R16). Made once per model
+ * file (engine/repack.py keeps them in a shared cache file) and used by the AVX-512 path; results
+ * equal the GGUF layout's bit for bit. Types: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K. */
+int rq_r16_supported(int t);
+/* 1 if the current kernel path computes with R16 copies (else rq_matmul_r16 uses W). */
+int rq_r16_usable(void);
+/* Bytes of the R16 copy of a rows x cols matrix of type t (rows padded to 16); 0 if unsupported. */
+size_t rq_r16_bytes(int t, int rows, int cols);
+/* Repack 16-row groups [g0, g1) of W into R (rq_r16_bytes long), on nthreads threads. */
+void rq_r16_repack(int t, const void *W, int rows, int cols, void *R, int g0, int g1, int nthreads);
+/* rq_matmul with the R16 copy R of W when R is not NULL and the path uses R16; else rq_matmul on W. */
+void rq_matmul_r16(int t, const void *W, const void *R, int rows, int cols, const rq_act *acts, int ntok,
+                   float *out, int ldo, int nthreads);
 
 /* f16 / bf16 <-> f32 scalar conversions. */
 float rq_f16_to_f32(uint16_t h);

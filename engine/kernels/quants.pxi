@@ -42,10 +42,17 @@ cdef extern from "quants.h":
         int rows
         float *out
         int ldo
+        const void *r16
     void rq_matmul_multi(const rq_matmul_op *ops, int nops, int cols, const rq_act *acts, int ntok,
                          int nthreads) nogil
     void rq_matmul_ref(int t, const void *W, int rows, int cols,
                        const rq_act *acts, int ntok, float *out, int ldo) nogil
+    int rq_r16_supported(int t) nogil
+    int rq_r16_usable() nogil
+    size_t rq_r16_bytes(int t, int rows, int cols) nogil
+    void rq_r16_repack(int t, const void *W, int rows, int cols, void *R, int g0, int g1, int nthreads) nogil
+    void rq_matmul_r16(int t, const void *W, const void *R, int rows, int cols, const rq_act *acts, int ntok,
+                       float *out, int ldo, int nthreads) nogil
     float rq_f16_to_f32(uint16_t h) nogil
     uint16_t rq_f32_to_f16(float f) nogil
     float rq_bf16_to_f32(uint16_t h) nogil
@@ -302,6 +309,7 @@ def matmul_multi(list specs, int cols, X, int nthreads=2, path=None):
         ops[i].rows = rows
         ops[i].out = &ov[0, 0]
         ops[i].ldo = rows
+        ops[i].r16 = NULL
         keep.append(wb)
         outs.append(out)
     cdef Act a = act
@@ -404,3 +412,65 @@ def bench_matmul(int t, W, int rows, int cols, X, int nthreads=1, int reps=10, p
     finally:
         g.restore()
     return (t1 - t0) / reps
+
+
+# --------------------------------------------------------------------------------------------
+# Repacked (R16) weights: see quants.h
+
+
+def r16_supported(int t):
+    """True if type t has an R16 layout."""
+    return bool(rq_r16_supported(t))
+
+
+def r16_kernels_available():
+    """True if the current kernel path computes with R16 copies (the avx512 path)."""
+    return bool(rq_r16_usable())
+
+
+def r16_bytes(int t, int rows, int cols):
+    """Bytes of the R16 copy of a rows x cols matrix of type t (0: no R16 layout for it)."""
+    return rq_r16_bytes(t, rows, cols)
+
+
+def r16_repack(int t, W, int rows, int cols, out, int g0, int g1, int nthreads=1):
+    """Repack 16-row groups [g0, g1) of W (the tensor's bytes) into out (r16_bytes long, writable)."""
+    _check_type(t, cols)
+    cdef size_t need = rq_r16_bytes(t, rows, cols)
+    if need == 0:
+        raise ValueError(f"type {t} with {cols} columns has no R16 layout")
+    wb = _bytes_array(W)
+    if wb.shape[0] < rows * rq_row_bytes(t, cols):
+        raise ValueError(f"W has {wb.shape[0]} bytes, need {rows * rq_row_bytes(t, cols)}")
+    cdef cnp.uint8_t[::1] wv = wb
+    cdef cnp.uint8_t[::1] ov = out
+    if ov.shape[0] < need:
+        raise ValueError(f"out has {ov.shape[0]} bytes, need {need}")
+    with nogil:
+        rq_r16_repack(t, &wv[0], rows, cols, &ov[0], g0, g1, nthreads)
+
+
+def matmul_r16(int t, W, R, int rows, int cols, X, int nthreads=1, path=None, int reps=0):
+    """rq_matmul_r16: out[k, r] with the R16 copy R of W (when the path uses it). reps > 0: return
+    seconds per call instead (timing, like bench_matmul)."""
+    import time
+    wb, act = _mm_prep(t, W, rows, cols, X, path)
+    cdef cnp.uint8_t[::1] wv = wb
+    cdef cnp.uint8_t[::1] rv = _bytes_array(R)
+    cdef Act a = act
+    out = np.empty((a.ntok, rows), dtype=np.float32)
+    cdef float[:, ::1] ov = out
+    cdef int ntok = a.ntok, i, n = reps if reps > 0 else 1
+    g = _PathGuard(path)
+    try:
+        with nogil:
+            rq_matmul_r16(t, &wv[0], &rv[0], rows, cols, a.acts, ntok, &ov[0, 0], rows, nthreads)
+        t0 = time.perf_counter()
+        if reps > 0:
+            with nogil:
+                for i in range(n):
+                    rq_matmul_r16(t, &wv[0], &rv[0], rows, cols, a.acts, ntok, &ov[0, 0], rows, nthreads)
+        t1 = time.perf_counter()
+    finally:
+        g.restore()
+    return (t1 - t0) / reps if reps > 0 else out

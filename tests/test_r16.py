@@ -1,0 +1,82 @@
+"""Repacked weights (R16, quants.c): the same bits as the GGUF rows in 16-row groups.
+
+A matmul on the R16 copy must give the GGUF layout's results bit for bit, for every type with an
+R16 layout, any token count (decode, the few-token kernel, the expand-then-prefill route) and any
+thread count; its size must be the GGUF's (plus a little for Q4_K's unpacked scales).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as T
+
+from tests import quant_pack as qp
+
+q = pytest.importorskip("engine.kernels._quants", reason="build the kernels: python setup.py build_ext --inplace")
+
+R16_TYPES = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q6_K]
+
+
+def _n_for(t) -> int:
+    return 256 * 3 if T(t) in qp.K_TYPES else 32 * 23   # odd block count for the legacy types
+
+
+def _repack(t, W, rows, cols, chunks=1):
+    R = np.full(q.r16_bytes(int(t), rows, cols), 0xA5, dtype=np.uint8)   # junk: repacking must overwrite it all
+    groups = (rows + 15) // 16
+    edges = np.linspace(0, groups, chunks + 1).astype(int)
+    for g0, g1 in zip(edges[:-1], edges[1:]):
+        q.r16_repack(int(t), W, rows, cols, R, int(g0), int(g1), 2)
+    return R
+
+
+def test_types_and_sizes():
+    for t in qp.ALL_TYPES:
+        assert q.r16_supported(int(t)) == (t in R16_TYPES), T(t).name
+    for t in R16_TYPES:
+        n = _n_for(t)
+        gguf = 16 * q.row_bytes(int(t), n)
+        extra = 64 * (n // 256) if t == T.Q4_K else 0   # Q4_K keeps scales and mins as bytes
+        assert q.r16_bytes(int(t), 16, n) == gguf + extra, T(t).name
+        assert q.r16_bytes(int(t), 17, n) == 2 * (gguf + extra)   # rows padded to whole groups
+    assert q.r16_bytes(int(T.Q2_K), 16, 256) == 0
+
+
+@pytest.mark.parametrize("t", R16_TYPES, ids=[T(t).name for t in R16_TYPES])
+def test_repack_is_deterministic_and_chunkable(t):
+    rng = np.random.default_rng(70 + int(t))
+    n, rows = _n_for(t), 50
+    W = qp.random_rows(t, rows, n, rng)
+    a, b = _repack(t, W, rows, n), _repack(t, W, rows, n, chunks=3)
+    np.testing.assert_array_equal(a, b)
+    W2 = W.copy()
+    W2[33, 5] ^= 0x10                     # one bit of one row changes the copy
+    assert not np.array_equal(_repack(t, W2, rows, n), a)
+
+
+@pytest.mark.parametrize("t", R16_TYPES, ids=[T(t).name for t in R16_TYPES])
+def test_r16_matmul_equals_gguf_layout_bit_for_bit(t):
+    if not q.cpu_supports("avx512"):
+        pytest.skip("this CPU cannot run the avx512 path (the one that computes with R16 copies)")
+    rng = np.random.default_rng(80 + int(t))
+    n, rows = _n_for(t), 37
+    W = qp.random_rows(t, rows, n, rng)
+    R = _repack(t, W, rows, n)
+    for ntok in (1, 2, 3, 5, 11, 12, 29):   # the few-token kernel and the expand route (>= 12)
+        X = rng.standard_normal((ntok, n)).astype(np.float32)
+        want = q.matmul(int(t), W, rows, n, X, nthreads=1, path="avx2")
+        for threads in (1, 2):
+            got = q.matmul_r16(int(t), W, R, rows, n, X, nthreads=threads, path="avx512")
+            np.testing.assert_array_equal(got, want, err_msg=f"ntok={ntok} threads={threads}")
+
+
+def test_paths_without_r16_kernels_use_the_gguf_rows():
+    rng = np.random.default_rng(5)
+    t, n, rows = T.Q4_K, 512, 20
+    W = qp.random_rows(t, rows, n, rng)
+    R = np.zeros(q.r16_bytes(int(t), rows, n), dtype=np.uint8)   # never repacked: all zero
+    X = rng.standard_normal((3, n)).astype(np.float32)
+    for path in ("scalar", "avx2"):
+        if q.cpu_supports(path):
+            np.testing.assert_array_equal(q.matmul_r16(int(t), W, R, rows, n, X, path=path),
+                                          q.matmul(int(t), W, rows, n, X, path=path))
