@@ -2,7 +2,7 @@
 
 Contract (used by jobs/ and pipeline/):
 
-    eng = Engine("smollm2-135m" | "/path/model.gguf", threads=None, kv_budget="256MiB")
+    eng = Engine("smollm2-135m" | "/path/model.gguf", threads=None, kv_budget="256MiB", repack=None)
     eng.model_name          # str, e.g. "smollm2-135m" or the file stem
     eng.kv_capacity         # tokens the KV budget holds
     eng.tokenizer.encode(text) -> list[int]; eng.tokenizer.decode(ids) -> str
@@ -64,10 +64,13 @@ class EngineInterrupted(RuntimeError):
 
 class Engine:
     def __init__(self, model: str | os.PathLike[str], *, threads: int | None = None,
-                 kv_budget: str | int = "256MiB", max_context: int | None = None):
+                 kv_budget: str | int = "256MiB", max_context: int | None = None, repack: bool | None = None,
+                 repack_progress: Callable[[int, int], None] | None = None):
+        """repack / repack_progress: Model.load's (the repacked weight cache, engine.repack)."""
         try:
             path = models.resolve(model)
-            self.model = Model.load(path, threads=threads, kv_budget=kv_budget, max_context=max_context)
+            self.model = Model.load(path, threads=threads, kv_budget=kv_budget, max_context=max_context,
+                                    repack=repack, repack_progress=repack_progress)
         except (ModelError, models.ModelError) as exc:
             raise EngineError(str(exc)) from None
         self.model_name = models.model_name(model)

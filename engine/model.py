@@ -16,7 +16,9 @@ import numpy as np
 from engine.cpus import choose_threads
 from engine.gguf_constants import GGMLQuantizationType
 from engine.gguf_file import GGUFError, GGUFFile
+from engine import repack as repack_cache
 from engine.kv_cache import KVCache, parse_bytes
+from engine.repack import RepackedWeights
 
 ARCH_IDS = {"llama": 0, "gemma3": 1, "qwen2": 2}
 SUPPORTED_ARCHS = tuple(ARCH_IDS)
@@ -153,10 +155,12 @@ ARCH_REQUIRED = {
 }
 NORM_FIELDS = {"attn_norm", "attn_q_norm", "attn_k_norm", "post_attn_norm", "ffn_norm", "post_ffw_norm",
                "bq", "bk", "bv"}
+# The fields the forward pass multiplies by (forward.c: matmul / rq_matmul_multi), besides "output".
+MATMUL_FIELDS = ("wq", "wk", "wv", "wo", "ffn_gate", "ffn_up", "ffn_down")
 
 
 class Weights:
-    """Tensor specs (type, address, rows, cols) pointing into the mapped file, validated."""
+    """Tensor specs (type, address, rows, cols[, R16 address]) pointing into the mapped file, validated."""
 
     def __init__(self, gguf: GGUFFile, cfg: Config):
         self.gguf = gguf
@@ -167,9 +171,10 @@ class Weights:
         }
         tied = "output.weight" not in gguf.tensors
         self.tied_output = tied
+        self.output_name = "token_embd.weight" if tied else "output.weight"
         self.globals["output"] = self.globals["token_embd"] if tied else self._spec(
             "output.weight", (cfg.n_embd, cfg.n_vocab))
-        self.layers: list[dict[str, tuple[int, int, int, int]]] = []
+        self.layers: list[dict[str, tuple[int, ...]]] = []
         for il in range(cfg.n_layer):
             layer = {}
             for field, (suffix, required, shape) in LAYER_TENSORS.items():
@@ -181,6 +186,29 @@ class Weights:
                     continue
                 layer[field] = self._spec(name, shape(cfg), f32=field in NORM_FIELDS)
             self.layers.append(layer)
+
+    def matmul_names(self) -> list[str]:
+        """GGUF names of the tensors the forward pass multiplies by, each once (a tied output is
+        token_embd.weight, whose rows the embedding lookup also reads from the GGUF)."""
+        names = [f"blk.{il}.{LAYER_TENSORS[f][0]}" for il, layer in enumerate(self.layers)
+                 for f in MATMUL_FIELDS if f in layer]
+        return list(dict.fromkeys([*names, self.output_name]))
+
+    def use_repacked(self, addresses: dict[str, int]) -> int:
+        """Give each matmul weight in `addresses` (GGUF name -> address of its R16 copy) that address
+        as its spec's 5th element, which the forward pass then multiplies by; returns how many.
+        token_embd's own spec keeps only the GGUF address: the lookup reads its rows there."""
+        used = 0
+        for il, layer in enumerate(self.layers):
+            for f in MATMUL_FIELDS:
+                name = f"blk.{il}.{LAYER_TENSORS[f][0]}"
+                if f in layer and name in addresses:
+                    layer[f] = (*layer[f][:4], addresses[name])
+                    used += 1
+        if self.output_name in addresses:
+            self.globals["output"] = (*self.globals["output"][:4], addresses[self.output_name])
+            used += 1
+        return used
 
     def _spec(self, name: str, shape: tuple[int, ...], f32: bool = False) -> tuple[int, int, int, int]:
         info = self.gguf.tensors.get(name)
@@ -203,6 +231,25 @@ class Weights:
         return (int(info.type), address, rows, cols)
 
 
+def _repacked_weights(gguf: GGUFFile, weights: Weights, repack: bool | None, threads: int,
+                      progress: repack_cache.Progress | None) -> tuple[RepackedWeights | None, WeightLayout]:
+    """Map (building first if needed) the repacked cache and point the matmul specs at it."""
+    decision = repack_cache.decide(repack)
+    if not decision.enabled:
+        return None, WeightLayout(None, f"GGUF layout: {decision.reason}")
+    try:
+        repacked = repack_cache.load_or_build(
+            gguf, weights.matmul_names(), threads=threads,
+            progress=progress or repack_cache.LogProgress(gguf.path.name))
+    except repack_cache.RepackError as exc:
+        repack_cache.log.warning("%s; computing on the GGUF layout", exc)
+        return None, WeightLayout(None, f"GGUF layout: the repacked cache could not be made ({exc})")
+    if repacked is None:
+        return None, WeightLayout(None, "GGUF layout: no weight matrix has a type the R16 layout covers")
+    weights.use_repacked(repacked.addresses)
+    return repacked, WeightLayout(repacked.path, repacked.describe())
+
+
 def _type_name(t: int) -> str:
     try:
         return GGMLQuantizationType(t).name
@@ -218,10 +265,22 @@ def kv_layout(cfg: Config, kv_budget: str | int, max_context: int | None = None
     return parse_bytes(kv_budget), cfg.n_layer, cfg.kv_dim, local, limit
 
 
-class Model:
-    """Config + mapped weights + KV cache + the compiled forward pass."""
+@dataclass(frozen=True)
+class WeightLayout:
+    """Which layout the matmuls run on: a repacked cache (its path) or the GGUF's own, and why."""
 
-    def __init__(self, gguf: GGUFFile, cfg: Config, weights: Weights, kv: KVCache, threads: int):
+    repacked: Path | None
+    reason: str
+
+    def describe(self) -> str:
+        return self.reason
+
+
+class Model:
+    """Config + mapped weights (+ their repacked cache) + KV cache + the compiled forward pass."""
+
+    def __init__(self, gguf: GGUFFile, cfg: Config, weights: Weights, kv: KVCache, threads: int,
+                 repacked: RepackedWeights | None = None, layout: WeightLayout | None = None):
         from engine.kernels._forward import ForwardModel
 
         self.gguf = gguf
@@ -229,16 +288,24 @@ class Model:
         self.weights = weights
         self.kv = kv
         self.threads = threads
+        self.repacked = repacked  # the mapping must live as long as the forward pass reads it
+        self.layout = layout or WeightLayout(None, "GGUF layout")
         config = asdict(cfg)
         precise = os.environ.get("RQLLM_PRECISE_FFN_DOWN", "1") != "0"
         config.update(arch=ARCH_IDS[cfg.arch], rope_neox=int(cfg.rope_neox), ffn_gelu=int(cfg.ffn_gelu),
                       precise_ffn_down=int(precise), max_ubatch=MAX_UBATCH, n_threads=threads)
-        self._fwd = ForwardModel(config, weights.globals, weights.layers, kv.k, kv.v, kv.capacity, gguf)
+        self._fwd = ForwardModel(config, weights.globals, weights.layers, kv.k, kv.v, kv.capacity,
+                                 (gguf, repacked))
         self._logits = np.zeros(cfg.n_vocab, dtype=np.float32)
 
     @classmethod
     def load(cls, path: str | os.PathLike[str], *, threads: int | None = None,
-             kv_budget: str | int = "256MiB", max_context: int | None = None) -> Model:
+             kv_budget: str | int = "256MiB", max_context: int | None = None, repack: bool | None = None,
+             repack_progress: repack_cache.Progress | None = None) -> Model:
+        """repack: None = on when the kernel path reads R16 (RQLLM_REPACK=0 turns it off), False = off.
+        The first load writes the repacked cache (engine.repack; repack_progress(done, total) bytes,
+        else log lines), later ones map it. When it cannot be written (disk space, a read-only
+        cache) the model runs on the GGUF layout and a warning says why."""
         try:
             gguf = GGUFFile(path, index_cache=True)
         except GGUFError as exc:
@@ -246,7 +313,9 @@ class Model:
         cfg = Config.from_gguf(gguf)
         weights = Weights(gguf, cfg)
         kv = KVCache.from_budget(*kv_layout(cfg, kv_budget, max_context))
-        return cls(gguf, cfg, weights, kv, threads or default_threads())
+        threads = threads or default_threads()
+        repacked, layout = _repacked_weights(gguf, weights, repack, threads, repack_progress)
+        return cls(gguf, cfg, weights, kv, threads, repacked, layout)
 
     @property
     def path(self) -> Path:
