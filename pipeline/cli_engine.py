@@ -20,7 +20,7 @@ def _command(fn: click.Command) -> click.Command:
 @_command
 @click.group("models")
 def models_group() -> None:
-    """Fetch and list models (known names: smollm2-135m, gemma3-270m)."""
+    """Fetch, list and repack models (known names: smollm2-135m, gemma3-270m)."""
 
 
 @models_group.command("pull")
@@ -34,6 +34,75 @@ def models_pull(names: tuple[str, ...], force: bool) -> None:
         except models.ModelError as exc:
             raise click.ClickException(str(exc)) from None
         click.echo(f"{name}\t{path}")
+
+
+@models_group.command("repack")
+@click.argument("model")
+@click.option("--threads", type=click.IntRange(1, 1024), default=None,
+              help="Threads for the repack (default: as for the engine).")
+@click.option("--force", is_flag=True,
+              help="Rebuild even when a valid cache exists, and build even when this CPU's kernel path "
+                   "does not read the R16 layout (to prepare a cache for other machines).")
+def models_repack(model: str, threads: int | None, force: bool) -> None:
+    """Write MODEL's repacked weight cache (R16) now rather than at the first worker's start.
+
+    Prints the cache file, its size and the time taken. Fails with the reason when the cache
+    cannot be written (e.g. too little free disk space)."""
+    import time
+
+    from engine import repack
+    from engine.gguf_file import GGUFError, GGUFFile
+    from engine.model import Config, ModelError, Weights, default_threads
+
+    decision = repack.decide(True)
+    if not decision.enabled and not (force and repack.r16_kernels() is not None):
+        raise click.ClickException(f"not repacking: {decision.reason}" +
+                                   ("" if repack.r16_kernels() is None else "; --force writes the cache anyway"))
+    try:
+        path = models.resolve(model)
+        with GGUFFile(path, index_cache=True) as gguf:
+            names = Weights(gguf, Config.from_gguf(gguf)).matmul_names()
+            t0 = time.perf_counter()
+            with _ByteProgress(f"repacking {path.name}") as progress:
+                cache = repack.load_or_build(gguf, names, threads=threads or default_threads(), progress=progress,
+                                             force=force)
+            seconds = time.perf_counter() - t0
+    except (GGUFError, ModelError, models.ModelError, repack.RepackError) as exc:
+        raise click.ClickException(str(exc)) from None
+    if cache is None:
+        raise click.ClickException(f"{path.name}: no weight matrix has a type the R16 layout covers")
+    how = f"written in {seconds:.1f} s" if cache.built else f"already up to date (checked in {seconds:.2f} s)"
+    click.echo(f"{cache.path}\t{cache.nbytes / 1e9:.2f} GB\t{how}")
+    cache.close()
+
+
+class _ByteProgress:
+    """tqdm on stderr fed with (done, total) byte counts; stdout stays the command's result."""
+
+    def __init__(self, desc: str):
+        self.desc = desc
+        self.bar = None
+
+    def __call__(self, done: int, total: int) -> None:
+        if self.bar is None:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, desc=self.desc, unit="B", unit_scale=True, file=sys.stderr)
+        self.bar.update(done - self.bar.n)
+
+    def __enter__(self) -> _ByteProgress:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def no_repack_option(fn):
+    """--no-repack: compute on the GGUF's own layout, without the repacked weight cache (engine.repack)."""
+    return click.option("--no-repack", "no_repack", is_flag=True,
+                        help="Compute on the GGUF's own weight layout: no repacked (R16) weight cache "
+                             "(also RQLLM_REPACK=0).")(fn)
 
 
 @models_group.command("list")
@@ -58,11 +127,13 @@ def engine_options(fn):
     return fn
 
 
-def _load_engine(model: str, threads: int | None, kv_budget: str):
+def _load_engine(model: str, threads: int | None, kv_budget: str, no_repack: bool = False):
     from engine.engine import Engine, EngineError
 
     try:
-        return Engine(model, threads=threads, kv_budget=kv_budget)
+        with _ByteProgress("repacking weights (first load of this model)") as progress:
+            return Engine(model, threads=threads, kv_budget=kv_budget, repack=False if no_repack else None,
+                          repack_progress=progress)
     except (EngineError, ValueError) as exc:
         raise click.ClickException(str(exc)) from None
 
@@ -83,9 +154,10 @@ def _load_engine(model: str, threads: int | None, kv_budget: str):
 @click.option("--stop", multiple=True, help="Stop string (repeatable).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of streaming text.")
 @engine_options
+@no_repack_option
 def generate_cmd(model: str, prompt: str, chat: bool, system: str | None, max_tokens: int, temperature: float,
                  top_k: int, top_p: float, min_p: float, repetition_penalty: float, seed: int | None,
-                 stop: tuple[str, ...], as_json: bool, threads: int | None, kv_budget: str) -> None:
+                 stop: tuple[str, ...], as_json: bool, threads: int | None, kv_budget: str, no_repack: bool) -> None:
     """Generate text from PROMPT with MODEL (a known name or a .gguf path)."""
     from pydantic import ValidationError
 
@@ -96,7 +168,7 @@ def generate_cmd(model: str, prompt: str, chat: bool, system: str | None, max_to
                                 min_p=min_p, repetition_penalty=repetition_penalty, seed=seed, stop=list(stop))
     except ValidationError as exc:
         raise click.ClickException(_pydantic_message(exc)) from None
-    eng = _load_engine(model, threads, kv_budget)
+    eng = _load_engine(model, threads, kv_budget, no_repack)
     messages = None
     if chat:
         messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]

@@ -106,11 +106,13 @@ def _gather_jobs(inputs: tuple[str, ...], *, model: str | None, literal: bool, r
 @click.option("--kv-budget", default=None, help="Embedded mode: KV budget per worker.")
 @click.option("--redis-url", envvar="REDIS_URL", default=None, help="Redis URL (default $REDIS_URL).")
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
+@click.option("--no-repack", is_flag=True,
+              help="Embedded mode: workers compute on the GGUF's own layout (no repacked weight cache).")
 def submit_command(inputs: tuple[str, ...], model: str | None, priority: str, timeout: int | None, retries: int,
                    recompute: bool, wait: bool, output: str | None, max_tokens: int | None,
                    temperature: float | None, top_p: float | None, seed: int | None, stop: tuple[str, ...],
                    raw: bool, system: str | None, literal: bool, workers: int, threads: int | None,
-                   kv_budget: str | None, redis_url: str | None, no_progress: bool) -> None:
+                   kv_budget: str | None, redis_url: str | None, no_progress: bool, no_repack: bool) -> None:
     """Submit prompts (arguments), text files (one job each) or OpenAI Batch .jsonl files; print the batch id."""
     from jobs.schemas import InvalidJob, model_key
     from pipeline.client import Client
@@ -157,7 +159,8 @@ def submit_command(inputs: tuple[str, ...], model: str | None, priority: str, ti
     models = {model_key(j.model) for j in jobs}
     if len(models) != 1:
         raise click.UsageError(f"embedded mode runs one model; these jobs name {', '.join(sorted(models))}")
-    with embedded_cluster(jobs[0].model, workers=workers, threads=threads, kv_budget=kv_budget) as cluster:
+    with embedded_cluster(jobs[0].model, workers=workers, threads=threads, kv_budget=kv_budget,
+                          repack=not no_repack) as cluster:
         _echo_err(f"embedded cluster: redis {cluster.redis_url}, {workers} worker(s)")
         run(Client(cluster.redis_url), health=cluster.check)
 

@@ -42,9 +42,11 @@ from pipeline.summarize import (
               help="Skip files larger than this.")
 @click.option("--redis-url", envvar="REDIS_URL", default=None,
               help="Submit to this Redis and follow (default $REDIS_URL); unset = embedded cluster.")
+@click.option("--no-repack", is_flag=True,
+              help="Embedded workers compute on the GGUF's own layout (no repacked weight cache).")
 def summarize_command(paths: tuple[str, ...], output: str, fmt: str, model: str, workers: int, threads: int | None,
                       template: str | None, kv_budget: str | None, max_summary_tokens: int, overlap_tokens: int,
-                      chunk_tokens: int, max_bytes: int, redis_url: str | None) -> None:
+                      chunk_tokens: int, max_bytes: int, redis_url: str | None, no_repack: bool) -> None:
     """Summarise text and Markdown files: PATHS are files, folders (recursive) or globs.
 
     Each document is split into chunks that fit the workers' KV budget, each chunk is summarised
@@ -58,7 +60,8 @@ def summarize_command(paths: tuple[str, ...], output: str, fmt: str, model: str,
     try:
         report = summarize(list(paths), output=stream, fmt=fmt, model=model, workers=workers, threads=threads,
                            template=template, kv_budget=kv_budget, max_summary_tokens=max_summary_tokens,
-                           overlap_tokens=overlap_tokens, chunk_tokens=chunk_tokens, max_bytes=max_bytes, redis_url=redis_url or None)
+                           overlap_tokens=overlap_tokens, chunk_tokens=chunk_tokens, max_bytes=max_bytes, redis_url=redis_url or None,
+                           repack=not no_repack)
     except SummarizeError as e:
         raise click.ClickException(str(e)) from None
     finally:

@@ -129,12 +129,16 @@ class RedisServer:
 
 
 def worker_command(redis_url: str, model: str, *, threads: int | None = None, kv_budget: str | None = None,
-                   burst: bool = False, name: str | None = None, extra: list[str] | None = None) -> list[str]:
+                   burst: bool = False, name: str | None = None, extra: list[str] | None = None,
+                   repack: bool = True) -> list[str]:
+    """repack=False passes --no-repack (the GGUF layout, no repacked weight cache)."""
     cmd = [sys.executable, "-m", "pipeline.worker", "--redis-url", redis_url, "--model", model]
     if threads:
         cmd += ["--threads", str(threads)]
     if kv_budget:
         cmd += ["--kv-budget", str(kv_budget)]
+    if not repack:
+        cmd.append("--no-repack")
     if burst:
         cmd.append("--burst")
     if name:
@@ -184,10 +188,11 @@ class WorkerProcess:
 class Cluster:
     """What embedded_cluster yields: the Redis URL and the worker processes."""
 
-    def __init__(self, server: RedisServer, model: str, log_dir: str):
+    def __init__(self, server: RedisServer, model: str, log_dir: str, repack: bool = True):
         self.server = server
         self.model = model
         self.log_dir = log_dir
+        self.repack = repack
         self.workers: list[WorkerProcess] = []
 
     @property
@@ -199,7 +204,7 @@ class Cluster:
         i = len(self.workers)
         name = f"embedded-{os.getpid()}-{i}"
         cmd = worker_command(self.redis_url, model or self.model, threads=threads, kv_budget=kv_budget,
-                             burst=burst, name=name)
+                             burst=burst, name=name, repack=self.repack)
         w = WorkerProcess(cmd, os.path.join(self.log_dir, f"worker-{i}.log"))
         self.workers.append(w)
         return w
@@ -237,11 +242,13 @@ def stop_workers(workers: list[WorkerProcess], grace: float = 30.0) -> None:
 
 @contextlib.contextmanager
 def embedded_cluster(model: str, workers: int = 1, *, threads: int | None = None, kv_budget: str | None = None,
-                     keep_logs: bool = False) -> Iterator[Cluster]:
+                     keep_logs: bool = False, repack: bool = True) -> Iterator[Cluster]:
     """A private redis-server plus `workers` worker processes for `model`; everything stops on exit.
 
     `threads` defaults to RQLLM_THREADS, else to the CPUs this process may use (affinity mask and
     cgroup CPU quota, engine.cpus) divided among the workers, so they do not oversubscribe the CPU.
+    `repack=False` starts them with --no-repack. With it on, the first worker to start writes the
+    repacked weight cache while the others wait for it (engine.repack's lock) and then map it.
     """
     if workers < 1:
         raise ValueError("workers must be >= 1")
@@ -249,7 +256,7 @@ def embedded_cluster(model: str, workers: int = 1, *, threads: int | None = None
         threads = choose_threads(workers=workers).threads
     server = RedisServer().start()
     log_dir = tempfile.mkdtemp(prefix="rqllm-workers-")
-    cluster = Cluster(server, model, log_dir)
+    cluster = Cluster(server, model, log_dir, repack)
     try:
         for _ in range(workers):
             cluster.start_worker(threads=threads, kv_budget=kv_budget)

@@ -9,7 +9,9 @@ once instead of being OOM-killed halfway through a job or failing every job it t
 * the memory needed is the model file's size (its weights are memory-mapped and used in place; other
   workers on the host share the same page-cache pages, so the file counts once, not per thread) plus
   the bytes the KV cache will really allocate (the budget, capped by what the model's context length
-  can use);
+  can use). With the repacked weight cache (engine.repack) the matmul weights are read from that
+  file instead: their GGUF bytes are not counted, the cache file is (once: it is shared too); a
+  tied token_embd counts in both, since the embedding lookup still reads its GGUF rows;
 * the memory the process can have is the smallest of its cgroup limit (v2 memory.max, v1
   memory.limit_in_bytes, along its cgroup path) and MemAvailable (psutil).
 
@@ -46,10 +48,16 @@ class MemoryPlan:
     limit_bytes: int
     limit_source: str
     tensor_error: str | None = None  # a tensor missing or not as the metadata says (the file is unusable)
+    replaced_bytes: int = 0  # GGUF bytes the forward pass no longer reads (their R16 copy is used)
+    repacked_bytes: int = 0  # the repacked cache file, read instead
+
+    @property
+    def weight_bytes(self) -> int:
+        return self.model_bytes - self.replaced_bytes + self.repacked_bytes
 
     @property
     def needed_bytes(self) -> int:
-        return self.model_bytes + self.kv_bytes
+        return self.weight_bytes + self.kv_bytes
 
     @property
     def fits(self) -> bool:
@@ -58,7 +66,12 @@ class MemoryPlan:
     def describe(self) -> str:
         capped = "" if self.kv_tokens < self.max_tokens else \
             f" (--kv-budget {format_bytes(self.kv_budget)}, capped by the model's context length)"
-        return (f"model {self.model_path.name} {format_bytes(self.model_bytes)} + KV cache "
+        weights = f"model {self.model_path.name} {format_bytes(self.model_bytes)}"
+        if self.repacked_bytes:
+            weights = (f"model {self.model_path.name} {format_bytes(self.model_bytes)} - "
+                       f"{format_bytes(self.replaced_bytes)} read from the repacked cache "
+                       f"{format_bytes(self.repacked_bytes)} instead")
+        return (f"{weights} + KV cache "
                 f"{format_bytes(self.kv_bytes)} for {self.kv_tokens} tokens{capped} = "
                 f"{format_bytes(self.needed_bytes)} needed; {format_bytes(self.limit_bytes)} available "
                 f"({self.limit_source})")
@@ -121,10 +134,10 @@ def memory_limit() -> tuple[int, str]:
     return limit, source
 
 
-def plan(model: str, kv_budget: str | int | None) -> MemoryPlan:
+def plan(model: str, kv_budget: str | int | None, repack: bool | None = None) -> MemoryPlan:
     """Read the model's header and work out what the worker will need; MemoryGuardError when the file
-    or the budget cannot be used."""
-    from engine import models
+    or the budget cannot be used. repack as for Model.load (None: the default decision)."""
+    from engine import models, repack as repack_cache
     from engine.gguf_file import GGUFError, GGUFFile
     from engine.model import Config, ModelError, Weights, kv_layout
 
@@ -139,9 +152,13 @@ def plan(model: str, kv_budget: str | int | None) -> MemoryPlan:
             # Every tensor the model needs is there with the shape and type its metadata implies (the
             # checks Model.load makes; only the tensor table is read), on the header parsed once;
             # reported by check_worker_start after the memory comparison.
+            replaced = repacked = 0
             try:
-                Weights(gguf, cfg)
+                weights = Weights(gguf, cfg)
                 tensor_error = None
+                if repack_cache.decide(repack).enabled:
+                    replaced, repacked = repack_cache.resident_change(gguf, weights.matmul_names(),
+                                                                      still_read=("token_embd.weight",))
             except ModelError as e:
                 tensor_error = str(e)
     except (GGUFError, ModelError) as e:
@@ -152,12 +169,14 @@ def plan(model: str, kv_budget: str | int | None) -> MemoryPlan:
     except ValueError as e:
         raise MemoryGuardError(f"--kv-budget: {e}") from None
     limit, source = memory_limit()
-    return MemoryPlan(Path(path), size, layout[0], kv_bytes, tokens, layout[4], limit, source, tensor_error)
+    return MemoryPlan(Path(path), size, layout[0], kv_bytes, tokens, layout[4], limit, source, tensor_error,
+                      replaced, repacked)
 
 
-def check_worker_start(model: str, kv_budget: str | int | None, *, memory_check: bool = True) -> MemoryPlan:
+def check_worker_start(model: str, kv_budget: str | int | None, *, memory_check: bool = True,
+                       repack: bool | None = None) -> MemoryPlan:
     """The start-up check; raises MemoryGuardError naming every number when the worker would not fit."""
-    p = plan(model, kv_budget)
+    p = plan(model, kv_budget, repack)
     skip = not memory_check or os.environ.get(ENV_SKIP, "").strip() not in ("", "0")
     if not skip and not p.fits:
         raise MemoryGuardError(

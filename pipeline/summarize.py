@@ -792,8 +792,9 @@ def summarize(paths: Sequence[str], *, output: IO[str], fmt: str = "jsonl", mode
               kv_budget: str | None = None, max_summary_tokens: int = DEFAULT_MAX_SUMMARY_TOKENS,
               overlap_tokens: int = DEFAULT_OVERLAP_TOKENS, chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
               max_bytes: int = DEFAULT_MAX_BYTES, redis_url: str | None = None, progress_stream: IO[str] | None = None,
-              meter: PromptMeter | None = None) -> RunReport:
-    """Summarise every readable document under `paths`; see the module docstring."""
+              meter: PromptMeter | None = None, repack: bool = True) -> RunReport:
+    """Summarise every readable document under `paths`; see the module docstring. repack=False: the
+    embedded workers run with --no-repack."""
     err = progress_stream if progress_stream is not None else sys.stderr
     t0 = time.monotonic()
     templates = Templates.load(template)
@@ -879,7 +880,8 @@ def summarize(paths: Sequence[str], *, output: IO[str], fmt: str = "jsonl", mode
         from pipeline.embedded import embedded_cluster
         from pipeline.redis_conn import connect
 
-        with embedded_cluster(model, workers=workers, threads=threads, kv_budget=worker_kv_budget(model, budget_text)) as cluster:
+        with embedded_cluster(model, workers=workers, threads=threads, kv_budget=worker_kv_budget(model, budget_text),
+                              repack=repack) as cluster:
             states = run(connect(cluster.redis_url), cluster.check, False)
     wall = time.monotonic() - t0
     out.finish(skipped, wall_seconds=wall)

@@ -70,10 +70,13 @@ from jobs.allowlist import check_job
 from jobs.runtime import JobInterrupted, RedisUnavailable, TaskFailed
 from jobs.schemas import model_key, queue_names
 from jobs.tasks import record_rq_failure
+from pipeline.cli_engine import no_repack_option
 from pipeline.memory_guard import check_worker_start, no_memory_check_option
 from pipeline.redis_conn import REDIS_DOWN_ERRORS, SERIALIZER, connect, wait_for_redis
 
 log = logging.getLogger("rqllm.worker")
+# The repacked cache's progress and warnings while the engine loads (before rq's work loop starts).
+log_repack = logging.getLogger("rqllm.repack")
 
 DEFAULT_HEARTBEAT_INTERVAL = 5
 DEFAULT_MAINTENANCE_INTERVAL = 60
@@ -563,13 +566,21 @@ def default_worker_name(model: str) -> str:
     return f"{model_key(model)}.{socket.gethostname()}.{os.getpid()}"
 
 
-def load_engine(model: str, threads: int | None, kv_budget: str | None) -> Any:
+def load_engine(model: str, threads: int | None, kv_budget: str | None, repack: bool | None = None) -> Any:
+    from engine import repack as repack_cache
     from engine.engine import Engine
 
-    kw: dict[str, Any] = {"threads": threads}
+    kw: dict[str, Any] = {"threads": threads, "repack": repack,
+                          "repack_progress": repack_cache.LogProgress(model, logger=log_repack)}
     if kv_budget:
         kw["kv_budget"] = kv_budget
     return Engine(model, **kw)
+
+
+def weight_layout(engine: Any) -> str:
+    """What the start-up line says about the weights: the repacked cache's path, or the GGUF layout and why."""
+    layout = getattr(getattr(engine, "model", None), "layout", None)
+    return layout.describe() if layout is not None else "weight layout unknown"
 
 
 def run_worker(model: str, *, redis_url: str | None = None, threads: int | ThreadChoice | None = None,
@@ -577,22 +588,25 @@ def run_worker(model: str, *, redis_url: str | None = None, threads: int | Threa
                max_jobs: int | None = None, heartbeat_interval: int = DEFAULT_HEARTBEAT_INTERVAL,
                maintenance_interval: int = DEFAULT_MAINTENANCE_INTERVAL,
                heartbeat_grace: int = DEFAULT_HEARTBEAT_GRACE, engine: Any = None,
-               logging_level: str = "INFO", flush_interval: float = 0.05) -> bool:
+               logging_level: str = "INFO", flush_interval: float = 0.05, repack: bool | None = None) -> bool:
     """Load the engine once, then work the model's high/default/low queues. Returns whether any job ran.
 
-    `threads`: an explicit count (--threads), a choice already made, or None for engine.cpus to choose."""
+    `threads`: an explicit count (--threads), a choice already made, or None for engine.cpus to choose.
+    `repack`: the repacked weight cache (engine.repack): None = the default, False = --no-repack."""
     connection = connect(redis_url)
     connection.ping()
     name = name or default_worker_name(model)
-    t0 = time.monotonic()
-    if engine is None:
-        choice = threads if isinstance(threads, ThreadChoice) else choose_threads(threads)
-        engine = load_engine(model, choice.threads, kv_budget)
-    else:
-        choice = ThreadChoice(getattr(engine, "threads", 0), "the engine passed in")
     logging.getLogger("rqllm").setLevel(logging_level)
     # rq installs its log handlers only when work() starts: without this the start-up line was dropped.
     setup_loghandlers(logging_level, name="rq.worker")
+    # A first load may repack the weights for a minute: its progress goes to the worker's log too.
+    setup_loghandlers(logging_level, name=log_repack.name)
+    t0 = time.monotonic()
+    if engine is None:
+        choice = threads if isinstance(threads, ThreadChoice) else choose_threads(threads)
+        engine = load_engine(model, choice.threads, kv_budget, repack=repack)
+    else:
+        choice = ThreadChoice(getattr(engine, "threads", 0), "the engine passed in")
     worker = LLMWorker(queue_names(model), model=model, name=name, connection=connection,
                        heartbeat_interval=heartbeat_interval, maintenance_interval=maintenance_interval,
                        heartbeat_grace=heartbeat_grace)
@@ -600,8 +614,9 @@ def run_worker(model: str, *, redis_url: str | None = None, threads: int | Threa
         engine=engine, connection=connection, worker_name=worker.name,
         force_stop=worker.should_stop_generating, flush_interval=flush_interval,
     ))
-    worker.log.info("Worker %s: model %s loaded in %.1f s; %d engine threads (%s); queues %s", worker.name,
-                    model, time.monotonic() - t0, choice.threads, choice.reason, ", ".join(worker.queue_names()))
+    worker.log.info("Worker %s: model %s loaded in %.1f s; %d engine threads (%s); queues %s; weights: %s",
+                    worker.name, model, time.monotonic() - t0, choice.threads, choice.reason,
+                    ", ".join(worker.queue_names()), weight_layout(engine))
     worked = False
     try:
         while True:
@@ -647,18 +662,21 @@ def run_worker(model: str, *, redis_url: str | None = None, threads: int | Threa
                    "heartbeat interval + grace + 5 s regardless).")
 @click.option("--log-level", default="INFO", show_default=True)
 @no_memory_check_option
+@no_repack_option
 def worker_command(model: str, threads: int | None, kv_budget: str | None, burst: bool, name: str | None,
                    redis_url: str | None, max_jobs: int | None, heartbeat_interval: int, heartbeat_grace: int,
-                   maintenance_interval: int, log_level: str) -> None:
+                   maintenance_interval: int, log_level: str, no_repack: bool) -> None:
     """Run one worker process for MODEL: load the engine once, generate queued jobs one at a time."""
     try:
         thread_choice = choose_threads(threads)
     except ThreadSettingError as e:
         raise click.UsageError(str(e)) from None
-    check_worker_start(model, kv_budget)  # a bad model file or not enough memory: say so before loading
+    repack = False if no_repack else None
+    # a bad model file or not enough memory: say so before loading
+    check_worker_start(model, kv_budget, repack=repack)
     run_worker(model, redis_url=redis_url, threads=thread_choice, kv_budget=kv_budget, burst=burst, name=name,
                max_jobs=max_jobs, heartbeat_interval=heartbeat_interval, heartbeat_grace=heartbeat_grace,
-               maintenance_interval=maintenance_interval, logging_level=log_level.upper())
+               maintenance_interval=maintenance_interval, logging_level=log_level.upper(), repack=repack)
 
 
 if __name__ == "__main__":

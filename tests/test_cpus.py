@@ -235,7 +235,7 @@ def test_worker_logs_the_thread_count_and_why(redis_url, monkeypatch):  # noqa: 
 
     loaded = []
     monkeypatch.setattr(worker, "load_engine",
-                        lambda model, threads, kv_budget: loaded.append(threads) or _FakeEngine(threads))
+                        lambda model, threads, kv_budget, **kw: loaded.append(threads) or _FakeEngine(threads))
     monkeypatch.setenv(ENV_THREADS, "3")
     lines = _Lines()
     rq_log = logging.getLogger("rq.worker")  # rq's handlers do not propagate: listen on its own logger

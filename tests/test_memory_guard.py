@@ -82,7 +82,10 @@ def test_plan_counts_the_model_once_and_the_kv_the_cache_will_allocate(smollm2_p
     # SmolLM2: 30 layers x 3 KV heads x 64 dims, K and V in f32 -> 46080 bytes a token, 8192 tokens at most
     huge = plan(str(smollm2_path), "1TiB")
     assert (huge.kv_tokens, huge.kv_bytes) == (8192, 8192 * 30 * 2 * 192 * 4)
-    assert huge.fits and huge.needed_bytes == huge.model_bytes + huge.kv_bytes
+    # the weights count once: the GGUF, or with the repacked cache its rest plus the cache file
+    assert huge.fits and huge.needed_bytes == huge.model_bytes - huge.replaced_bytes + huge.repacked_bytes + huge.kv_bytes
+    off = plan(str(smollm2_path), "1TiB", repack=False)
+    assert off.needed_bytes == off.model_bytes + off.kv_bytes
     assert "capped by the model's context length" in huge.describe()
 
 
