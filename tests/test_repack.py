@@ -143,8 +143,7 @@ _BUILDER = textwrap.dedent("""
     import sys
     from pathlib import Path
     sys.path.insert(0, {root!r})
-    from tests.conftest_redis import redis_server, redis_url  # noqa: F401
-from tests.r16_fake import FakeR16
+    from tests.r16_fake import FakeR16
     from tests.test_repack import _build
     r = _build(Path(sys.argv[1]), Path(sys.argv[2]), FakeR16(delay=float(sys.argv[3])))
     print("RESULT built" if r.built else "RESULT reused", r.path, flush=True)
