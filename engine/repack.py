@@ -65,7 +65,7 @@ GROUP_ROWS = 16
 ENV_SWITCH = "RQLLM_REPACK"  # "0" (or off/false/no) computes on the GGUF layout
 SUBDIR = "repacked"
 MAX_HEADER_BYTES = 64 << 20  # far above any real table (~30 KB for an 8B model): a bigger one is corrupt
-CHUNK_BYTES = 64 << 20  # repacked bytes per r16_repack call: progress granularity, not speed
+CHUNK_BYTES = 16 << 20  # repacked bytes per r16_repack call: progress, and the most of it our RSS holds
 DISK_MARGIN_BYTES = 256 << 20  # free space left over after the cache is written
 LOCK_LOG_INTERVAL = 10.0  # seconds between "still waiting for the builder" lines
 
@@ -465,9 +465,9 @@ def write_cache(plan: CachePlan, tmp: Path, api: R16Kernels, *, threads: int = 1
     """Write the whole cache into `tmp` (created, must not exist) and fsync it.
 
     The source is read through a mapping of its own and the output written through a shared
-    mapping of the new file; after each tensor both ranges are dropped from this process's page
+    mapping of the new file; after each chunk both ranges are dropped from this process's page
     tables (MADV_DONTNEED: the data stays in the page cache, dirty output pages are still written
-    back), so building never keeps two copies of the weights in our RSS."""
+    back), so building never keeps two copies of the weights in our RSS, nor even one tensor."""
     header = plan.header()
     fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
     try:
@@ -484,8 +484,6 @@ def write_cache(plan: CachePlan, tmp: Path, api: R16Kernels, *, threads: int = 1
             done = 0
             for t in plan.tensors:
                 done = _repack_tensor(t, src, dst, api, threads, done, plan.data_bytes, progress)
-                src.madvise(mmap.MADV_DONTNEED, *_page_range(t.source_offset, t.source_nbytes))
-                dst.madvise(mmap.MADV_DONTNEED, *_page_range(t.offset, t.nbytes))
             dst.flush()
         finally:
             # After an error the traceback may still hold views of the mappings: they are unmapped
@@ -500,8 +498,10 @@ def write_cache(plan: CachePlan, tmp: Path, api: R16Kernels, *, threads: int = 1
 
 def _repack_tensor(t: CachedTensor, src: mmap.mmap, dst: mmap.mmap, api: R16Kernels, threads: int,
                    done: int, total: int, progress: Progress | None) -> int:
-    """Repack one tensor in chunks of groups (for progress); returns the bytes done so far."""
+    """Repack one tensor in chunks of groups (progress; the pages of each chunk leave our page
+    tables after it); returns the bytes done so far."""
     group_bytes = t.nbytes // t.groups
+    source_group_bytes = t.source_nbytes // t.rows * GROUP_ROWS
     per_call = max(1, CHUNK_BYTES // max(group_bytes, 1))
     W = np.frombuffer(src, dtype=np.uint8, count=t.source_nbytes, offset=t.source_offset)
     out = np.frombuffer(dst, dtype=np.uint8, count=t.nbytes, offset=t.offset)
@@ -509,8 +509,12 @@ def _repack_tensor(t: CachedTensor, src: mmap.mmap, dst: mmap.mmap, api: R16Kern
         for g0 in range(0, t.groups, per_call):
             g1 = min(t.groups, g0 + per_call)
             api.repack(t.type, W, t.rows, t.cols, out, g0, g1, threads)
+            src_lo = t.source_offset + g0 * source_group_bytes
+            src_hi = min(t.source_offset + g1 * source_group_bytes, t.source_offset + t.source_nbytes)
+            src.madvise(mmap.MADV_DONTNEED, *_page_range(src_lo, src_hi - src_lo))
+            dst.madvise(mmap.MADV_DONTNEED, *_page_range(t.offset + g0 * group_bytes, (g1 - g0) * group_bytes))
             if progress is not None:
-                progress(done + (t.nbytes if g1 == t.groups else g1 * group_bytes), total)
+                progress(done + g1 * group_bytes, total)
     finally:
         del W, out  # the mappings cannot close while numpy views export them
     return done + t.nbytes
