@@ -179,12 +179,12 @@ def run_repack_report(model: str, threads: int, cold: bool) -> None:
         raise SystemExit(f"the repack failed (exit {proc.returncode})")
     r = json.loads(lines[-1][len("RESULT "):])
     verdict = "met" if r["seconds"] < 60 else "NOT met"
+    source = "read from disk" if r["cold"] else "in the page cache"
     print(f"{model}: repacked {r['tensors']} weight matrices ({r['repacked_source_bytes'] / GB:.2f} GB of the "
           f"{r['gguf_bytes'] / GB:.2f} GB GGUF) in {r['seconds']:.1f} s on {r['threads']} threads "
-          f"({r['repacked_source_bytes'] / 1e6 / r['seconds']:.0f} MB/s; GGUF {'read from disk' if r['cold'] else 'in the page cache'}"
-          f"); target < 60 s: {verdict}")
-    print(f"{'':>{len(model) + 2}}disk use {r['bytes'] / GB:.2f} GB ({r['path']}; {r['free_after'] / GB:.1f} GB left free); "
-          f"the builder's peak RSS {r['peak_rss'] / 1e6:.0f} MB")
+          f"({r['repacked_source_bytes'] / 1e6 / r['seconds']:.0f} MB/s; GGUF {source}); target < 60 s: {verdict}")
+    print(f"{'':>{len(model) + 2}}disk use {r['bytes'] / GB:.2f} GB ({r['path']}; "
+          f"{r['free_after'] / GB:.1f} GB left free); the builder's peak RSS {r['peak_rss'] / 1e6:.0f} MB")
 
 
 @click.command()

@@ -577,7 +577,8 @@ def load_or_build(gguf: Any, names: Sequence[str], *, threads: int = 1, progress
             log.info("repacking %d weight matrices of %s into %s (%.2f GB, %d thread(s))", len(plan.tensors),
                      plan.model, final, plan.file_size / 1e9, threads)
             seconds = build(plan, final, api, threads=threads, progress=progress)
-            log.info("repacked %s in %.1f s (%.0f MB/s)", final.name, seconds, plan.data_bytes / 1e6 / max(seconds, 1e-9))
+            log.info("repacked %s in %.1f s (%.0f MB/s)", final.name, seconds,
+                     plan.data_bytes / 1e6 / max(seconds, 1e-9))
             remove_superseded(final, plan.source.path)
     except OSError as exc:
         raise RepackError(f"cannot write the repacked weight cache in {root}: {exc}. Run with --no-repack "
