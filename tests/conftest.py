@@ -38,3 +38,38 @@ def smollm2_path() -> Path:
 @pytest.fixture(scope="session")
 def gemma3_path() -> Path:
     return _model_path("gemma3-270m")
+
+
+# --------------------------------------------------------------------------------------------
+# kernel paths, including AVX-512 emulated through SIMDe
+
+# A kernel path name for tests parametrized over `path`: the avx512 path of the SIMDe build.
+SIMDE_PATH = "avx512-simde"
+
+
+@pytest.fixture(scope="session")
+def kernels_simde(request):
+    """engine.kernels._kernels_simde: the kernels built again with SIMDe emulating AVX-512 on AVX2
+    (tests/simde_build.py), so the AVX-512 code runs on machines without it. Built on first use
+    into a cache keyed by the sources (about a minute; later runs reuse it); skips when SIMDe's
+    headers or AVX2 + FMA + F16C are missing."""
+    from tests import simde_build
+
+    reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+    try:
+        return simde_build.load(log=lambda msg: reporter and reporter.write_line(f"\n{msg}"))
+    except simde_build.Unavailable as e:
+        pytest.skip(f"no SIMDe kernels build: {e}")
+
+
+@pytest.fixture
+def kern(request, path):
+    """(kernels module, path name in it) for a test parametrized over kernel `path`: the product
+    kernels (engine.kernels._quants) on that path, or for "avx512-simde" the SIMDe build on its
+    avx512 path. Skips when this machine cannot run it."""
+    if path == SIMDE_PATH:
+        return request.getfixturevalue("kernels_simde"), "avx512"
+    q = pytest.importorskip("engine.kernels._quants", reason="build the kernels: python setup.py build_ext --inplace")
+    if not q.cpu_supports(path):
+        pytest.skip(f"this CPU cannot run the {path} path")
+    return q, path

@@ -2,7 +2,9 @@
 
 Ground truth comes from outside the code under test: `gguf.quants` (dequantization, legacy
 quantization), numpy (activation format, float dot products) and provable error bounds for
-int8 activation rounding. Every kernel path this CPU can run is forced and checked.
+int8 activation rounding. Every kernel path this CPU can run is forced and checked, and the
+AVX-512 code also through SIMDe on any CPU with AVX2 (path "avx512-simde": the kernels built again
+with AVX-512 emulated, tests/simde_build.py), against the same scalar reference.
 """
 from __future__ import annotations
 
@@ -15,11 +17,15 @@ import pytest
 from gguf import GGMLQuantizationType as T
 
 from tests import quant_pack as qp
+from tests.conftest import SIMDE_PATH
 
 q = pytest.importorskip("engine.kernels._quants", reason="build the kernels: python setup.py build_ext --inplace")
 
-PATHS = ["scalar", "avx2", "avx512"]
-FAST_PATHS = ["avx2", "avx512"]
+NATIVE_PATHS = ["scalar", "avx2", "avx512"]
+# Kernel tests run each path of the product module (engine.kernels._quants as q) and the SIMDe
+# build's avx512 path; the `kern` fixture (conftest.py) gives (module, path name in it).
+PATHS = NATIVE_PATHS + [SIMDE_PATH]
+FAST_PATHS = ["avx2", "avx512", SIMDE_PATH]
 TYPES = qp.ALL_TYPES
 REAL_TYPES = [T.Q4_1, T.Q8_0, T.Q5_0, T.Q4_K, T.Q6_K, T.F32, T.F16]
 
@@ -95,8 +101,8 @@ def test_bf16_to_f32():
 
 
 @pytest.mark.parametrize("path", PATHS)
-def test_quantize_act_matches_numpy(path):
-    _need(path)
+def test_quantize_act_matches_numpy(path, kern):
+    mod, path = kern
     rng = np.random.default_rng(3)
     x = _x(rng, 1, 1024, "outliers")[0]
     x[96:128] = 1e-30  # tiny but non-zero block
@@ -104,7 +110,7 @@ def test_quantize_act_matches_numpy(path):
     # a block with amax 127 (d = 1): exact halves must round away from zero
     x[128:160] = np.float32(0.25)
     x[128:138] = [127.0, 2.5, -2.5, 0.5, -0.5, 126.5, -1.5, 3.49999976, -0.0, 1e-9]
-    qs, d, s16 = q.quantize_act(x, path=path)
+    qs, d, s16 = mod.quantize_act(x, path=path)
     wq, wd, ws = qp.quantize_act_np(x)
     assert np.array_equal(d, wd)
     assert np.array_equal(qs, wq)
@@ -116,12 +122,12 @@ def test_quantize_act_matches_numpy(path):
 
 
 def test_path_selection():
-    assert q.kernel_path() in PATHS
+    assert q.kernel_path() in NATIVE_PATHS
     assert q.cpu_supports("scalar")
     with pytest.raises(ValueError):
         q.set_path("bogus")
     old = q.kernel_path()
-    for p in PATHS:
+    for p in NATIVE_PATHS:
         if q.cpu_supports(p):
             q.set_path(p)
             assert q.kernel_path() == p
@@ -134,7 +140,7 @@ def test_one_kernel_path_for_quants_and_forward():
     had its own copy of the kernels and of the path)."""
     from engine.kernels import _forward
 
-    paths = [p for p in PATHS if q.cpu_supports(p)]
+    paths = [p for p in NATIVE_PATHS if q.cpu_supports(p)]
     rng = np.random.default_rng(12)
     W = qp.random_rows(T.Q4_K, 1, 512, rng)[0]
     x = _x(rng, 1, 512)[0]
@@ -154,7 +160,7 @@ def test_one_kernel_path_for_quants_and_forward():
         q.set_path(old)
 
 
-@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("path", NATIVE_PATHS)
 def test_env_forces_path(path):
     _need(path)
     code = "from engine.kernels import _quants as q; print(q.kernel_path())"
@@ -250,8 +256,7 @@ def test_dequant_real_tensors(real_tensors):
 
 
 @pytest.mark.parametrize("path", PATHS)
-def test_matmul_real_tensors(real_tensors, path):
-    _need(path)
+def test_matmul_real_tensors(real_tensors, path, kern):
     rng = np.random.default_rng(5)
     for t, items in real_tensors.items():
         for name, n, rows in items:
@@ -260,19 +265,27 @@ def test_matmul_real_tensors(real_tensors, path):
             if t in qp.FLOAT_TYPES and rows.shape[0] < 2:
                 continue
             X = _x(rng, 3, n, "outliers")
-            _check_matmul(t, rows, n, X, path, nthreads=2, label=name)
+            _check_matmul(t, rows, n, X, kern, nthreads=2, label=name)
 
 
 # --------------------------------------------------------------------------------------------
 # dot products: every path vs the scalar reference and vs the float dot
 
 
-def _check_dot(t, row, n, x, path, label=""):
+def _where(on):
+    mod, p = on
+    return p if mod is q else f"{p} (SIMDe build)"
+
+
+def _check_dot(t, row, n, x, on, label=""):
+    """on: (kernels module, path) from the `kern` fixture; the reference is q's."""
+    mod, path = on
     w = qp.dequant_rows(t, row, n)[0].astype(np.float64)
     exact = float(w @ x.astype(np.float64))
     mass = float(np.abs(w) @ np.abs(x.astype(np.float64)))
     ref = q.vec_dot_ref(int(t), row, x)
-    got = q.vec_dot(int(t), row, x, path=path)
+    got = mod.vec_dot(int(t), row, x, path=path)
+    path = _where(on)
     # same integer math, different float summation order
     assert abs(got - ref) <= 2e-6 * mass + 1e-30, f"{label} {path}: {got} vs ref {ref} (mass {mass})"
     if T(t) in qp.FLOAT_TYPES:
@@ -286,34 +299,34 @@ def _check_dot(t, row, n, x, path, label=""):
 
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("t", TYPES, ids=_ids(TYPES))
-def test_vec_dot_random(t, path):
-    _need(path)
+def test_vec_dot_random(t, path, kern):
     rng = np.random.default_rng(100 + int(t))
     for nblk in ([1, 2, 5] if T(t) in qp.K_TYPES else [1, 3, 8, 18, 20, 33]):
         n = nblk * (256 if T(t) in qp.K_TYPES else 32)
         W = qp.random_rows(t, 3, n, rng)
         for r in range(3):
             x = _x(rng, 1, n, "outliers" if r == 1 and n >= 64 else "normal")[0]
-            _check_dot(t, W[r], n, x, path, label=f"{T(t).name} n={n} r={r}")
+            _check_dot(t, W[r], n, x, kern, label=f"{T(t).name} n={n} r={r}")
 
 
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("t", [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0],
                          ids=_ids([T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0]))
-def test_vec_dot_gguf_quantized(t, path):
-    _need(path)
+def test_vec_dot_gguf_quantized(t, path, kern):
     rng = np.random.default_rng(200 + int(t))
     n = 640
     W = qp.quantized_rows(t, rng.standard_normal((2, n)).astype(np.float32))
     for r in range(2):
-        _check_dot(t, W[r], n, _x(rng, 1, n)[0], path, label=T(t).name)
+        _check_dot(t, W[r], n, _x(rng, 1, n)[0], kern, label=T(t).name)
 
 
 # --------------------------------------------------------------------------------------------
 # matmul
 
 
-def _check_matmul(t, W, n, X, path, nthreads, label=""):
+def _check_matmul(t, W, n, X, on, nthreads, label=""):
+    """on: (kernels module, path) from the `kern` fixture; the references are q's."""
+    mod, path = on
     rows = W.shape[0]
     w = qp.dequant_rows(t, W, n).astype(np.float64)
     exact = X.astype(np.float64) @ w.T                                   # ntok x rows
@@ -322,60 +335,59 @@ def _check_matmul(t, W, n, X, path, nthreads, label=""):
     ref = q.matmul_ref(int(t), W, rows, n, X)
     np.testing.assert_allclose(ref, exact, rtol=0, atol=float(np.max(1e-6 * mass)) + 1e-30,
                                err_msg=f"{label} matmul_ref")
-    got = q.matmul(int(t), W, rows, n, X, nthreads=nthreads, path=path)
+    got = mod.matmul(int(t), W, rows, n, X, nthreads=nthreads, path=path)
+    path = _where(on)
     assert got.shape == (X.shape[0], rows)
     err = np.abs(got - exact)
     bad = err > bound * 1.001 + 2e-6 * mass + 1e-30
     assert not bad.any(), f"{label} {path} threads={nthreads}: {int(bad.sum())} outputs out of bounds, " \
                           f"first at {np.argwhere(bad)[0]}: {got[bad][0]} vs {exact[bad][0]}"
     # tight agreement with the scalar reference dot on a few outputs
-    for k in {0, X.shape[0] - 1}:
+    for j in {0, X.shape[0] - 1}:
         for r in {0, rows // 2, rows - 1}:
-            ref_dot = q.vec_dot_ref(int(t), W[r], X[k])
-            assert abs(got[k, r] - ref_dot) <= 2e-6 * mass[k, r] + 1e-30, f"{label} {path} ({k},{r})"
+            ref_dot = q.vec_dot_ref(int(t), W[r], X[j])
+            assert abs(got[j, r] - ref_dot) <= 2e-6 * mass[j, r] + 1e-30, f"{label} {path} ({j},{r})"
     return got
 
 
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("t", TYPES, ids=_ids(TYPES))
-def test_matmul(t, path):
-    _need(path)
+def test_matmul(t, path, kern):
     rng = np.random.default_rng(300 + int(t))
     n = _n_for(t, 18, 2)
     rows = 37
     W = qp.random_rows(t, rows, n, rng)
     for ntok in (1, 3, 17):
         X = _x(rng, ntok, n, "outliers" if ntok == 3 else "normal")
-        res = [_check_matmul(t, W, n, X, path, nthreads, label=f"{T(t).name} ntok={ntok}")
+        res = [_check_matmul(t, W, n, X, kern, nthreads, label=f"{T(t).name} ntok={ntok}")
                for nthreads in (1, 2)]
         # threading must not change any result
         np.testing.assert_array_equal(res[0], res[1])
 
 
 @pytest.mark.parametrize("path", PATHS)
-def test_matmul_rows_subrange(path):
-    _need(path)
+def test_matmul_rows_subrange(path, kern):
+    mod, p = kern
     rng = np.random.default_rng(7)
     t, n, rows = T.Q4_K, 512, 20
     W = qp.random_rows(t, rows, n, rng)
     X = _x(rng, 5, n)
-    full = q.matmul(int(t), W, rows, n, X, nthreads=1, path=path)
-    part = q.matmul_rows(int(t), W, rows, n, X, 3, 11, path=path)
+    full = mod.matmul(int(t), W, rows, n, X, nthreads=1, path=p)
+    part = mod.matmul_rows(int(t), W, rows, n, X, 3, 11, path=p)
     assert np.isnan(part[:, :3]).all() and np.isnan(part[:, 11:]).all()
     np.testing.assert_array_equal(part[:, 3:11], full[:, 3:11])
 
 
 @pytest.mark.parametrize("path", PATHS)
-def test_matmul_many_tokens_and_rows(path):
+def test_matmul_many_tokens_and_rows(path, kern):
     """Larger shapes: many tokens (prefill-like) and row counts that do not divide into chunks."""
-    _need(path)
     rng = np.random.default_rng(8)
     for t in (T.Q4_1, T.Q6_K):
         n = 512
         rows = 131
         W = qp.random_rows(t, rows, n, rng)
         X = _x(rng, 40, n)
-        _check_matmul(t, W, n, X, path, nthreads=2, label=T(t).name)
+        _check_matmul(t, W, n, X, kern, nthreads=2, label=T(t).name)
 
 
 TILE_TYPES = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.F16]
@@ -383,9 +395,9 @@ TILE_TYPES = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q2_K, T.Q3_K, T.Q4_K, T.
 
 @pytest.mark.parametrize("path", FAST_PATHS)
 @pytest.mark.parametrize("t", TILE_TYPES, ids=_ids(TILE_TYPES))
-def test_matmul_every_tile_size(t, path):
+def test_matmul_every_tile_size(t, path, kern):
     """Every token count a kernel specializes on (1..9, and tiles with remainders), odd block counts."""
-    _need(path)
+    mod, p = kern
     rng = np.random.default_rng(400 + int(t))
     n = _n_for(t, 7, 1)      # 7 legacy blocks: pair + half-pair tails
     rows = 5
@@ -393,7 +405,7 @@ def test_matmul_every_tile_size(t, path):
     w = qp.dequant_rows(t, W, n).astype(np.float64)
     for ntok in list(range(1, 10)) + [16, 23]:
         X = _x(rng, ntok, n)
-        got = q.matmul(int(t), W, rows, n, X, nthreads=1, path=path)
+        got = mod.matmul(int(t), W, rows, n, X, nthreads=1, path=p)
         for k in range(ntok):
             for r in range(rows):
                 ref = q.vec_dot_ref(int(t), W[r], X[k])
@@ -403,9 +415,9 @@ def test_matmul_every_tile_size(t, path):
 
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("t", [T.F32, T.F16, T.BF16], ids=_ids([T.F32, T.F16, T.BF16]))
-def test_float_weights_long_rows(t, path):
+def test_float_weights_long_rows(t, path, kern):
     """Float weights use only the float activations; long rows (8192) and many tokens."""
-    _need(path)
+    mod, p = kern
     rng = np.random.default_rng(500 + int(t))
     n, rows = 8192, 9
     W = qp.random_rows(t, rows, n, rng)
@@ -414,15 +426,15 @@ def test_float_weights_long_rows(t, path):
     exact = X.astype(np.float64) @ w.T
     mass = qp.abs_mass(w, X)
     for r in (0, rows - 1):
-        assert abs(q.vec_dot(int(t), W[r], X[0], path=path) - exact[0, r]) <= 2e-6 * mass[0, r]
-    got = q.matmul(int(t), W, rows, n, X, nthreads=2, path=path)
+        assert abs(mod.vec_dot(int(t), W[r], X[0], path=p) - exact[0, r]) <= 2e-6 * mass[0, r]
+    got = mod.matmul(int(t), W, rows, n, X, nthreads=2, path=p)
     assert np.all(np.abs(got - exact) <= 2e-6 * mass)
 
 
 @pytest.mark.parametrize("path", PATHS)
-def test_matmul_team_matches_matmul(path):
+def test_matmul_team_matches_matmul(path, kern):
     """rq_matmul_team inside a parallel region (any team size) gives exactly rq_matmul's results."""
-    _need(path)
+    mod, p = kern
     rng = np.random.default_rng(9)
     for t in (T.Q4_1, T.Q8_0, T.Q4_K, T.Q6_K, T.F32):
         n = 512
@@ -430,47 +442,85 @@ def test_matmul_team_matches_matmul(path):
         W = qp.random_rows(t, rows, n, rng)
         for ntok in (1, 3, 40):
             X = _x(rng, ntok, n)
-            want = q.matmul(int(t), W, rows, n, X, nthreads=1, path=path)
+            want = mod.matmul(int(t), W, rows, n, X, nthreads=1, path=p)
             for nth in (1, 2, 3):
-                got = q.matmul_team(int(t), W, rows, n, X, nthreads=nth, path=path)
+                got = mod.matmul_team(int(t), W, rows, n, X, nthreads=nth, path=p)
                 np.testing.assert_array_equal(got, want, err_msg=f"{T(t).name} ntok={ntok} team={nth}")
 
 
 @pytest.mark.parametrize("path", PATHS)
-def test_matmul_multi_matches_matmul(path):
+def test_matmul_multi_matches_matmul(path, kern):
     """Several matmuls over one activation as one parallel job (q/k/v, gate/up in decode) give each
     op exactly rq_matmul's result: mixed types, row counts that split mid-op, 1..3 threads."""
-    _need(path)
+    mod, p = kern
     rng = np.random.default_rng(11)
     n = 512
     specs = [(int(t), qp.random_rows(t, rows, n, rng), rows)
              for t, rows in ((T.Q4_1, 300), (T.Q8_0, 21), (T.Q6_K, 77), (T.Q5_0, 5), (T.Q4_K, 130))]
     for ntok in (1, 2, 5):
         X = _x(rng, ntok, n)
-        want = [q.matmul(t, W, rows, n, X, nthreads=1, path=path) for t, W, rows in specs]
+        want = [mod.matmul(t, W, rows, n, X, nthreads=1, path=p) for t, W, rows in specs]
         for nth in (1, 2, 3):
-            got = q.matmul_multi(specs, n, X, nthreads=nth, path=path)
+            got = mod.matmul_multi(specs, n, X, nthreads=nth, path=p)
             for (t, _, _), g, w in zip(specs, got, want):
                 np.testing.assert_array_equal(g, w, err_msg=f"{T(t).name} ntok={ntok} threads={nth}")
     with pytest.raises(ValueError, match="1 to 8"):
-        q.matmul_multi([], n, _x(rng, 1, n))
+        mod.matmul_multi([], n, _x(rng, 1, n))
 
 
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("t", TYPES, ids=_ids(TYPES))
-def test_matmul_batch_invariant(t, path):
+def test_matmul_batch_invariant(t, path, kern):
     """A token's result must not depend on which other tokens share its matmul (tile sizes 1..8,
     prefill vs decode, threads): bit for bit, so prefix reuse and pass splits give equal outputs."""
-    _need(path)
+    mod, p = kern
     rng = np.random.default_rng(600 + int(t))
     n = _n_for(t, 11, 2)
     rows = 21
     W = qp.random_rows(t, rows, n, rng)
     X = _x(rng, 19, n)
-    alone = np.stack([q.matmul(int(t), W, rows, n, X[k:k + 1], nthreads=1, path=path)[0] for k in range(19)])
+    alone = np.stack([mod.matmul(int(t), W, rows, n, X[k:k + 1], nthreads=1, path=p)[0] for k in range(19)])
     for ntok, threads in ((19, 1), (19, 2), (5, 1), (2, 2)):
-        got = q.matmul(int(t), W, rows, n, X[:ntok], nthreads=threads, path=path)
+        got = mod.matmul(int(t), W, rows, n, X[:ntok], nthreads=threads, path=p)
         np.testing.assert_array_equal(got, alone[:ntok], err_msg=f"ntok={ntok} threads={threads}")
     for k in (0, 7):
         for r in (0, rows - 1):
-            assert q.vec_dot(int(t), W[r], X[k], path=path) == alone[k, r]
+            assert mod.vec_dot(int(t), W[r], X[k], path=p) == alone[k, r]
+
+
+# --------------------------------------------------------------------------------------------
+# the SIMDe build runs the product's AVX-512 code
+
+
+@pytest.mark.parametrize("t", TYPES, ids=_ids(TYPES))
+def test_simde_build_equals_native_avx512(t, kernels_simde):
+    """On a CPU with AVX-512, the SIMDe build's avx512 path (the same sources with the 512-bit
+    intrinsics emulated on AVX2) gives the native avx512 path's results bit for bit: what the
+    avx512-simde tests check on machines without AVX-512 is the code the product runs."""
+    _need("avx512")
+    rng = np.random.default_rng(700 + int(t))
+    n = _n_for(t, 23, 3)
+    rows = 37                                   # 2 groups of 16 rows + 5
+    W = qp.random_rows(t, rows, n, rng)
+    for ntok in (1, 2, 3, 4, 5, 8, 9, 17, 40):
+        X = _x(rng, ntok, n, "outliers" if ntok == 5 else "normal")
+        for threads in (1, 2):
+            want = q.matmul(int(t), W, rows, n, X, nthreads=threads, path="avx512")
+            got = kernels_simde.matmul(int(t), W, rows, n, X, nthreads=threads, path="avx512")
+            np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32),
+                                          err_msg=f"{T(t).name} ntok={ntok} threads={threads}")
+    for r in (0, rows - 1):
+        x = _x(rng, 1, n, "outliers")[0]
+        assert kernels_simde.vec_dot(int(t), W[r], x, path="avx512") == q.vec_dot(int(t), W[r], x, path="avx512")
+
+
+def test_simde_build_quantizes_like_native_avx512(kernels_simde):
+    _need("avx512")
+    rng = np.random.default_rng(13)
+    x = _x(rng, 1, 4096, "outliers")[0]
+    x[96:128] = 1e-30
+    x[160:192] *= np.float32(1e-39)
+    x[256:288] = np.float32(0.5) * np.arange(-16, 16, dtype=np.float32)   # exact halves ...
+    x[256] = 127.0                                                        # ... at d = 1
+    for want, got in zip(q.quantize_act(x, path="avx512"), kernels_simde.quantize_act(x, path="avx512")):
+        np.testing.assert_array_equal(got, want)

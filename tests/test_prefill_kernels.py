@@ -12,16 +12,14 @@ import pytest
 from gguf import GGMLQuantizationType as T
 
 from tests import quant_pack as qp
+from tests.conftest import SIMDE_PATH
 
 q = pytest.importorskip("engine.kernels._quants", reason="build the kernels: python setup.py build_ext --inplace")
 
 PREFILL_TYPES = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q6_K]
-FAST_PATHS = ["avx2", "avx512"]
-
-
-def _need(path: str) -> None:
-    if not q.cpu_supports(path):
-        pytest.skip(f"this CPU cannot run the {path} path")
+# avx512-simde: the AVX-512 kernels built with SIMDe for AVX2 (tests/simde_build.py), so they are
+# checked on CPUs without AVX-512 too; the `kern` fixture (conftest.py) gives (module, path in it).
+FAST_PATHS = ["avx2", "avx512", SIMDE_PATH]
 
 
 def _n_for(t) -> int:
@@ -31,16 +29,16 @@ def _n_for(t) -> int:
 
 @pytest.mark.parametrize("path", FAST_PATHS)
 @pytest.mark.parametrize("t", PREFILL_TYPES, ids=[T(t).name for t in PREFILL_TYPES])
-def test_prefill_equals_decode_bit_for_bit(t, path):
-    _need(path)
+def test_prefill_equals_decode_bit_for_bit(t, path, kern):
+    mod, p = kern
     rng = np.random.default_rng(900 + int(t))
     n, rows, ntok = _n_for(t), 37, 45          # 2 full groups of 16 rows + 5; 5 tiles of 8 tokens + 5
     W = qp.random_rows(t, rows, n, rng)
     X = rng.standard_normal((ntok, n)).astype(np.float32)
     X[3, :64] = 0.0                              # a token with zero blocks
-    alone = np.stack([q.matmul(int(t), W, rows, n, X[k:k + 1], nthreads=1, path=path)[0] for k in range(ntok)])
+    alone = np.stack([mod.matmul(int(t), W, rows, n, X[k:k + 1], nthreads=1, path=p)[0] for k in range(ntok)])
     for threads in (1, 2):
-        got = q.matmul(int(t), W, rows, n, X, nthreads=threads, path=path)
+        got = mod.matmul(int(t), W, rows, n, X, nthreads=threads, path=p)
         np.testing.assert_array_equal(got, alone, err_msg=f"threads={threads}")
     # and the result is right: close to the f32 reference (int8 activations cost a little)
     ref = q.matmul_ref(int(t), W, rows, n, X)
@@ -48,13 +46,16 @@ def test_prefill_equals_decode_bit_for_bit(t, path):
     assert np.abs(alone - ref).max() <= 0.02 * scale
 
 
+@pytest.mark.parametrize("path", ["avx512", SIMDE_PATH])
 @pytest.mark.parametrize("t", PREFILL_TYPES, ids=[T(t).name for t in PREFILL_TYPES])
-def test_avx512_path_equals_avx2_path(t):
-    _need("avx512")
+def test_avx512_path_equals_avx2_path(t, path, kern):
+    mod, p = kern
+    if not q.cpu_supports("avx2"):
+        pytest.skip("this CPU cannot run the avx2 path")
     rng = np.random.default_rng(950 + int(t))
     n, rows, ntok = _n_for(t), 50, 64
     W = qp.random_rows(t, rows, n, rng)
     X = rng.standard_normal((ntok, n)).astype(np.float32)
     a = q.matmul(int(t), W, rows, n, X, nthreads=2, path="avx2")
-    b = q.matmul(int(t), W, rows, n, X, nthreads=2, path="avx512")
+    b = mod.matmul(int(t), W, rows, n, X, nthreads=2, path=p)
     np.testing.assert_array_equal(a, b)

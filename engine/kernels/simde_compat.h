@@ -15,6 +15,26 @@
 
 #define RQ_SC static inline __attribute__((always_inline))
 
+/* ---- SIMDe 0.7.4 bug: its roundscale macros use imm8 unparenthesized ((imm8 >> 4) & 15), so
+ * _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC (3 | 8) reads as scale 3 | (8 >> 4) = 3 and rounds to
+ * 1/8 instead of to an integer. Pass it parenthesized. ---- */
+#undef _mm_roundscale_ps
+#undef _mm256_roundscale_ps
+#undef _mm512_roundscale_ps
+#undef _mm512_mask_roundscale_ps
+#undef _mm512_maskz_roundscale_ps
+#undef _mm_roundscale_pd
+#undef _mm256_roundscale_pd
+#undef _mm512_roundscale_pd
+#define _mm_roundscale_ps(a, imm8) simde_mm_roundscale_ps((a), (imm8))
+#define _mm256_roundscale_ps(a, imm8) simde_mm256_roundscale_ps((a), (imm8))
+#define _mm512_roundscale_ps(a, imm8) simde_mm512_roundscale_ps((a), (imm8))
+#define _mm512_mask_roundscale_ps(src, k, a, imm8) simde_mm512_mask_roundscale_ps((src), (k), (a), (imm8))
+#define _mm512_maskz_roundscale_ps(k, a, imm8) simde_mm512_maskz_roundscale_ps((k), (a), (imm8))
+#define _mm_roundscale_pd(a, imm8) simde_mm_roundscale_pd((a), (imm8))
+#define _mm256_roundscale_pd(a, imm8) simde_mm256_roundscale_pd((a), (imm8))
+#define _mm512_roundscale_pd(a, imm8) simde_mm512_roundscale_pd((a), (imm8))
+
 /* ---- mask conversions ---- */
 #define _cvtu64_mask64(a) ((simde__mmask64)(a))
 #define _cvtu32_mask16(a) ((simde__mmask16)(a))
@@ -165,6 +185,29 @@ RQ_SC_MASK_STORE(mm256_mask_storeu_ps, simde__m256, f32, float, 8)
 #define _mm512_mask_storeu_ps(p, k, a) rq_sc_mm512_mask_storeu_ps((p), (k), (a))
 #define _mm512_mask_storeu_epi32(p, k, a) rq_sc_mm512_mask_storeu_epi32((p), (k), (a))
 #define _mm256_mask_storeu_ps(p, k, a) rq_sc_mm256_mask_storeu_ps((p), (k), (a))
+
+/* ---- gathers: 16 elements at base + index * scale ---- */
+RQ_SC simde__m512 rq_sc_mm512_i32gather_ps(simde__m512i idx, const void *base, int scale) {
+    simde__m512i_private i_ = simde__m512i_to_private(idx);
+    simde__m512_private r_;
+    for (int i = 0; i < 16; i++) {
+        float v;
+        memcpy(&v, (const char *)base + (ptrdiff_t)i_.i32[i] * scale, sizeof v);
+        r_.f32[i] = v;
+    }
+    return simde__m512_from_private(r_);
+}
+RQ_SC simde__m512i rq_sc_mm512_i32gather_epi32(simde__m512i idx, const void *base, int scale) {
+    simde__m512i_private i_ = simde__m512i_to_private(idx), r_;
+    for (int i = 0; i < 16; i++) {
+        int32_t v;
+        memcpy(&v, (const char *)base + (ptrdiff_t)i_.i32[i] * scale, sizeof v);
+        r_.i32[i] = v;
+    }
+    return simde__m512i_from_private(r_);
+}
+#define _mm512_i32gather_ps(idx, base, scale) rq_sc_mm512_i32gather_ps((idx), (base), (scale))
+#define _mm512_i32gather_epi32(idx, base, scale) rq_sc_mm512_i32gather_epi32((idx), (base), (scale))
 
 /* ---- compares ---- */
 RQ_SC simde__mmask16 rq_sc_mm512_cmplt_epi32_mask(simde__m512i a, simde__m512i b) {
