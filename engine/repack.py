@@ -31,8 +31,9 @@ renames it to the final name. A builder that dies leaves only a temporary file, 
 builder (holding the lock, so no one else can be writing it) deletes. The kernel drops a dead
 process's flock, so nobody waits on it.
 
-LAYOUT_VERSION covers this file format and the R16 layout itself: bump it whenever either changes
-(the kernels' r16_repack), so caches from older builds are rebuilt instead of misread.
+LAYOUT_VERSION covers this file format (FORMAT_VERSION: bump it when the header or table changes)
+and the kernels' R16 layout (quants.c's R16_V, read from the extension), so caches from older
+builds are rebuilt instead of misread.
 """
 from __future__ import annotations
 
@@ -57,7 +58,19 @@ import numpy as np
 
 log = logging.getLogger("rqllm.repack")
 
-LAYOUT_VERSION = 1
+FORMAT_VERSION = 1
+
+
+def _kernel_layout_version() -> int:
+    """quants.c's R16 layout version: a layout change there makes old caches stale by itself."""
+    try:
+        from engine.kernels import _quants
+        return int(_quants.r16_layout_version())
+    except (ImportError, AttributeError):
+        return 0
+
+
+LAYOUT_VERSION = FORMAT_VERSION * 1000 + _kernel_layout_version()
 MAGIC = b"RQLLMR16"
 PREFIX = struct.Struct("<8sIIII")  # magic, layout version, header length, header crc32, reserved
 ALIGN = 4096

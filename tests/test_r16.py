@@ -80,3 +80,21 @@ def test_paths_without_r16_kernels_use_the_gguf_rows():
         if q.cpu_supports(path):
             np.testing.assert_array_equal(q.matmul_r16(int(t), W, R, rows, n, X, path=path),
                                           q.matmul(int(t), W, rows, n, X, path=path))
+
+
+@pytest.mark.parametrize("ntok", [1, 2, 5])
+def test_r16_multi_op_matmul_equals_one_by_one(ntok):
+    """q/k/v-style calls with R16 copies of mixed types (different offsets: one token tile per op)."""
+    if not q.cpu_supports("avx512"):
+        pytest.skip("this CPU cannot run the avx512 path")
+    rng = np.random.default_rng(300 + ntok)
+    n = 512
+    specs = []
+    for t, rows in ((T.Q4_K, 48), (T.Q6_K, 16), (T.Q8_0, 33), (T.Q5_0, 70)):
+        W = qp.random_rows(t, rows, n, rng)
+        specs.append((int(t), W, rows, _repack(t, W, rows, n)))
+    X = rng.standard_normal((ntok, n)).astype(np.float32)
+    for threads in (1, 2):
+        got = q.matmul_multi(specs, n, X, nthreads=threads, path="avx512")
+        for (t, W, rows, R), out in zip(specs, got):
+            np.testing.assert_array_equal(out, q.matmul(t, W, rows, n, X, path="avx2"), err_msg=f"{T(t).name}")

@@ -866,109 +866,110 @@ static inline void q3k_unpack(const uint8_t *s, uint32_t *o0, uint32_t *o1, uint
  * rearranged so that one 64-byte load holds the same 4-element group of 16 rows. Kernels read it
  * directly (few tokens: decode, short passes) or expand a group once into the v16 layout (many
  * tokens); the integers and the float sequence are v16_pass's, so results equal the GGUF
- * layout's bit for bit on every path. Per 16-row group, arrays one after another (nb blocks,
- * nsb = nb / 8 super-blocks; u32 entries hold one dword per row, [..][16]):
- *   NIB [b][g][16] u32   4-bit types and Q6_K's low bits: byte i = lo4(elem 4g+i) | lo4(elem 16+4g+i) << 4
- *   Q8  [b][h][g][16] u32  Q8_0: the int8 values + 128 (as in v16)
- *   HB  [b][16] u32      Q5_0/Q5_1: bit 8i + (4h+g) = 5th bit of elem 16h+4g+i
- *   HB6 [b][h][16] u32   Q6_K: bits 8i + 2g, +1 = the 2 high bits of elem 16h+4g+i
- *   D   [b][16] f16      legacy scale;  M [b][16] f16 legacy min (Q4_1, Q5_1)
- *   KD, KDM [s][16] f16  Q4_K d, dmin;   KSC, KMN [s][j][16] u8   Q4_K 6-bit scales and mins
- *   QD  [s][16] f16      Q6_K d;        QSC [s][sub][16] i8       Q6_K 16-element scales
+ * layout's bit for bit on every path.
+ * A group of 16 rows is a run of units, each one contiguous so that decode reads one stream:
+ * a unit is one block (legacy types) or one super-block of 8 blocks (K types). Entries marked
+ * [16] hold one value per row; j is the block within the unit:
+ *   Q4_0, Q4_1, Q5_0, Q5_1: NIB [4 g][16] u32 | HB [16] u32 (Q5) | D [16] f16 | M [16] f16 (Q4_1, Q5_1)
+ *   Q8_0:                   Q8 [2 h][4 g][16] u32 (the int8 values + 128, as in v16) | D [16] f16
+ *   Q4_K: NIB [8 j][4 g][16] | KD [16] f16 | KDM [16] f16 | KSC [8 j][16] u8 | KMN [8 j][16] u8
+ *   Q6_K: NIB [8 j][4 g][16] | HB [8 j][2 h][16] u32 | QD [16] f16 | QSC [16 sub][16] i8
+ * NIB byte i = lo4(elem 4g+i) | lo4(elem 16+4g+i) << 4 (Q6_K: its low 4 bits); HB (Q5) bit
+ * 8i + 4h + g = the 5th bit of elem 16h+4g+i; HB (Q6_K) bits 8i + 2g, +1 = the 2 high bits of
+ * elem 16h+4g+i: one shift and one mask put them under the nibbles.
  */
-#define R16_V 1   /* layout version; bump when any layout above changes */
+#define R16_V 2   /* layout version; bump when the layout above changes */
 
 static int r16_type(int t) {
     return t == RQ_Q4_0 || t == RQ_Q4_1 || t == RQ_Q5_0 || t == RQ_Q5_1 || t == RQ_Q8_0 || t == RQ_Q4_K || t == RQ_Q6_K;
 }
 
-static size_t r16_group_bytes_t(int t, int nb) {
-    const size_t n = (size_t)nb, s = (size_t)nb / 8;
-    switch (t) {
-    case RQ_Q4_0: return n * (256 + 32);
-    case RQ_Q4_1: return n * (256 + 64);
-    case RQ_Q5_0: return n * (256 + 64 + 32);
-    case RQ_Q5_1: return n * (256 + 64 + 64);
-    case RQ_Q8_0: return n * (512 + 32);
-    case RQ_Q4_K: return n * 256 + s * (32 + 32 + 128 + 128);
-    case RQ_Q6_K: return n * (256 + 128) + s * (32 + 256);
-    default: return 0;
-    }
-}
-
-/* Pointers into one group. */
+/* Where things are in a group: unit size, blocks per unit, offsets within a unit (0: absent). */
 typedef struct {
-    const uint8_t *nib, *q8, *hb, *d, *m, *kd, *kdm, *ksc, *kmn, *qd, *qsc;
+    const uint8_t *g;
+    size_t ub;
+    int bpu;
+    size_t nib, q8, hb, d, m, kd, kdm, ksc, kmn, qd, qsc;
 } r16_ptrs;
 
 static r16_ptrs r16_group_ptrs(int t, const uint8_t *g, int nb) {
     r16_ptrs p;
     memset(&p, 0, sizeof(p));
-    const size_t n = (size_t)nb, s = (size_t)nb / 8;
+    (void)nb;
+    p.g = g;
+    p.bpu = 1;
     switch (t) {
-    case RQ_Q4_0: p.nib = g; p.d = g + n * 256; break;
-    case RQ_Q4_1: p.nib = g; p.d = g + n * 256; p.m = p.d + n * 32; break;
-    case RQ_Q5_0: p.nib = g; p.hb = g + n * 256; p.d = p.hb + n * 64; break;
-    case RQ_Q5_1: p.nib = g; p.hb = g + n * 256; p.d = p.hb + n * 64; p.m = p.d + n * 32; break;
-    case RQ_Q8_0: p.q8 = g; p.d = g + n * 512; break;
-    case RQ_Q4_K: p.nib = g; p.kd = g + n * 256; p.kdm = p.kd + s * 32; p.ksc = p.kdm + s * 32; p.kmn = p.ksc + s * 128; break;
-    case RQ_Q6_K: p.nib = g; p.hb = g + n * 256; p.qd = p.hb + n * 128; p.qsc = p.qd + s * 32; break;
+    case RQ_Q4_0: p.nib = 0; p.d = 256; p.ub = 288; break;
+    case RQ_Q4_1: p.nib = 0; p.d = 256; p.m = 288; p.ub = 320; break;
+    case RQ_Q5_0: p.nib = 0; p.hb = 256; p.d = 320; p.ub = 352; break;
+    case RQ_Q5_1: p.nib = 0; p.hb = 256; p.d = 320; p.m = 352; p.ub = 384; break;
+    case RQ_Q8_0: p.q8 = 0; p.d = 512; p.ub = 544; break;
+    case RQ_Q4_K: p.bpu = 8; p.nib = 0; p.kd = 2048; p.kdm = 2080; p.ksc = 2112; p.kmn = 2240; p.ub = 2368; break;
+    case RQ_Q6_K: p.bpu = 8; p.nib = 0; p.hb = 2048; p.qd = 3072; p.qsc = 3104; p.ub = 3360; break;
     default: break;
     }
     return p;
 }
 
+static size_t r16_group_bytes_t(int t, int nb) {
+    const r16_ptrs p = r16_group_ptrs(t, NULL, nb);
+    return p.ub * (size_t)(nb / p.bpu);
+}
+
+/* Unit of block b, and b's index within it. */
+static inline const uint8_t *r16_unit(const r16_ptrs *p, size_t b) { return p->g + (b / (size_t)p->bpu) * p->ub; }
+static inline size_t r16_j(const r16_ptrs *p, size_t b) { return b % (size_t)p->bpu; }
+
 /* --- repacking (scalar: runs once per model file, bound by reading the file) --- */
 
-static void r16_put32(uint8_t *base, size_t idx, int r, uint32_t v) { memcpy(base + (idx * 16 + (size_t)r) * 4, &v, 4); }
-static void r16_put16(uint8_t *base, size_t idx, int r, uint16_t v) { memcpy(base + (idx * 16 + (size_t)r) * 2, &v, 2); }
+static void r16_w32(const uint8_t *at, int r, uint32_t v) { memcpy((uint8_t *)at + 4 * r, &v, 4); }
+static void r16_w16(const uint8_t *at, int r, uint16_t v) { memcpy((uint8_t *)at + 2 * r, &v, 2); }
 
-/* Row r (0..15) of a group: its blocks' bits and scales into the group's arrays. */
+/* Row r (0..15) of a group: its blocks' bits and scales into the group's units. */
 static void r16_repack_row(int t, const uint8_t *row, int nb, const r16_ptrs *p, int r) {
-    uint8_t *nib = (uint8_t *)p->nib, *hb = (uint8_t *)p->hb, *d = (uint8_t *)p->d, *m = (uint8_t *)p->m;
     if (t == RQ_Q4_0 || t == RQ_Q4_1 || t == RQ_Q5_0 || t == RQ_Q5_1) {
         const int bs = legacy_bs(t), qoff = legacy_qoff(t);
         for (int b = 0; b < nb; b++) {
-            const uint8_t *A = row + (size_t)b * bs;
-            for (int g = 0; g < 4; g++) r16_put32(nib, (size_t)b * 4 + g, r, load_u32(A + qoff + 4 * g));
-            r16_put16(d, b, r, load_u16(A));
-            if (m) r16_put16(m, b, r, load_u16(A + 2));
-            if (hb) {
+            const uint8_t *A = row + (size_t)b * bs, *u = r16_unit(p, b);
+            for (int g = 0; g < 4; g++) r16_w32(u + p->nib + 64 * g, r, load_u32(A + qoff + 4 * g));
+            r16_w16(u + p->d, r, load_u16(A));
+            if (p->m) r16_w16(u + p->m, r, load_u16(A + 2));
+            if (p->hb) {
                 uint32_t qh = load_u32(A + (t == RQ_Q5_0 ? 2 : 4)), v = 0;
                 for (int h = 0; h < 2; h++)
                     for (int g = 0; g < 4; g++)
                         for (int i = 0; i < 4; i++) v |= ((qh >> (16 * h + 4 * g + i)) & 1u) << (8 * i + 4 * h + g);
-                r16_put32(hb, b, r, v);
+                r16_w32(u + p->hb, r, v);
             }
         }
         return;
     }
     if (t == RQ_Q8_0) {
-        uint8_t *q8 = (uint8_t *)p->q8;
         for (int b = 0; b < nb; b++) {
-            const uint8_t *A = row + (size_t)b * sizeof(blk_q8_0);
-            for (int j = 0; j < 8; j++) r16_put32(q8, (size_t)b * 8 + j, r, load_u32(A + 2 + 4 * j) ^ 0x80808080u);
-            r16_put16(d, b, r, load_u16(A));
+            const uint8_t *A = row + (size_t)b * sizeof(blk_q8_0), *u = r16_unit(p, b);
+            for (int j = 0; j < 8; j++) r16_w32(u + p->q8 + 64 * j, r, load_u32(A + 2 + 4 * j) ^ 0x80808080u);
+            r16_w16(u + p->d, r, load_u16(A));
         }
         return;
     }
-    uint8_t u[32];
+    uint8_t q[32];
     if (t == RQ_Q4_K) {
         for (int s = 0; s < nb / 8; s++) {
             const blk_q4_K *x = (const blk_q4_K *)row + s;
-            r16_put16((uint8_t *)p->kd, s, r, x->d);
-            r16_put16((uint8_t *)p->kdm, s, r, x->dmin);
+            const uint8_t *u = p->g + (size_t)s * p->ub;
+            r16_w16(u + p->kd, r, x->d);
+            r16_w16(u + p->kdm, r, x->dmin);
             for (int j = 0; j < 8; j++) {
                 int sc, mn;
                 scale_min_k4(j, x->scales, &sc, &mn);
-                ((uint8_t *)p->ksc)[((size_t)s * 8 + j) * 16 + r] = (uint8_t)sc;
-                ((uint8_t *)p->kmn)[((size_t)s * 8 + j) * 16 + r] = (uint8_t)mn;
-                const uint8_t *q = x->qs + 32 * (j / 2);
-                for (int l = 0; l < 32; l++) u[l] = (j & 1) ? (q[l] >> 4) : (q[l] & 0xF);
+                ((uint8_t *)u)[p->ksc + 16 * j + r] = (uint8_t)sc;
+                ((uint8_t *)u)[p->kmn + 16 * j + r] = (uint8_t)mn;
+                const uint8_t *qs = x->qs + 32 * (j / 2);
+                for (int l = 0; l < 32; l++) q[l] = (j & 1) ? (qs[l] >> 4) : (qs[l] & 0xF);
                 for (int g = 0; g < 4; g++) {
                     uint32_t v = 0;
-                    for (int i = 0; i < 4; i++) v |= (uint32_t)(u[4 * g + i] | (u[16 + 4 * g + i] << 4)) << (8 * i);
-                    r16_put32(nib, ((size_t)s * 8 + j) * 4 + g, r, v);
+                    for (int i = 0; i < 4; i++) v |= (uint32_t)(q[4 * g + i] | (q[16 + 4 * g + i] << 4)) << (8 * i);
+                    r16_w32(u + p->nib + 64 * (4 * j + g), r, v);
                 }
             }
         }
@@ -977,34 +978,33 @@ static void r16_repack_row(int t, const uint8_t *row, int nb, const r16_ptrs *p,
     if (t == RQ_Q6_K) {
         for (int s = 0; s < nb / 8; s++) {
             const blk_q6_K *x = (const blk_q6_K *)row + s;
-            r16_put16((uint8_t *)p->qd, s, r, x->d);
-            for (int k = 0; k < 16; k++) ((int8_t *)p->qsc)[((size_t)s * 16 + k) * 16 + r] = x->scales[k];
+            const uint8_t *u = p->g + (size_t)s * p->ub;
+            r16_w16(u + p->qd, r, x->d);
+            for (int k = 0; k < 16; k++) ((int8_t *)u)[p->qsc + 16 * k + r] = x->scales[k];
             for (int hh = 0; hh < 2; hh++) {           /* 128-element halves of the super-block */
                 const uint8_t *ql = x->ql + 64 * hh, *qh = x->qh + 32 * hh;
-                for (int k = 0; k < 4; k++) {          /* 32-element groups: block b = 8s + 4hh + k */
+                for (int k = 0; k < 4; k++) {          /* 32-element groups: block j = 4hh + k of the unit */
                     for (int l = 0; l < 32; l++) {
                         int lo = k < 2 ? (ql[l + 32 * (k & 1)] & 0xF) : (ql[l + 32 * (k & 1)] >> 4);
-                        u[l] = (uint8_t)(lo | (((qh[l] >> (2 * k)) & 3) << 4));
+                        q[l] = (uint8_t)(lo | (((qh[l] >> (2 * k)) & 3) << 4));
                     }
-                    const size_t b = (size_t)s * 8 + 4 * hh + k;
+                    const int j = 4 * hh + k;
                     for (int g = 0; g < 4; g++) {
                         uint32_t v = 0;
-                        for (int i = 0; i < 4; i++) v |= (uint32_t)((u[4 * g + i] & 0xF) | ((u[16 + 4 * g + i] & 0xF) << 4)) << (8 * i);
-                        r16_put32(nib, b * 4 + g, r, v);
+                        for (int i = 0; i < 4; i++) v |= (uint32_t)((q[4 * g + i] & 0xF) | ((q[16 + 4 * g + i] & 0xF) << 4)) << (8 * i);
+                        r16_w32(u + p->nib + 64 * (4 * j + g), r, v);
                     }
                     for (int h = 0; h < 2; h++) {
                         uint32_t v = 0;
                         for (int g = 0; g < 4; g++)
-                            for (int i = 0; i < 4; i++) v |= (uint32_t)(u[16 * h + 4 * g + i] >> 4) << (8 * i + 2 * g);
-                        r16_put32(hb, b * 2 + h, r, v);
+                            for (int i = 0; i < 4; i++) v |= (uint32_t)(q[16 * h + 4 * g + i] >> 4) << (8 * i + 2 * g);
+                        r16_w32(u + p->hb + 64 * (2 * j + h), r, v);
                     }
                 }
             }
         }
     }
 }
-
-
 static size_t r16_bytes(int t, int rows, int cols) {
     return r16_group_bytes_t(t, cols / QK) * (size_t)((rows + 15) / 16);
 }
@@ -2213,24 +2213,26 @@ static v16_rows_fn v16_kernel(int t) {
 /* Block b of a group in registers: W[4h + g] (the v16 U vectors), the half scales and the mins. */
 A512 AINL void r16_block(const int t, const r16_ptrs *p, size_t b, __m512i *W, __m512 *wd0, __m512 *wd1, __m512 *mn) {
     const __m512i m0f = _mm512_set1_epi8(0x0F);
+    const uint8_t *u = r16_unit(p, b);
+    const size_t j = r16_j(p, b);
     if (t == RQ_Q8_0) {
-        for (int j = 0; j < 8; j++) W[j] = _mm512_loadu_si512(p->q8 + (b * 8 + j) * 64);
+        for (int k = 0; k < 8; k++) W[k] = _mm512_loadu_si512(u + p->q8 + 64 * k);
     } else {
         for (int g = 0; g < 4; g++) {
-            const __m512i v = _mm512_loadu_si512(p->nib + (b * 4 + g) * 64);
+            const __m512i v = _mm512_loadu_si512(u + p->nib + 64 * (4 * j + g));
             W[g] = _mm512_and_si512(v, m0f);
             W[4 + g] = _mm512_and_si512(_mm512_srli_epi16(v, 4), m0f);
         }
         if (t == RQ_Q5_0 || t == RQ_Q5_1) {
-            const __m512i hb = _mm512_loadu_si512(p->hb + b * 64), b5 = _mm512_set1_epi8(0x10);
-            for (int j = 0; j < 8; j++) {   /* bit 8i + j -> 0x10 of byte i */
-                const __m512i hj = j <= 4 ? _mm512_slli_epi32(hb, 4 - j) : _mm512_srli_epi32(hb, j - 4);
-                W[j] = _mm512_or_si512(W[j], _mm512_and_si512(hj, b5));
+            const __m512i hb = _mm512_loadu_si512(u + p->hb), b5 = _mm512_set1_epi8(0x10);
+            for (int k = 0; k < 8; k++) {   /* bit 8i + k -> 0x10 of byte i */
+                const __m512i hk = k <= 4 ? _mm512_slli_epi32(hb, 4 - k) : _mm512_srli_epi32(hb, k - 4);
+                W[k] = _mm512_or_si512(W[k], _mm512_and_si512(hk, b5));
             }
         } else if (t == RQ_Q6_K) {
             const __m512i m30 = _mm512_set1_epi8(0x30);
             for (int h = 0; h < 2; h++) {
-                const __m512i hb = _mm512_loadu_si512(p->hb + (b * 2 + h) * 64);
+                const __m512i hb = _mm512_loadu_si512(u + p->hb + 64 * (2 * j + h));
                 for (int g = 0; g < 4; g++) {   /* bits 8i + 2g, +1 -> 0x30 of byte i */
                     const __m512i hg = g < 2 ? _mm512_slli_epi32(hb, 4 - 2 * g) : _mm512_srli_epi32(hb, 2 * g - 4);
                     W[4 * h + g] = _mm512_or_si512(W[4 * h + g], _mm512_and_si512(hg, m30));
@@ -2239,23 +2241,21 @@ A512 AINL void r16_block(const int t, const r16_ptrs *p, size_t b, __m512i *W, _
         }
     }
     if (t == RQ_Q4_K) {
-        const size_t s = b / 8, j = b % 8;
-        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p->kd + s * 32)));
-        const __m512 dm = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p->kdm + s * 32)));
-        const __m512 sc = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p->ksc + (s * 8 + j) * 16))));
-        const __m512 m = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(p->kmn + (s * 8 + j) * 16))));
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(u + p->kd)));
+        const __m512 dm = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(u + p->kdm)));
+        const __m512 sc = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(u + p->ksc + 16 * j))));
+        const __m512 m = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(u + p->kmn + 16 * j))));
         *wd0 = *wd1 = _mm512_mul_ps(sc, d);   /* as q4k_scales_256: float(sc) * d, float(m) * -dmin */
         *mn = _mm512_mul_ps(m, _mm512_sub_ps(_mm512_setzero_ps(), dm));
     } else if (t == RQ_Q6_K) {
-        const size_t s = b / 8, bb = b % 8;
-        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p->qd + s * 32)));
-        const int8_t *qs = (const int8_t *)p->qsc + (s * 16 + 2 * bb) * 16;
+        const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(u + p->qd)));
+        const int8_t *qs = (const int8_t *)(u + p->qsc + 16 * 2 * j);
         *wd0 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)qs))), d);
         *wd1 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(qs + 16)))), d);
         *mn = _mm512_setzero_ps();
     } else {
-        *wd0 = *wd1 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p->d + b * 32)));
-        *mn = p->m ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p->m + b * 32))) : _mm512_setzero_ps();
+        *wd0 = *wd1 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(u + p->d)));
+        *mn = p->m ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(u + p->m))) : _mm512_setzero_ps();
     }
 }
 
@@ -2276,32 +2276,51 @@ A512 static void r16_expand(const int t, const uint8_t *g, int nb, uint8_t *grp)
     }
 }
 
-/* Blocks par, par + 2, ... of a repacked group against T tokens, straight from the packed data
- * (v16_pass's sequence; the mins ride in the same pass: decode-sized T keeps few accumulators). */
-A512 AINL void r16_pass(const int t, const r16_ptrs *p, int nb, const int T, const uint8_t *tile, int k0,
-                        const int par, __m512 (*acc)[2], __m512 *accM) {
+#define R16_PF_AHEAD 6144
+/* Block b of a repacked group against T tokens (from token k0 of the tile), straight from the
+ * packed data, into acc[k][h] and accM[k]: v16_pass's steps for one block. */
+A512 AINL void r16_block_acc(const int t, const r16_ptrs *p, size_t b, const int T, const uint8_t *tile, int k0,
+                             __m512 (*acc)[2], __m512 *accM) {
     const int offs = type_offset(t) != 0, mins = type_has_min(t);
-    for (int b = par; b < nb; b += 2) {
-        const uint8_t *tb = tile + (size_t)b * V16_TILE_BLOCK_BYTES;
-        const int32_t *nq = (const int32_t *)(tb + 256);
-        const float *d = (const float *)(tb + 320), *ds = (const float *)(tb + 352);
-        __m512i W[8];
-        __m512 wd0, wd1, mn;
-        r16_block(t, p, (size_t)b, W, &wd0, &wd1, &mn);
-        for (int h = 0; h < 2; h++)
-            for (int k = 0; k < T; k++) {
-                const uint8_t *qd = tb + 32 * (k0 + k) + 16 * h;
-                __m512i P = offs ? _mm512_set1_epi32(nq[8 * h + k0 + k]) : _mm512_setzero_si512();
-                P = _mm512_dpbusd_epi32(P, W[4 * h], _mm512_set1_epi32((int)load_u32(qd)));
-                P = _mm512_dpbusd_epi32(P, W[4 * h + 1], _mm512_set1_epi32((int)load_u32(qd + 4)));
-                P = _mm512_dpbusd_epi32(P, W[4 * h + 2], _mm512_set1_epi32((int)load_u32(qd + 8)));
-                P = _mm512_dpbusd_epi32(P, W[4 * h + 3], _mm512_set1_epi32((int)load_u32(qd + 12)));
-                const __m512 s = _mm512_mul_ps(h ? wd1 : wd0, _mm512_set1_ps(d[k0 + k]));
-                acc[k][h] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(P), s, acc[k][h]);
+    const uint8_t *tb = tile + b * V16_TILE_BLOCK_BYTES;
+    const int32_t *nq = (const int32_t *)(tb + 256);
+    const float *d = (const float *)(tb + 320), *ds = (const float *)(tb + 352);
+    __m512i W[8];
+    __m512 wd0, wd1, mn;
+    r16_block(t, p, b, W, &wd0, &wd1, &mn);
+    for (int h = 0; h < 2; h++)
+        for (int k = 0; k < T; k++) {
+            const uint8_t *qd = tb + 32 * (k0 + k) + 16 * h;
+            __m512i P = offs ? _mm512_set1_epi32(nq[8 * h + k0 + k]) : _mm512_setzero_si512();
+            P = _mm512_dpbusd_epi32(P, W[4 * h], _mm512_set1_epi32((int)load_u32(qd)));
+            P = _mm512_dpbusd_epi32(P, W[4 * h + 1], _mm512_set1_epi32((int)load_u32(qd + 4)));
+            P = _mm512_dpbusd_epi32(P, W[4 * h + 2], _mm512_set1_epi32((int)load_u32(qd + 8)));
+            P = _mm512_dpbusd_epi32(P, W[4 * h + 3], _mm512_set1_epi32((int)load_u32(qd + 12)));
+            const __m512 s = _mm512_mul_ps(h ? wd1 : wd0, _mm512_set1_ps(d[k0 + k]));
+            acc[k][h] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(P), s, acc[k][h]);
+        }
+    if (mins)
+        for (int k = 0; k < T; k++) accM[k] = _mm512_fmadd_ps(mn, _mm512_set1_ps(ds[k0 + k]), accM[k]);
+}
+
+/* Blocks par, par + 2, ... (par = -1: every block, even ones into aE/mE, odd ones into aO/mO,
+ * so the data is read once: decode-sized T keeps all accumulators in registers). */
+A512 AINL void r16_pass(const int t, const r16_ptrs *p, int nb, const int T, const uint8_t *tile, int k0,
+                        const int par, __m512 (*aE)[2], __m512 *mE, __m512 (*aO)[2], __m512 *mO) {
+    if (par < 0) {
+        int b = 0;
+        for (; b + 1 < nb; b += 2) {
+            if (r16_j(p, (size_t)b) == 0) {   /* decode streams from DRAM: ask for a unit further on early */
+                const char *ahead = (const char *)r16_unit(p, (size_t)b) + R16_PF_AHEAD;
+                for (size_t o = 0; o < p->ub; o += 64) _mm_prefetch(ahead + o, _MM_HINT_T0);
             }
-        if (mins)
-            for (int k = 0; k < T; k++) accM[k] = _mm512_fmadd_ps(mn, _mm512_set1_ps(ds[k0 + k]), accM[k]);
+            r16_block_acc(t, p, (size_t)b, T, tile, k0, aE, mE);
+            r16_block_acc(t, p, (size_t)b + 1, T, tile, k0, aO, mO);
+        }
+        if (b < nb) r16_block_acc(t, p, (size_t)b, T, tile, k0, aE, mE);
+        return;
     }
+    for (int b = par; b < nb; b += 2) r16_block_acc(t, p, (size_t)b, T, tile, k0, par ? aO : aE, par ? mO : mE);
 }
 
 #define R16_TMAX 4
@@ -2309,8 +2328,12 @@ A512 AINL void r16_tile(const int t, const r16_ptrs *p, int nb, const int T, con
                         int ldo, int nr) {
     __m512 aE[R16_TMAX][2], aO[R16_TMAX][2], mE[R16_TMAX], mO[R16_TMAX];
     for (int k = 0; k < T; k++) aE[k][0] = aE[k][1] = aO[k][0] = aO[k][1] = mE[k] = mO[k] = _mm512_setzero_ps();
-    r16_pass(t, p, nb, T, tile, k0, 0, aE, mE);
-    r16_pass(t, p, nb, T, tile, k0, 1, aO, mO);
+    if (T <= 2) {
+        r16_pass(t, p, nb, T, tile, k0, -1, aE, mE, aO, mO);
+    } else {   /* one parity at a time: half the accumulators live */
+        r16_pass(t, p, nb, T, tile, k0, 0, aE, mE, aO, mO);
+        r16_pass(t, p, nb, T, tile, k0, 1, aE, mE, aO, mO);
+    }
     const __mmask16 keep = nr >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << nr) - 1);
     for (int k = 0; k < T; k++) {
         __m512 r = _mm512_add_ps(_mm512_add_ps(aE[k][0], aO[k][0]), _mm512_add_ps(aE[k][1], aO[k][1]));
@@ -2928,6 +2951,8 @@ void rq_matmul(int t, const void *W, int rows, int cols,
 
 int rq_r16_supported(int t) { return r16_type(t); }
 
+int rq_r16_layout_version(void) { return R16_V; }
+
 int rq_r16_usable(void) {
 #ifdef RQ_HAVE_X86
     return rq_kernel_path() == RQ_PATH_AVX512;
@@ -3029,12 +3054,71 @@ static int multi_row_at(size_t at, size_t base, size_t rb, int rows) {
     return r > (size_t)rows ? rows : (int)r;
 }
 
+#ifdef RQ_HAVE_X86
+/* Decode-sized calls (ntok <= 2) whose ops all have R16 copies: one parallel job over the ops'
+ * concatenated groups, split by bytes, with one token tile (q/k/v or gate/up of a decode step pay
+ * for one region and one tile, not one per op). Returns -1 when it does not apply. */
+static int r16_matmul_multi(const rq_matmul_op *ops, int nops, int cols, const rq_act *acts, int ntok, int nthreads) {
+    if (ntok > 2 || nops > 8) return -1;
+    size_t gb[8], total = 0;
+    for (int i = 0; i < nops; i++) {
+        if (!ops[i].r16 || !r16_type(ops[i].type)) return -1;
+        gb[i] = r16_group_bytes_t(ops[i].type, cols / QK);
+        total += gb[i] * (size_t)((ops[i].rows + 15) / 16);
+    }
+    const int nb = cols / QK;
+    const size_t tbytes = (size_t)nb * V16_TILE_BLOCK_BYTES;
+    uint8_t *mem = aligned_alloc(64, tbytes * (size_t)nops);
+    if (!mem) return -1;
+    v16_toks tk[8];
+    for (int i = 0; i < nops; i++) {   /* one tile per op: nq depends on the type's offset */
+        tk[i].nb = nb;
+        tk[i].ntiles = 1;
+        tk[i].mem = mem + tbytes * (size_t)i;
+        v16_prep_tile(ops[i].type, acts, ntok, 0, &tk[i]);
+    }
+    int nt = 1;
+#ifdef _OPENMP
+    nt = nthreads > 0 ? nthreads : omp_get_max_threads();
+    if (total < RQ_SERIAL_BYTES) nt = 1;
+#endif
+#ifdef _OPENMP
+#pragma omp parallel num_threads(nt)
+#endif
+    {
+        int me = 0, nth = 1;
+#ifdef _OPENMP
+        me = omp_get_thread_num();
+        nth = omp_get_num_threads();
+#endif
+        const size_t lo = total * (size_t)me / (size_t)nth, hi = total * (size_t)(me + 1) / (size_t)nth;
+        size_t base = 0;
+        for (int i = 0; i < nops; i++) {
+            const int ng = (ops[i].rows + 15) / 16;
+            const size_t end = base + gb[i] * (size_t)ng;
+            /* groups whose first byte lies in [lo, hi) */
+            const int g0 = lo <= base ? 0 : (int)((lo - base + gb[i] - 1) / gb[i]);
+            const int g1 = hi >= end ? ng : (int)((hi - base + gb[i] - 1) / gb[i]);
+            if (g1 > g0 && g0 < ng)
+                r16_kernel(ops[i].type)(ops[i].r16, ops[i].rows, g0, g1 < ng ? g1 : ng, nb, ntok, &tk[i], ops[i].out, ops[i].ldo, NULL, 1);
+            base = end;
+        }
+    }
+    free(mem);
+    return 0;
+}
+#endif
+
 void rq_matmul_multi(const rq_matmul_op *ops, int nops, int cols, const rq_act *acts, int ntok, int nthreads) {
     rq_kernels_init();
     if (rq_r16_usable()) {
         int any = 0;
         for (int i = 0; i < nops; i++) any |= ops[i].r16 != NULL;
-        if (any) {   /* R16 ops run one by one (each splits its groups across the threads) */
+        if (any) {
+#ifdef RQ_HAVE_X86
+            if (r16_matmul_multi(ops, nops, cols, acts, ntok, nthreads) == 0) return;
+#endif
+            /* many tokens or mixed ops: one by one (each splits its groups across the threads) */
             for (int i = 0; i < nops; i++)
                 rq_matmul_r16(ops[i].type, ops[i].W, ops[i].r16, ops[i].rows, cols, acts, ntok, ops[i].out, ops[i].ldo, nthreads);
             return;

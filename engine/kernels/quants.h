@@ -120,6 +120,8 @@ void rq_matmul_ref(int t, const void *W, int rows, int cols,
  * file (engine/repack.py keeps them in a shared cache file) and used by the AVX-512 path; results
  * equal the GGUF layout's bit for bit. Types: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K. */
 int rq_r16_supported(int t);
+/* Changes whenever the R16 layout does: caches of an older layout must be rebuilt. */
+int rq_r16_layout_version(void);
 /* 1 if the current kernel path computes with R16 copies (else rq_matmul_r16 uses W). */
 int rq_r16_usable(void);
 /* Bytes of the R16 copy of a rows x cols matrix of type t (rows padded to 16); 0 if unsupported. */

@@ -48,6 +48,7 @@ cdef extern from "quants.h":
     void rq_matmul_ref(int t, const void *W, int rows, int cols,
                        const rq_act *acts, int ntok, float *out, int ldo) nogil
     int rq_r16_supported(int t) nogil
+    int rq_r16_layout_version() nogil
     int rq_r16_usable() nogil
     size_t rq_r16_bytes(int t, int rows, int cols) nogil
     void rq_r16_repack(int t, const void *W, int rows, int cols, void *R, int g0, int g1, int nthreads) nogil
@@ -290,7 +291,7 @@ def matmul(int t, W, int rows, int cols, X, int nthreads=1, path=None):
 
 
 def matmul_multi(list specs, int cols, X, int nthreads=2, path=None):
-    """rq_matmul_multi over specs [(t, W, rows), ...] sharing X; returns one (ntok x rows) array each."""
+    """rq_matmul_multi over specs [(t, W, rows[, R16 copy]), ...] sharing X; returns one (ntok x rows) array each."""
     if not 0 < len(specs) <= 8:
         raise ValueError("1 to 8 ops")
     cdef rq_matmul_op ops[8]
@@ -298,7 +299,9 @@ def matmul_multi(list specs, int cols, X, int nthreads=2, path=None):
     cdef float[:, ::1] ov
     keep, outs = [], []
     act = None
-    for i, (t, W, rows) in enumerate(specs):
+    cdef const cnp.uint8_t[::1] rv
+    for i, spec in enumerate(specs):
+        t, W, rows = spec[:3]
         wb, act_i = _mm_prep(t, W, rows, cols, X, path)
         act = act if act is not None else act_i
         out = np.full((act.ntok, rows), np.nan, dtype=np.float32)
@@ -310,6 +313,11 @@ def matmul_multi(list specs, int cols, X, int nthreads=2, path=None):
         ops[i].out = &ov[0, 0]
         ops[i].ldo = rows
         ops[i].r16 = NULL
+        if len(spec) > 3 and spec[3] is not None:
+            rb = _bytes_array(spec[3])
+            rv = rb
+            ops[i].r16 = &rv[0]
+            keep.append(rb)
         keep.append(wb)
         outs.append(out)
     cdef Act a = act
@@ -423,6 +431,11 @@ def r16_supported(int t):
     return bool(rq_r16_supported(t))
 
 
+def r16_layout_version():
+    """The R16 layout's version (a cache written with another one must be rebuilt)."""
+    return rq_r16_layout_version()
+
+
 def r16_kernels_available():
     """True if the current kernel path computes with R16 copies (the avx512 path)."""
     return bool(rq_r16_usable())
@@ -442,7 +455,7 @@ def r16_repack(int t, W, int rows, int cols, out, int g0, int g1, int nthreads=1
     wb = _bytes_array(W)
     if wb.shape[0] < rows * rq_row_bytes(t, cols):
         raise ValueError(f"W has {wb.shape[0]} bytes, need {rows * rq_row_bytes(t, cols)}")
-    cdef cnp.uint8_t[::1] wv = wb
+    cdef const cnp.uint8_t[::1] wv = wb
     cdef cnp.uint8_t[::1] ov = out
     if ov.shape[0] < need:
         raise ValueError(f"out has {ov.shape[0]} bytes, need {need}")
@@ -456,7 +469,7 @@ def matmul_r16(int t, W, R, int rows, int cols, X, int nthreads=1, path=None, in
     import time
     wb, act = _mm_prep(t, W, rows, cols, X, path)
     cdef cnp.uint8_t[::1] wv = wb
-    cdef cnp.uint8_t[::1] rv = _bytes_array(R)
+    cdef const cnp.uint8_t[::1] rv = _bytes_array(R)
     cdef Act a = act
     out = np.empty((a.ntok, rows), dtype=np.float32)
     cdef float[:, ::1] ov = out
