@@ -54,10 +54,11 @@ def test_repack_is_deterministic_and_chunkable(t):
     assert not np.array_equal(_repack(t, W2, rows, n), a)
 
 
+@pytest.mark.parametrize("path", ["avx2", "avx512"])
 @pytest.mark.parametrize("t", R16_TYPES, ids=[T(t).name for t in R16_TYPES])
-def test_r16_matmul_equals_gguf_layout_bit_for_bit(t):
-    if not q.cpu_supports("avx512"):
-        pytest.skip("this CPU cannot run the avx512 path (the one that computes with R16 copies)")
+def test_r16_matmul_equals_gguf_layout_bit_for_bit(t, path):
+    if not q.cpu_supports(path):
+        pytest.skip(f"this CPU cannot run the {path} path")
     rng = np.random.default_rng(80 + int(t))
     n, rows = _n_for(t), 37
     W = qp.random_rows(t, rows, n, rng)
@@ -66,7 +67,7 @@ def test_r16_matmul_equals_gguf_layout_bit_for_bit(t):
         X = rng.standard_normal((ntok, n)).astype(np.float32)
         want = q.matmul(int(t), W, rows, n, X, nthreads=1, path="avx2")
         for threads in (1, 2):
-            got = q.matmul_r16(int(t), W, R, rows, n, X, nthreads=threads, path="avx512")
+            got = q.matmul_r16(int(t), W, R, rows, n, X, nthreads=threads, path=path)
             np.testing.assert_array_equal(got, want, err_msg=f"ntok={ntok} threads={threads}")
 
 
@@ -76,17 +77,18 @@ def test_paths_without_r16_kernels_use_the_gguf_rows():
     W = qp.random_rows(t, rows, n, rng)
     R = np.zeros(q.r16_bytes(int(t), rows, n), dtype=np.uint8)   # never repacked: all zero
     X = rng.standard_normal((3, n)).astype(np.float32)
-    for path in ("scalar", "avx2"):
+    for path in ("scalar",):
         if q.cpu_supports(path):
             np.testing.assert_array_equal(q.matmul_r16(int(t), W, R, rows, n, X, path=path),
                                           q.matmul(int(t), W, rows, n, X, path=path))
 
 
+@pytest.mark.parametrize("path", ["avx2", "avx512"])
 @pytest.mark.parametrize("ntok", [1, 2, 5])
-def test_r16_multi_op_matmul_equals_one_by_one(ntok):
+def test_r16_multi_op_matmul_equals_one_by_one(ntok, path):
     """q/k/v-style calls with R16 copies of mixed types (different offsets: one token tile per op)."""
-    if not q.cpu_supports("avx512"):
-        pytest.skip("this CPU cannot run the avx512 path")
+    if not q.cpu_supports(path):
+        pytest.skip(f"this CPU cannot run the {path} path")
     rng = np.random.default_rng(300 + ntok)
     n = 512
     specs = []
@@ -95,6 +97,6 @@ def test_r16_multi_op_matmul_equals_one_by_one(ntok):
         specs.append((int(t), W, rows, _repack(t, W, rows, n)))
     X = rng.standard_normal((ntok, n)).astype(np.float32)
     for threads in (1, 2):
-        got = q.matmul_multi(specs, n, X, nthreads=threads, path="avx512")
+        got = q.matmul_multi(specs, n, X, nthreads=threads, path=path)
         for (t, W, rows, R), out in zip(specs, got):
             np.testing.assert_array_equal(out, q.matmul(t, W, rows, n, X, path="avx2"), err_msg=f"{T(t).name}")

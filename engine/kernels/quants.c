@@ -2016,6 +2016,7 @@ static size_t v16_group_bytes(int nb) { return (size_t)nb * (512 + 128 + 64); }
 typedef struct {
     int nb, ntiles;
     uint8_t *mem;   /* ntiles x nb x V16_TILE_BLOCK_BYTES */
+    tile *pf8;      /* AVX2 prefill from R16: the same tiles in the AVX2 prefill kernels' form, or NULL */
 } v16_toks;
 
 static void v16_prep_tile(int t, const rq_act *acts, int ntok, int i, v16_toks *tk) {
@@ -2246,7 +2247,7 @@ A512 AINL void r16_block(const int t, const r16_ptrs *p, size_t b, __m512i *W, _
         const __m512 sc = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(u + p->ksc + 16 * j))));
         const __m512 m = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(u + p->kmn + 16 * j))));
         *wd0 = *wd1 = _mm512_mul_ps(sc, d);   /* as q4k_scales_256: float(sc) * d, float(m) * -dmin */
-        *mn = _mm512_mul_ps(m, _mm512_sub_ps(_mm512_setzero_ps(), dm));
+        *mn = _mm512_mul_ps(m, _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(dm), _mm512_set1_epi32((int)0x80000000))));
     } else if (t == RQ_Q6_K) {
         const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(u + p->qd)));
         const int8_t *qs = (const int8_t *)(u + p->qsc + 16 * 2 * j);
@@ -2418,6 +2419,296 @@ static r16_groups_fn r16_kernel(int t) {
     case RQ_Q8_0: return r16g_q8_0;
     case RQ_Q4_K: return r16g_q4_K;
     case RQ_Q6_K: return r16g_q6_K;
+    default: return NULL;
+    }
+}
+
+/* ---- R16 on AVX2: the same layout and float sequence, 8 rows per vector (the low or high 32
+ * bytes of each 64-byte entry: rows 0-7 or 8-15 of the group), vpmaddubsw + vpmaddwd for the
+ * exact integer sums (as the AVX2 prefill kernels: 4-bit and 5-bit values add up in int16, Q6_K
+ * in pairs, Q8_0 through the sign trick on its signed values). ---- */
+
+/* Block b of a group, rows 8q..8q+7: the v16 U vectors, half scales and mins. */
+A256 AINL void r16_block_256(const int t, const r16_ptrs *p, size_t b, const int q, __m256i *W, __m256 *wd0,
+                             __m256 *wd1, __m256 *mn) {
+    const __m256i m0f = _mm256_set1_epi8(0x0F);
+    const uint8_t *u = r16_unit(p, b);
+    const size_t j = r16_j(p, b), o = 32 * (size_t)q;
+    if (t == RQ_Q8_0) {
+        for (int k = 0; k < 8; k++) W[k] = _mm256_loadu_si256((const __m256i *)(u + p->q8 + 64 * k + o));
+    } else {
+        for (int g = 0; g < 4; g++) {
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(u + p->nib + 64 * (4 * j + g) + o));
+            W[g] = _mm256_and_si256(v, m0f);
+            W[4 + g] = _mm256_and_si256(_mm256_srli_epi16(v, 4), m0f);
+        }
+        if (t == RQ_Q5_0 || t == RQ_Q5_1) {
+            const __m256i hb = _mm256_loadu_si256((const __m256i *)(u + p->hb + o)), b5 = _mm256_set1_epi8(0x10);
+            for (int k = 0; k < 8; k++) {
+                const __m256i hk = k <= 4 ? _mm256_slli_epi32(hb, 4 - k) : _mm256_srli_epi32(hb, k - 4);
+                W[k] = _mm256_or_si256(W[k], _mm256_and_si256(hk, b5));
+            }
+        } else if (t == RQ_Q6_K) {
+            const __m256i m30 = _mm256_set1_epi8(0x30);
+            for (int h = 0; h < 2; h++) {
+                const __m256i hb = _mm256_loadu_si256((const __m256i *)(u + p->hb + 64 * (2 * j + h) + o));
+                for (int g = 0; g < 4; g++) {
+                    const __m256i hg = g < 2 ? _mm256_slli_epi32(hb, 4 - 2 * g) : _mm256_srli_epi32(hb, 2 * g - 4);
+                    W[4 * h + g] = _mm256_or_si256(W[4 * h + g], _mm256_and_si256(hg, m30));
+                }
+            }
+        }
+    }
+    const size_t o16 = 16 * (size_t)q, o8 = 8 * (size_t)q;
+    if (t == RQ_Q4_K) {
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(u + p->kd + o16)));
+        const __m256 dm = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(u + p->kdm + o16)));
+        const __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(u + p->ksc + 16 * j + o8))));
+        const __m256 m = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(u + p->kmn + 16 * j + o8))));
+        *wd0 = *wd1 = _mm256_mul_ps(sc, d);
+        *mn = _mm256_mul_ps(m, _mm256_xor_ps(dm, _mm256_set1_ps(-0.0f)));
+    } else if (t == RQ_Q6_K) {
+        const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(u + p->qd + o16)));
+        const uint8_t *qs = u + p->qsc + 32 * j + o8;
+        *wd0 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)qs))), d);
+        *wd1 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(qs + 16)))), d);
+        *mn = _mm256_setzero_ps();
+    } else {
+        *wd0 = *wd1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(u + p->d + o16)));
+        *mn = p->m ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(u + p->m + o16))) : _mm256_setzero_ps();
+    }
+}
+
+/* Exact sum over the 16 elements of a half: 8 rows' U (Wh[0..3]: groups g) times one token's
+ * activations qd (16 bytes). Q8_0 returns the offset-free sum directly. */
+A256 AINL __m256i r16_dot_256(const int t, const __m256i *Wh, const uint8_t *qd) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    if (t == RQ_Q8_0) {
+        const __m256i x80 = _mm256_set1_epi8((char)0x80);
+        __m256i s = _mm256_setzero_si256();
+        for (int g = 0; g < 4; g++) {
+            const __m256i w = _mm256_xor_si256(Wh[g], x80), a = _mm256_set1_epi32((int)load_u32(qd + 4 * g));
+            s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(a, w)), ones));
+        }
+        return s;
+    }
+    const __m256i p0 = _mm256_maddubs_epi16(Wh[0], _mm256_set1_epi32((int)load_u32(qd)));
+    const __m256i p1 = _mm256_maddubs_epi16(Wh[1], _mm256_set1_epi32((int)load_u32(qd + 4)));
+    const __m256i p2 = _mm256_maddubs_epi16(Wh[2], _mm256_set1_epi32((int)load_u32(qd + 8)));
+    const __m256i p3 = _mm256_maddubs_epi16(Wh[3], _mm256_set1_epi32((int)load_u32(qd + 12)));
+    if (t == RQ_Q6_K)   /* U <= 63: only pairs of vpmaddubsw sums fit in int16 */
+        return _mm256_add_epi32(_mm256_madd_epi16(_mm256_add_epi16(p0, p1), ones), _mm256_madd_epi16(_mm256_add_epi16(p2, p3), ones));
+    return _mm256_madd_epi16(_mm256_add_epi16(_mm256_add_epi16(p0, p1), _mm256_add_epi16(p2, p3)), ones);
+}
+
+/* One block's contribution for T tokens (from k0): v16_pass's steps, 8 rows. */
+A256 AINL void r16_acc_256(const int t, const __m256i *W, __m256 wd0, __m256 wd1, __m256 mn, const uint8_t *tb,
+                           const int T, int k0, __m256 (*acc)[2], __m256 *accM) {
+    const int offs = type_offset(t) != 0 && t != RQ_Q8_0, mins = type_has_min(t);
+    const int32_t *nq = (const int32_t *)(tb + 256);
+    const float *d = (const float *)(tb + 320), *ds = (const float *)(tb + 352);
+    for (int h = 0; h < 2; h++)
+        for (int k = 0; k < T; k++) {
+            __m256i P = r16_dot_256(t, W + 4 * h, tb + 32 * (k0 + k) + 16 * h);
+            if (offs) P = _mm256_add_epi32(P, _mm256_set1_epi32(nq[8 * h + k0 + k]));
+            const __m256 s = _mm256_mul_ps(h ? wd1 : wd0, _mm256_set1_ps(d[k0 + k]));
+            acc[k][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(P), s, acc[k][h]);
+        }
+    if (mins)
+        for (int k = 0; k < T; k++) accM[k] = _mm256_fmadd_ps(mn, _mm256_set1_ps(ds[k0 + k]), accM[k]);
+}
+
+A256 AINL void r16_store_256(const int t, int nb, const int T, __m256 (*aE)[2], __m256 (*aO)[2], __m256 *mE,
+                             __m256 *mO, float *out, int ldo, int nr) {
+    _Alignas(32) float tmp[8];
+    for (int k = 0; k < T; k++) {
+        __m256 r = _mm256_add_ps(_mm256_add_ps(aE[k][0], aO[k][0]), _mm256_add_ps(aE[k][1], aO[k][1]));
+        if (type_has_min(t)) {
+            __m256 mo = mO[k];
+            if (nb & 1) mo = _mm256_add_ps(mo, _mm256_setzero_ps());   /* the slot kernels' padded fma(0, 0, .) */
+            r = _mm256_add_ps(r, _mm256_add_ps(mE[k], mo));
+        }
+        if (nr >= 8) {
+            _mm256_storeu_ps(out + (size_t)k * ldo, r);
+        } else {
+            _mm256_store_ps(tmp, r);
+            for (int i = 0; i < nr; i++) out[(size_t)k * ldo + i] = tmp[i];
+        }
+    }
+}
+
+/* Rows 8q.. of a packed group against T <= 2 tokens, every block read once (decode). */
+A256 AINL void r16_half_256(const int t, const r16_ptrs *p, int nb, const int T, const uint8_t *tile, int k0,
+                            const int q, float *out, int ldo, int nr) {
+    __m256 aE[2][2], aO[2][2], mE[2], mO[2];
+    for (int k = 0; k < T; k++) aE[k][0] = aE[k][1] = aO[k][0] = aO[k][1] = mE[k] = mO[k] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        if (q == 0 && r16_j(p, (size_t)b) == 0) {   /* see r16_pass */
+            const char *ahead = (const char *)r16_unit(p, (size_t)b) + R16_PF_AHEAD;
+            for (size_t o = 0; o < p->ub; o += 64) _mm_prefetch(ahead + o, _MM_HINT_T0);
+        }
+        __m256i W[8];
+        __m256 wd0, wd1, mn;
+        r16_block_256(t, p, (size_t)b, q, W, &wd0, &wd1, &mn);
+        r16_acc_256(t, W, wd0, wd1, mn, tile + (size_t)b * V16_TILE_BLOCK_BYTES, T, k0, (b & 1) ? aO : aE, (b & 1) ? mO : mE);
+    }
+    r16_store_256(t, nb, T, aE, aO, mE, mO, out, ldo, nr);
+}
+
+/* A packed group expanded into the v16 layout (prefill), with AVX2. */
+A256 static void r16_expand_256(const int t, const uint8_t *g, int nb, uint8_t *grp) {
+    const r16_ptrs p = r16_group_ptrs(t, g, nb);
+    uint8_t *U = grp;
+    float *WD = (float *)(grp + 512 * (size_t)nb), *M = WD + 32 * (size_t)nb;
+    for (int b = 0; b < nb; b++)
+        for (int q = 0; q < 2; q++) {
+            __m256i W[8];
+            __m256 wd0, wd1, mn;
+            r16_block_256(t, &p, (size_t)b, q, W, &wd0, &wd1, &mn);
+            for (int j = 0; j < 8; j++) _mm256_storeu_si256((__m256i *)(U + 512 * (size_t)b + 64 * j + 32 * q), W[j]);
+            _mm256_storeu_ps(WD + 32 * (size_t)b + 8 * q, wd0);
+            _mm256_storeu_ps(WD + 32 * (size_t)b + 16 + 8 * q, wd1);
+            _mm256_storeu_ps(M + 16 * (size_t)b + 8 * q, mn);
+        }
+}
+
+/* Rows 8q.. of an expanded (v16) group against T <= 4 tokens (from k0), parity by parity. */
+A256 AINL void v8_tile_256(const int t, const uint8_t *grp, int nb, const int T, const uint8_t *tile, int k0,
+                           const int q, float *out, int ldo, int nr) {
+    const uint8_t *U = grp;
+    const float *WD = (const float *)(grp + 512 * (size_t)nb), *M = WD + 32 * (size_t)nb;
+    __m256 a[2][4][2], m[2][4];
+    for (int par = 0; par < 2; par++) {
+        __m256 acc[4][2], accM[4];
+        for (int k = 0; k < T; k++) acc[k][0] = acc[k][1] = accM[k] = _mm256_setzero_ps();
+        for (int b = par; b < nb; b += 2) {
+            __m256i W[8];
+            for (int j = 0; j < 8; j++) W[j] = _mm256_loadu_si256((const __m256i *)(U + 512 * (size_t)b + 64 * j + 32 * q));
+            const __m256 wd0 = _mm256_loadu_ps(WD + 32 * (size_t)b + 8 * q);
+            const __m256 wd1 = t == RQ_Q6_K ? _mm256_loadu_ps(WD + 32 * (size_t)b + 16 + 8 * q) : wd0;   /* one scale product per block */
+            const __m256 mn = _mm256_loadu_ps(M + 16 * (size_t)b + 8 * q);
+            r16_acc_256(t, W, wd0, wd1, mn, tile + (size_t)b * V16_TILE_BLOCK_BYTES, T, k0, acc, accM);
+        }
+        for (int k = 0; k < T; k++) { a[par][k][0] = acc[k][0]; a[par][k][1] = acc[k][1]; m[par][k] = accM[k]; }
+    }
+    r16_store_256(t, nb, T, a[0], a[1], m[0], m[1], out, ldo, nr);
+}
+
+/* A packed group back into 16 rows of the AVX2 prefill kernels' unpacked form (pf8_unpack_*'s
+ * output: U bytes, half scales, mins), for prefill on AVX2: pf8_rows_256 multiplies them faster
+ * than v8 tiles (fewer multiply-pipe operations per MAC), with the same float sequence. */
+A256 static void r16_to_pf8_rows_256(const int t, const uint8_t *g, int nb, uint8_t *rows) {
+    const r16_ptrs p = r16_group_ptrs(t, g, nb);
+    const size_t us = pf8_urow_bytes(nb);
+    _Alignas(32) float w0[8], w1[8], m[8];
+    for (int b = 0; b < nb; b++)
+        for (int q = 0; q < 2; q++) {
+            __m256i W[8];
+            __m256 wd0, wd1, mn;
+            r16_block_256(t, &p, (size_t)b, q, W, &wd0, &wd1, &mn);
+            /* 8 x 8 dword transpose: row r gets W[0..7] lane r, its block's 32 values in order */
+            const __m256i t0 = _mm256_unpacklo_epi32(W[0], W[1]), t1 = _mm256_unpackhi_epi32(W[0], W[1]);
+            const __m256i t2 = _mm256_unpacklo_epi32(W[2], W[3]), t3 = _mm256_unpackhi_epi32(W[2], W[3]);
+            const __m256i t4 = _mm256_unpacklo_epi32(W[4], W[5]), t5 = _mm256_unpackhi_epi32(W[4], W[5]);
+            const __m256i t6 = _mm256_unpacklo_epi32(W[6], W[7]), t7 = _mm256_unpackhi_epi32(W[6], W[7]);
+            const __m256i u0 = _mm256_unpacklo_epi64(t0, t2), u1 = _mm256_unpackhi_epi64(t0, t2);
+            const __m256i u2 = _mm256_unpacklo_epi64(t1, t3), u3 = _mm256_unpackhi_epi64(t1, t3);
+            const __m256i u4 = _mm256_unpacklo_epi64(t4, t6), u5 = _mm256_unpackhi_epi64(t4, t6);
+            const __m256i u6 = _mm256_unpacklo_epi64(t5, t7), u7 = _mm256_unpackhi_epi64(t5, t7);
+            const __m256i r[8] = {_mm256_permute2x128_si256(u0, u4, 0x20), _mm256_permute2x128_si256(u1, u5, 0x20),
+                                  _mm256_permute2x128_si256(u2, u6, 0x20), _mm256_permute2x128_si256(u3, u7, 0x20),
+                                  _mm256_permute2x128_si256(u0, u4, 0x31), _mm256_permute2x128_si256(u1, u5, 0x31),
+                                  _mm256_permute2x128_si256(u2, u6, 0x31), _mm256_permute2x128_si256(u3, u7, 0x31)};
+            _mm256_store_ps(w0, wd0);
+            _mm256_store_ps(w1, wd1);
+            _mm256_store_ps(m, mn);
+            for (int i = 0; i < 8; i++) {
+                uint8_t *ur = rows + (size_t)(8 * q + i) * us;
+                _mm256_storeu_si256((__m256i *)(ur + 32 * (size_t)b), r[i]);
+                pf8_store_scales(ur, nb, b, w0[i], w1[i], m[i]);
+            }
+        }
+}
+
+#define R16_HALF_T(t, p, nb, tile, k0, q, out, ldo, nr, T) r16_half_256(t, p, nb, T, tile, k0, q, out, ldo, nr)
+#define V8_TILE_T(t, grp, nb, tile, k0, q, out, ldo, nr, T) v8_tile_256(t, grp, nb, T, tile, k0, q, out, ldo, nr)
+#define DISPATCH_T2(IMPL, ...)                                  \
+    do {                                                        \
+        if (T == 1) IMPL(__VA_ARGS__, 1);                       \
+        else IMPL(__VA_ARGS__, 2);                              \
+    } while (0)
+
+/* r16_groups for AVX2 (same arguments and routes). */
+A256 AINL void r16_groups_256(const int t, const uint8_t *R, int rows, int g0, int g1, int nb, int ntok,
+                              const v16_toks *tk, float *out, int ldo, uint8_t *grp, int gmax) {
+    const size_t gbytes = r16_group_bytes_t(t, nb), vb = (v16_group_bytes(nb) + 63) & ~(size_t)63;
+    if (ntok >= R16_EXPAND_MIN_TOK && tk->pf8) {
+        const size_t us = pf8_urow_bytes(nb);
+        for (int c0 = g0; c0 < g1; c0 += gmax) {
+            const int c1 = c0 + gmax < g1 ? c0 + gmax : g1, r1 = 16 * c1 < rows ? 16 * c1 : rows;
+            for (int g = c0; g < c1; g++) r16_to_pf8_rows_256(t, R + gbytes * (size_t)g, nb, grp + 16 * us * (size_t)(g - c0));
+            for (int i = 0; i < tk->ntiles; i++) pf8_rows_256(t, grp, 16 * c0, r1, nb, &tk->pf8[i], out, ldo, 8 * i);
+        }
+        return;
+    }
+    if (ntok >= R16_EXPAND_MIN_TOK) {
+        for (int c0 = g0; c0 < g1; c0 += gmax) {
+            const int c1 = c0 + gmax < g1 ? c0 + gmax : g1;
+            for (int g = c0; g < c1; g++) r16_expand_256(t, R + gbytes * (size_t)g, nb, grp + vb * (size_t)(g - c0));
+            for (int i = 0; i < tk->ntiles; i++) {
+                const uint8_t *tile = tk->mem + (size_t)i * nb * V16_TILE_BLOCK_BYTES;
+                for (int g = c0; g < c1; g++) {
+                    const int r0 = 16 * g, nr = rows - r0 < 16 ? rows - r0 : 16;
+                    for (int k0 = 0; k0 < 8 && 8 * i + k0 < ntok; k0 += 4) {
+                        const int left = ntok - 8 * i - k0, T = left < 4 ? left : 4;
+                        for (int q = 0; q < 2 && 8 * q < nr; q++)
+                            DISPATCH_T4(V8_TILE_T, t, grp + vb * (size_t)(g - c0), nb, tile, k0, q,
+                                        out + (size_t)(8 * i + k0) * ldo + r0 + 8 * q, ldo, nr - 8 * q);
+                    }
+                }
+            }
+        }
+        return;
+    }
+    for (int g = g0; g < g1; g++) {
+        const r16_ptrs p = r16_group_ptrs(t, R + gbytes * (size_t)g, nb);
+        const int r0 = 16 * g, nr = rows - r0 < 16 ? rows - r0 : 16;
+        for (int i = 0; i < tk->ntiles; i++) {
+            const uint8_t *tile = tk->mem + (size_t)i * nb * V16_TILE_BLOCK_BYTES;
+            for (int k0 = 0; k0 < 8 && 8 * i + k0 < ntok; k0 += 2) {
+                const int left = ntok - 8 * i - k0, T = left < 2 ? left : 2;
+                for (int q = 0; q < 2 && 8 * q < nr; q++)
+                    DISPATCH_T2(R16_HALF_T, t, &p, nb, tile, k0, q, out + (size_t)(8 * i + k0) * ldo + r0 + 8 * q, ldo, nr - 8 * q);
+            }
+        }
+    }
+}
+
+#define R16_GROUPS_256(suffix, t)                                                                               \
+    A256 static void r16g256_##suffix(const uint8_t *R, int rows, int g0, int g1, int nb, int ntok,               \
+                                      const v16_toks *tk, float *out, int ldo, uint8_t *grp, int gmax) {        \
+        r16_groups_256(t, R, rows, g0, g1, nb, ntok, tk, out, ldo, grp, gmax);                                  \
+    }
+R16_GROUPS_256(q4_0, RQ_Q4_0)
+R16_GROUPS_256(q4_1, RQ_Q4_1)
+R16_GROUPS_256(q5_0, RQ_Q5_0)
+R16_GROUPS_256(q5_1, RQ_Q5_1)
+R16_GROUPS_256(q8_0, RQ_Q8_0)
+R16_GROUPS_256(q4_K, RQ_Q4_K)
+R16_GROUPS_256(q6_K, RQ_Q6_K)
+
+/* The R16 kernels of a path (avx512 or avx2) for type t, or NULL. */
+static r16_groups_fn r16_path_kernel(int path, int t) {
+    if (path == RQ_PATH_AVX512) return r16_kernel(t);
+    if (path != RQ_PATH_AVX2) return NULL;
+    switch (t) {
+    case RQ_Q4_0: return r16g256_q4_0;
+    case RQ_Q4_1: return r16g256_q4_1;
+    case RQ_Q5_0: return r16g256_q5_0;
+    case RQ_Q5_1: return r16g256_q5_1;
+    case RQ_Q8_0: return r16g256_q8_0;
+    case RQ_Q4_K: return r16g256_q4_K;
+    case RQ_Q6_K: return r16g256_q6_K;
     default: return NULL;
     }
 }
@@ -2955,7 +3246,8 @@ int rq_r16_layout_version(void) { return R16_V; }
 
 int rq_r16_usable(void) {
 #ifdef RQ_HAVE_X86
-    return rq_kernel_path() == RQ_PATH_AVX512;
+    const int path = rq_kernel_path();
+    return path == RQ_PATH_AVX512 || path == RQ_PATH_AVX2;
 #else
     return 0;
 #endif
@@ -2980,38 +3272,61 @@ void rq_r16_repack(int t, const void *W, int rows, int cols, void *R, int g0, in
 }
 
 #ifdef RQ_HAVE_X86
+/* Token tile i (8 tokens, fewer at the end: zero-padded) in the AVX2 prefill kernels' form. */
+static void r16_prep_pf8_tile(int t, const rq_act *acts, int ntok, int i, int nb, uint8_t *mem, tile *tl) {
+    const int k0 = 8 * i, T = ntok - k0 < 8 ? ntok - k0 : 8;
+    memset(tl, 0, sizeof(*tl));
+    tl->T = T;
+    if (T < 8) memset(mem, 0, pf8_tile_bytes(nb));
+    prep_tile_pf8(t, acts + k0, T, nb, mem, tl);
+}
+
 static void r16_matmul(int t, const uint8_t *R, int rows, int cols, const rq_act *acts, int ntok, float *out,
                        int ldo, int nthreads) {
     const int nb = cols / QK, ng = (rows + 15) / 16;
     const int expand = ntok >= R16_EXPAND_MIN_TOK;
-    v16_toks tk = {nb, (ntok + 7) / 8, NULL};
+    v16_toks tk = {nb, (ntok + 7) / 8, NULL, NULL};
     tk.mem = aligned_alloc(64, (size_t)tk.ntiles * nb * V16_TILE_BLOCK_BYTES);
+    uint8_t *pf8mem = NULL;
+    if (expand && rq_kernel_path() == RQ_PATH_AVX2 && pf8_type(t, 1)) {   /* see r16_to_pf8_rows_256 */
+        tk.pf8 = calloc((size_t)tk.ntiles, sizeof(tile));
+        pf8mem = aligned_alloc(64, (size_t)tk.ntiles * ((pf8_tile_bytes(nb) + 63) & ~(size_t)63));
+        if (!tk.pf8 || !pf8mem) { free(tk.pf8); free(pf8mem); tk.pf8 = NULL; pf8mem = NULL; }
+    }
     int nt = 1;
 #ifdef _OPENMP
     nt = nthreads > 0 ? nthreads : omp_get_max_threads();
     if (!expand && r16_bytes(t, rows, cols) < RQ_SERIAL_BYTES) nt = 1;
 #endif
     if (nt > ng) nt = ng;
-    const size_t vb = (v16_group_bytes(nb) + 63) & ~(size_t)63;
+    size_t vb = (v16_group_bytes(nb) + 63) & ~(size_t)63;
+    if (16 * pf8_urow_bytes(nb) > vb) vb = 16 * pf8_urow_bytes(nb);   /* the buffer also holds pf8 rows */
     int gmax = (int)(V16_L2_BYTES / vb);
     gmax = gmax < 1 ? 1 : gmax > 8 ? 8 : gmax;
     uint8_t *grp = expand ? aligned_alloc(64, vb * (size_t)gmax * (size_t)nt) : NULL;
-    r16_groups_fn fn = r16_kernel(t);
+    r16_groups_fn fn = r16_path_kernel(rq_kernel_path(), t);
     if (!tk.mem || (expand && !grp)) {   /* out of memory: NaN, as for an unsupported type */
         free(tk.mem);
         free(grp);
+        free(tk.pf8);
+        free(pf8mem);
         fill_nan(0, rows, ntok, out, ldo);
         return;
     }
+    const size_t pf8b = (pf8_tile_bytes(nb) + 63) & ~(size_t)63;
     if (nt <= 1) {
         for (int i = 0; i < tk.ntiles; i++) v16_prep_tile(t, acts, ntok, i, &tk);
+        for (int i = 0; tk.pf8 && i < tk.ntiles; i++) r16_prep_pf8_tile(t, acts, ntok, i, nb, pf8mem + pf8b * (size_t)i, &tk.pf8[i]);
         fn(R, rows, 0, ng, nb, ntok, &tk, out, ldo, grp, gmax);
     } else {
 #ifdef _OPENMP
 #pragma omp parallel num_threads(nt)
         {
 #pragma omp for schedule(static)
-            for (int i = 0; i < tk.ntiles; i++) v16_prep_tile(t, acts, ntok, i, &tk);
+            for (int i = 0; i < tk.ntiles; i++) {
+                v16_prep_tile(t, acts, ntok, i, &tk);
+                if (tk.pf8) r16_prep_pf8_tile(t, acts, ntok, i, nb, pf8mem + pf8b * (size_t)i, &tk.pf8[i]);
+            }
             if (expand) {
                 const int nch = (ng + gmax - 1) / gmax;
                 uint8_t *mine = grp + vb * (size_t)gmax * (size_t)omp_get_thread_num();
@@ -3030,6 +3345,8 @@ static void r16_matmul(int t, const uint8_t *R, int rows, int cols, const rq_act
     }
     free(tk.mem);
     free(grp);
+    free(tk.pf8);
+    free(pf8mem);
 }
 #endif
 
@@ -3037,7 +3354,7 @@ void rq_matmul_r16(int t, const void *W, const void *R, int rows, int cols, cons
                    float *out, int ldo, int nthreads) {
     rq_kernels_init();
 #ifdef RQ_HAVE_X86
-    if (R && rows > 0 && ntok > 0 && r16_type(t) && rq_kernel_path() == RQ_PATH_AVX512) {
+    if (R && rows > 0 && ntok > 0 && r16_type(t) && rq_r16_usable()) {
         r16_matmul(t, R, rows, cols, acts, ntok, out, ldo, nthreads);
         return;
     }
@@ -3100,7 +3417,7 @@ static int r16_matmul_multi(const rq_matmul_op *ops, int nops, int cols, const r
             const int g0 = lo <= base ? 0 : (int)((lo - base + gb[i] - 1) / gb[i]);
             const int g1 = hi >= end ? ng : (int)((hi - base + gb[i] - 1) / gb[i]);
             if (g1 > g0 && g0 < ng)
-                r16_kernel(ops[i].type)(ops[i].r16, ops[i].rows, g0, g1 < ng ? g1 : ng, nb, ntok, &tk[i], ops[i].out, ops[i].ldo, NULL, 1);
+                r16_path_kernel(rq_kernel_path(), ops[i].type)(ops[i].r16, ops[i].rows, g0, g1 < ng ? g1 : ng, nb, ntok, &tk[i], ops[i].out, ops[i].ldo, NULL, 1);
             base = end;
         }
     }
