@@ -11,6 +11,7 @@ import pytest
 from gguf import GGMLQuantizationType as T
 
 from tests import quant_pack as qp
+from tests.conftest import SIMDE_PATH
 
 q = pytest.importorskip("engine.kernels._quants", reason="build the kernels: python setup.py build_ext --inplace")
 
@@ -54,20 +55,24 @@ def test_repack_is_deterministic_and_chunkable(t):
     assert not np.array_equal(_repack(t, W2, rows, n), a)
 
 
-@pytest.mark.parametrize("path", ["avx2", "avx512"])
+# avx512-simde: the AVX-512 R16 kernels built with SIMDe for AVX2 (conftest's `kern`), so they run
+# on CPUs without AVX-512 too
+R16_PATHS = ["avx2", "avx512", SIMDE_PATH]
+
+
+@pytest.mark.parametrize("path", R16_PATHS)
 @pytest.mark.parametrize("t", R16_TYPES, ids=[T(t).name for t in R16_TYPES])
-def test_r16_matmul_equals_gguf_layout_bit_for_bit(t, path):
-    if not q.cpu_supports(path):
-        pytest.skip(f"this CPU cannot run the {path} path")
+def test_r16_matmul_equals_gguf_layout_bit_for_bit(t, path, kern):
+    mod, p = kern
     rng = np.random.default_rng(80 + int(t))
     n, rows = _n_for(t), 37
     W = qp.random_rows(t, rows, n, rng)
     R = _repack(t, W, rows, n)
     for ntok in (1, 2, 3, 5, 11, 12, 29):   # the few-token kernel and the expand route (>= 12)
         X = rng.standard_normal((ntok, n)).astype(np.float32)
-        want = q.matmul(int(t), W, rows, n, X, nthreads=1, path="avx2")
+        want = q.matmul(int(t), W, rows, n, X, nthreads=1, path="avx2")   # the product build, GGUF rows
         for threads in (1, 2):
-            got = q.matmul_r16(int(t), W, R, rows, n, X, nthreads=threads, path=path)
+            got = mod.matmul_r16(int(t), W, R, rows, n, X, nthreads=threads, path=p)
             np.testing.assert_array_equal(got, want, err_msg=f"ntok={ntok} threads={threads}")
 
 
@@ -83,12 +88,11 @@ def test_paths_without_r16_kernels_use_the_gguf_rows():
                                           q.matmul(int(t), W, rows, n, X, path=path))
 
 
-@pytest.mark.parametrize("path", ["avx2", "avx512"])
+@pytest.mark.parametrize("path", R16_PATHS)
 @pytest.mark.parametrize("ntok", [1, 2, 5])
-def test_r16_multi_op_matmul_equals_one_by_one(ntok, path):
+def test_r16_multi_op_matmul_equals_one_by_one(ntok, path, kern):
     """q/k/v-style calls with R16 copies of mixed types (different offsets: one token tile per op)."""
-    if not q.cpu_supports(path):
-        pytest.skip(f"this CPU cannot run the {path} path")
+    mod, p = kern
     rng = np.random.default_rng(300 + ntok)
     n = 512
     specs = []
@@ -97,6 +101,6 @@ def test_r16_multi_op_matmul_equals_one_by_one(ntok, path):
         specs.append((int(t), W, rows, _repack(t, W, rows, n)))
     X = rng.standard_normal((ntok, n)).astype(np.float32)
     for threads in (1, 2):
-        got = q.matmul_multi(specs, n, X, nthreads=threads, path=path)
+        got = mod.matmul_multi(specs, n, X, nthreads=threads, path=p)
         for (t, W, rows, R), out in zip(specs, got):
             np.testing.assert_array_equal(out, q.matmul(t, W, rows, n, X, path="avx2"), err_msg=f"{T(t).name}")
