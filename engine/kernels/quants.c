@@ -2348,15 +2348,6 @@ A512 AINL void r16_tile(const int t, const r16_ptrs *p, int nb, const int T, con
 }
 
 #define R16_TILE_T(t, p, nb, tile, k0, out, ldo, nr, T) r16_tile(t, p, nb, T, tile, k0, out, ldo, nr)
-#define DISPATCH_T4R(IMPL, ...)                                 \
-    do {                                                        \
-        switch (T) {                                            \
-        case 1: IMPL(__VA_ARGS__, 1); break;                    \
-        case 2: IMPL(__VA_ARGS__, 2); break;                    \
-        case 3: IMPL(__VA_ARGS__, 3); break;                    \
-        default: IMPL(__VA_ARGS__, 4); break;                   \
-        }                                                       \
-    } while (0)
 
 /* Tokens at or above this take the expand-then-v16 route. */
 #define R16_EXPAND_MIN_TOK 12
@@ -2389,7 +2380,7 @@ A512 AINL void r16_groups(const int t, const uint8_t *R, int rows, int g0, int g
             const uint8_t *tile = tk->mem + (size_t)i * nb * V16_TILE_BLOCK_BYTES;
             for (int k0 = 0; k0 < 8 && 8 * i + k0 < ntok; k0 += R16_TMAX) {
                 const int left = ntok - 8 * i - k0, T = left < R16_TMAX ? left : R16_TMAX;
-                DISPATCH_T4R(R16_TILE_T, t, &p, nb, tile, k0, out + (size_t)(8 * i + k0) * ldo + r0, ldo, nr);
+                DISPATCH_T4(R16_TILE_T, t, &p, nb, tile, k0, out + (size_t)(8 * i + k0) * ldo + r0, ldo, nr);
             }
         }
     }
