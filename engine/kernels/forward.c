@@ -1,4 +1,5 @@
 /* The transformer forward pass. Read rq_forward() top to bottom; helpers come first. */
+#define _GNU_SOURCE   /* sincosf */
 #include "forward.h"
 
 #include <math.h>
@@ -23,6 +24,8 @@ struct rq_model {
     float *hb, *hb2;/* [U][n_ff] */
     float *down2;   /* [2U][n_embd]: ffn_down of the activation and of its rounding residual */
     float *scores;  /* [threads][capacity] */
+    float *rope_freq[2];   /* per rotated pair i: base^(-2i/head_dim), [0] global, [1] local layers */
+    float *rope_cs[2];     /* this pass's (cos, sin) per token and pair, [U][head_dim/2][2], per base */
     rq_act *acts;   /* [2U], each over max_cols */
     int8_t *act_qs;
     float *act_d;
@@ -97,13 +100,17 @@ static void add_inplace(float *y, const float *x, int n) {
     for (int i = 0; i < n; i++) y[i] += x[i];
 }
 
-/* Rotate each head of vec (n_heads x head_dim) for position pos.
+/* (cos, sin) of pair i's angle pos * freq[i] for one position: cs[2i], cs[2i+1]. */
+static void rope_angles(float *cs, const float *freq, int half, int pos) {
+    for (int i = 0; i < half; i++) sincosf((float)pos * freq[i], &cs[2 * i + 1], &cs[2 * i]);
+}
+
+/* Rotate each head of vec (n_heads x head_dim) by the angles cs of its position (rope_angles).
  * neox = 0: pairs (2i, 2i+1) (llama); neox = 1: pairs (i, i + d/2) (gemma3, qwen2). */
-static void rope(float *vec, int n_heads, int head_dim, int pos, float base, int neox) {
+static void rope(float *vec, int n_heads, int head_dim, const float *cs, int neox) {
     int half = head_dim / 2;
     for (int i = 0; i < half; i++) {
-        float theta = (float)pos * powf(base, -2.0f * (float)i / (float)head_dim);
-        float c = cosf(theta), s = sinf(theta);
+        float c = cs[2 * i], s = cs[2 * i + 1];
         for (int h = 0; h < n_heads; h++) {
             float *hv = vec + (size_t)h * head_dim;
             int a = neox ? i : 2 * i;
@@ -181,6 +188,19 @@ rq_model *rq_model_create(const rq_config *cfg, const rq_weights *w, const rq_kv
     m->act_qs = alloc_aligned((size_t)2 * U * cols);
     m->act_d = alloc_aligned(sizeof(float) * (size_t)2 * U * (cols / 32));
     m->act_sum16 = alloc_aligned(sizeof(int32_t) * (size_t)2 * U * (cols / 16));
+    /* The angles depend on the position and the base only: computed once per pass for all
+     * layers, from frequencies computed once here (powf per token and pair cost ~1 % of prefill). */
+    const int half = c->head_dim / 2;
+    for (int b = 0; b < 2; b++) {
+        m->rope_freq[b] = alloc_aligned(sizeof(float) * half);
+        m->rope_cs[b] = alloc_aligned(sizeof(float) * U * c->head_dim);
+        if (!m->rope_freq[b] || !m->rope_cs[b]) {
+            rq_model_free(m);
+            return NULL;
+        }
+        const float base = b ? c->rope_base_local : c->rope_base;
+        for (int i = 0; i < half; i++) m->rope_freq[b][i] = powf(base, -2.0f * (float)i / (float)c->head_dim);
+    }
     if (!m->x || !m->xb || !m->q || !m->k || !m->v || !m->att_out || !m->hb || !m->hb2 || !m->down2 ||
         !m->scores || !m->acts || !m->act_qs || !m->act_d || !m->act_sum16) {
         rq_model_free(m);
@@ -199,6 +219,7 @@ void rq_model_free(rq_model *m) {
     free(m->x); free(m->xb); free(m->q); free(m->k); free(m->v); free(m->att_out);
     free(m->hb); free(m->hb2); free(m->down2); free(m->scores); free(m->acts);
     free(m->act_qs); free(m->act_d); free(m->act_sum16);
+    for (int b = 0; b < 2; b++) { free(m->rope_freq[b]); free(m->rope_cs[b]); }
     free(m);
 }
 
@@ -425,7 +446,7 @@ static void attention(rq_model *m, int il, int n, int pos0) {
     const rq_layer_weights *L = &m->w.layers[il];
     const int d = c->n_embd, hd = c->head_dim, q_dim = m->q_dim, kv_dim = m->kv_dim;
     const int local = layer_is_local(c, il);
-    const float base = local ? c->rope_base_local : c->rope_base;
+    const float *rope_cs = m->rope_cs[local];
 
     FOR_TOKENS
     for (int t = 0; t < n; t++)
@@ -449,8 +470,8 @@ static void attention(rq_model *m, int il, int n, int pos0) {
         if (L->attn_k_norm.data)
             for (int h = 0; h < c->n_head_kv; h++)
                 rmsnorm(kt + h * hd, kt + h * hd, f32_data(&L->attn_k_norm), hd, c->norm_eps);
-        rope(qt, c->n_head, hd, pos0 + t, base, c->rope_neox);
-        rope(kt, c->n_head_kv, hd, pos0 + t, base, c->rope_neox);
+        rope(qt, c->n_head, hd, rope_cs + (size_t)t * hd, c->rope_neox);
+        rope(kt, c->n_head_kv, hd, rope_cs + (size_t)t * hd, c->rope_neox);
         size_t slot = (size_t)((pos0 + t) % slots);
         memcpy(m->kv.k[il] + slot * kv_dim, kt, sizeof(float) * kv_dim);
         memcpy(m->kv.v[il] + slot * kv_dim, m->v + (size_t)t * kv_dim, sizeof(float) * kv_dim);
@@ -544,6 +565,10 @@ static void forward_pass(rq_model *m, const int32_t *tokens, int n, int pos0, fl
 
     embed(m, tokens, n);
     record(m, 0, n);
+    const int hd = c->head_dim, n_bases = c->sliding_window > 0 ? 2 : 1;
+    FOR_TOKENS
+    for (int t = 0; t < n; t++)
+        for (int b = 0; b < n_bases; b++) rope_angles(m->rope_cs[b] + (size_t)t * hd, m->rope_freq[b], hd / 2, pos0 + t);
     for (int il = 0; il < c->n_layer; il++) {
         attention(m, il, n, pos0);
         FOR_TOKENS
