@@ -307,6 +307,8 @@ def main(model_names, thread_counts, reps, prefill_arg, decode_arg, llama_bench,
         n_prefill, n_decode = prefill_arg or n_prefill, decode_arg or n_decode
         for threads in thread_counts:
             ours = Model.load(path, threads=threads, kv_budget="256MiB", max_context=n_prefill + n_decode + 8)
+            repacked = getattr(getattr(ours, "layout", None), "repacked", None) is not None
+            print(f"{name}: weights {'repacked (R16)' if repacked else 'GGUF layout'}", file=sys.stderr)
             cfg = ours.cfg
             bos = ours.gguf.get("tokenizer.ggml.bos_token_id")
             toks = prompt_tokens(n_prefill, cfg.n_vocab, bos)
@@ -338,7 +340,8 @@ def main(model_names, thread_counts, reps, prefill_arg, decode_arg, llama_bench,
             for b in binaries:
                 b.error = None  # a failure on one model does not skip the peer on the next
             medians = {k: median_pair(v) for k, v in runs.items()}
-            row = {"model": name, "threads": threads, "lengths": f"pp{n_prefill}/tg{n_decode}", "kernel": active,
+            row = {"model": name, "threads": threads, "lengths": f"pp{n_prefill}/tg{n_decode}",
+                   "kernel": active + ("+r16" if repacked else ""),
                    "ours": medians["ours"], "spread": {}}
             if "llama" in medians:
                 row["llama"] = medians["llama"]
