@@ -80,4 +80,8 @@ int rq_forward(rq_model *m, const int32_t *tokens, int n, int pos0, float *logit
  * (l = 1..n_layer) at buf[(l * max_tokens + t) * n_embd]. NULL stops recording. */
 void rq_model_record_layers(rq_model *m, float *buf, int max_tokens);
 
+/* Test hook: y[i] = e^x[i] as the softmax and the gated activations compute it, on the current
+ * kernel path (the SIMD paths give the scalar one's values bit for bit). */
+void rq_exp(const float *x, float *y, int n);
+
 #endif

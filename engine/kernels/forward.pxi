@@ -40,6 +40,7 @@ cdef extern from "forward.h":
     void rq_model_free(rq_model *m)
     int rq_forward(rq_model *m, const int32_t *tokens, int n, int pos0, float *logits, int all_logits) nogil
     void rq_model_record_layers(rq_model *m, float *buf, int max_tokens)
+    void rq_exp(const float *x, float *y, int n) nogil
 
 LAYER_FIELDS = ("attn_norm", "wq", "wk", "wv", "wo", "bq", "bk", "bv", "attn_q_norm", "attn_k_norm",
                 "post_attn_norm", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down", "post_ffw_norm")
@@ -195,3 +196,15 @@ def set_kernel_path(str name):
     rq_kernels_init()
     if name not in KERNEL_PATHS or rq_set_kernel_path(KERNEL_PATHS[name]) != 0:
         raise ValueError(f"kernel path {name!r} is not available on this CPU")
+
+
+def exp_f32(x, path=None):
+    """Test hook: e^x as the forward pass computes it (rq_exp), on `path` (None: the current one)."""
+    cdef cnp.ndarray xa = np.ascontiguousarray(x, dtype=np.float32)
+    cdef cnp.ndarray ya = np.empty_like(xa)
+    g = _PathGuard(path)
+    try:
+        rq_exp(<const float *>cnp.PyArray_DATA(xa), <float *>cnp.PyArray_DATA(ya), <int>xa.size)
+    finally:
+        g.restore()
+    return ya
