@@ -46,3 +46,93 @@ def test_exp_is_within_one_ulp():
     assert np.abs(got[sub] - want[sub]).max() <= 2.0 ** -149
     assert np.array_equal(np.isposinf(got), np.isposinf(want32))
     assert np.array_equal(np.isnan(got), np.isnan(x))
+
+
+# ----------------------------------------------------------------------------------------------
+# attention (rq_attention: the forward pass's blocks of query rows)
+
+# (n_head, n_head_kv, hd, window, pos0, n): SmolLM2's and Gemma 3's shapes, a sliding window
+# whose ring wraps, hd not a multiple of 16 (the avx512 path runs the AVX2 kernel) or of 8 (the
+# scalar kernel on every path), no grouping, and decode-sized calls.
+SHAPES = [
+    (9, 3, 64, 0, 0, 37),
+    (9, 3, 64, 0, 50, 23),
+    (4, 1, 256, 0, 17, 21),
+    (4, 1, 256, 11, 40, 19),
+    (6, 2, 72, 5, 3, 13),
+    (3, 3, 20, 0, 9, 10),
+    (8, 2, 128, 0, 60, 1),
+]
+SHAPE_IDS = ["smollm2", "smollm2-later", "gemma3", "gemma3-window", "hd72-window", "hd20", "decode"]
+
+
+def attention_case(n_head, n_head_kv, hd, window, pos0, n, seed=0):
+    """q at positions pos0.., and a KV ring holding every position the call reads (as a local
+    layer's ring: window + n - 1 slots, fewer than the positions, so it wraps)."""
+    rng = np.random.default_rng(seed)
+    slots = window + n - 1 + 3 if window else pos0 + n
+    q_ = rng.standard_normal((n, n_head, hd)).astype(np.float32)
+    k = rng.standard_normal((slots, n_head_kv, hd)).astype(np.float32)
+    v = rng.standard_normal((slots, n_head_kv, hd)).astype(np.float32)
+    return q_, k, v, float(1.0 / np.sqrt(hd))
+
+
+def attention_f64(q_, k, v, pos0, window, scale):
+    n, n_head, hd = q_.shape
+    slots, n_head_kv, _ = k.shape
+    out = np.zeros((n, n_head, hd))
+    for t in range(n):
+        pos = pos0 + t
+        keys = np.arange(max(0, pos - window + 1) if window else 0, pos + 1)
+        for h in range(n_head):
+            kh = h // (n_head // n_head_kv)
+            s = k[keys % slots, kh].astype(np.float64) @ q_[t, h].astype(np.float64) * scale
+            p = np.exp(s - s.max())
+            out[t, h] = p / p.sum() @ v[keys % slots, kh].astype(np.float64)
+    return out
+
+
+@pytest.mark.parametrize("path", ["scalar"] + FAST_PATHS)
+@pytest.mark.parametrize("shape", SHAPES, ids=SHAPE_IDS)
+def test_attention_does_not_depend_on_its_block(shape, path, kern):
+    """Every split of the tokens and heads into blocks, and every thread count, gives each token
+    the result it gets alone (decode) bit for bit."""
+    if path == "scalar":
+        mod, p = q, "scalar"
+    else:
+        mod, p = kern
+    n_head, n_head_kv, hd, window, pos0, n = shape
+    q_, k, v, scale = attention_case(*shape)
+    alone = np.stack([mod.attention_f32(q_[t:t + 1], k, v, pos0 + t, window, scale, 1, 1, 1, path=p)[0]
+                      for t in range(n)])
+    for tokens, heads, threads in [(0, 0, 1), (0, 0, 2), (1, 0, 2), (3, 2, 2), (4, 1, 1), (8, 0, 2), (16, 0, 1)]:
+        got = mod.attention_f32(q_, k, v, pos0, window, scale, tokens, heads, threads, path=p)
+        np.testing.assert_array_equal(got, alone, err_msg=f"tokens={tokens} heads={heads} threads={threads}")
+
+
+@pytest.mark.parametrize("path", ["scalar"] + FAST_PATHS)
+@pytest.mark.parametrize("shape", SHAPES, ids=SHAPE_IDS)
+def test_attention_matches_float64(shape, path, kern):
+    mod, p = (q, "scalar") if path == "scalar" else kern
+    n_head, n_head_kv, hd, window, pos0, n = shape
+    q_, k, v, scale = attention_case(*shape, seed=1)
+    got = mod.attention_f32(q_, k, v, pos0, window, scale, path=p)
+    want = attention_f64(q_, k, v, pos0, window, scale)
+    assert np.abs(got - want).max() < 1e-5 * np.abs(want).max()
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=SHAPE_IDS)
+def test_attention_avx512_equals_avx2_bit_for_bit(shape):
+    """The AVX-512 kernel runs the AVX2 kernel's 8-lane operations, two rows per vector."""
+    if not (q.cpu_supports("avx2") and q.cpu_supports("avx512")):
+        pytest.skip("this CPU cannot run both paths")
+    q_, k, v, scale = attention_case(*shape, seed=2)
+    pos0, window = shape[4], shape[3]
+    np.testing.assert_array_equal(q.attention_f32(q_, k, v, pos0, window, scale, threads=2, path="avx512"),
+                                  q.attention_f32(q_, k, v, pos0, window, scale, threads=2, path="avx2"))
+
+
+def test_attention_refuses_a_ring_too_small():
+    q_, k, v, scale = attention_case(4, 1, 64, 0, 10, 8)
+    with pytest.raises(ValueError):
+        q.attention_f32(q_, k[:17], v[:17], 10, 0, scale)

@@ -23,7 +23,8 @@ struct rq_model {
     float *att_out; /* [U][q_dim] */
     float *hb, *hb2;/* [U][n_ff] */
     float *down2;   /* [2U][n_embd]: ffn_down of the activation and of its rounding residual */
-    float *scores;  /* [threads][capacity] */
+    float *att_scratch;        /* [threads][att_scratch_floats]: attention blocks' scores and q */
+    size_t att_scratch_floats;
     float *rope_freq[2];   /* per rotated pair i: base^(-2i/head_dim), [0] global, [1] local layers */
     float *rope_cs[2];     /* this pass's (cos, sin) per token and pair, [U][head_dim/2][2], per base */
     rq_act *acts;   /* [2U], each over max_cols */
@@ -170,6 +171,8 @@ static int layer_is_local(const rq_config *c, int il) {
 
 /* ---------------------------------------------------------------- model lifetime */
 
+static size_t att_scratch_floats(int capacity, int hd);   /* attention's per-thread scratch (below) */
+
 rq_model *rq_model_create(const rq_config *cfg, const rq_weights *w, const rq_kv *kv) {
     rq_kernels_init();
     rq_model *m = calloc(1, sizeof(rq_model));
@@ -198,7 +201,8 @@ rq_model *rq_model_create(const rq_config *cfg, const rq_weights *w, const rq_kv
     m->hb = alloc_aligned(sizeof(float) * U * c->n_ff);
     m->hb2 = alloc_aligned(sizeof(float) * U * c->n_ff);
     m->down2 = alloc_aligned(sizeof(float) * 2 * U * c->n_embd);
-    m->scores = alloc_aligned(sizeof(float) * (size_t)m->n_threads * (kv->capacity + 1));
+    m->att_scratch_floats = att_scratch_floats(kv->capacity, c->head_dim);
+    m->att_scratch = alloc_aligned(sizeof(float) * m->n_threads * m->att_scratch_floats);
     m->acts = calloc(2 * U, sizeof(rq_act));
     m->act_qs = alloc_aligned((size_t)2 * U * cols);
     m->act_d = alloc_aligned(sizeof(float) * (size_t)2 * U * (cols / 32));
@@ -217,7 +221,7 @@ rq_model *rq_model_create(const rq_config *cfg, const rq_weights *w, const rq_kv
         for (int i = 0; i < half; i++) m->rope_freq[b][i] = powf(base, -2.0f * (float)i / (float)c->head_dim);
     }
     if (!m->x || !m->xb || !m->q || !m->k || !m->v || !m->att_out || !m->hb || !m->hb2 || !m->down2 ||
-        !m->scores || !m->acts || !m->act_qs || !m->act_d || !m->act_sum16) {
+        !m->att_scratch || !m->acts || !m->act_qs || !m->act_d || !m->act_sum16) {
         rq_model_free(m);
         return NULL;
     }
@@ -232,7 +236,7 @@ rq_model *rq_model_create(const rq_config *cfg, const rq_weights *w, const rq_kv
 void rq_model_free(rq_model *m) {
     if (!m) return;
     free(m->x); free(m->xb); free(m->q); free(m->k); free(m->v); free(m->att_out);
-    free(m->hb); free(m->hb2); free(m->down2); free(m->scores); free(m->acts);
+    free(m->hb); free(m->hb2); free(m->down2); free(m->att_scratch); free(m->acts);
     free(m->act_qs); free(m->act_d); free(m->act_sum16);
     for (int b = 0; b < 2; b++) { free(m->rope_freq[b]); free(m->rope_cs[b]); }
     free(m);
@@ -263,24 +267,64 @@ static void embed(rq_model *m, const int32_t *tokens, int n) {
     }
 }
 
-/* One query head against keys lo..pos of its KV head (cache rows strided by kv_dim, ring of
- * `slots`): softmax(scale * q.k) weighted sum of v into out[hd]. sc: scratch of pos - lo + 1.
- * Reference version; attend_head_256 below is the AVX2 one. */
-static void attend_head_ref(const float *qh, const float *K, const float *V, int kv_dim, int slots,
-                            int lo, int pos, int hd, float scale, float *sc, float *out) {
-    const int nk = pos - lo + 1;
+/* Attention reads each KV head's keys and values once for a block of query rows - the query
+ * heads of that KV head, for a few consecutive tokens - instead of once per row. Each row still
+ * computes its own float sequence: its scores key by key, the softmax over its own keys, its
+ * output summed over its keys in order. So a token's result does not depend on the block it ran
+ * in (one pass, split passes and decode agree bit for bit), and the AVX-512 kernel, which runs
+ * the AVX2 kernel's 8-lane operations on two rows per vector, gives the AVX2 kernel's results. */
+
+/* One KV head's cache: position j in ring slot j % slots, rows kv_dim apart. */
+typedef struct {
+    const float *K, *V;
+    int kv_dim, slots, hd;
+    float scale;
+} att_kv;
+
+/* One query row: a head of one token, the key positions it sees (lo..hi) and its output. */
+typedef struct {
+    const float *q;
+    float *out;
+    int lo, hi;
+} att_row;
+
+static inline int next_slot(int slot, int slots) { return slot + 1 == slots ? 0 : slot + 1; }
+
+/* Row r's scores in a block: sc + r * stride, key j at j - j0 (j0: the block's first key). The
+ * stride leaves room for 4-key tiles, which may write 3 scores past a row's last key. */
+static int block_stride(int keys) { return (keys + 3 + 15) & ~15; }
+
+static int block_keys(const att_row *rows, int n_rows, int *j0) {
+    int lo = rows[0].lo, hi = rows[0].hi;
+    for (int r = 1; r < n_rows; r++) {
+        lo = rows[r].lo < lo ? rows[r].lo : lo;
+        hi = rows[r].hi > hi ? rows[r].hi : hi;
+    }
+    *j0 = lo;
+    return hi - lo + 1;
+}
+
+/* Scratch floats for a block of n_rows rows over `keys` positions, on any path (the AVX-512
+ * kernel's: rows rounded up to 4, with their q interleaved). */
+static size_t block_floats(int n_rows, int keys, int hd) {
+    return (size_t)((n_rows + 3) & ~3) * (size_t)(block_stride(keys) + hd);
+}
+
+/* Reference version, one row: softmax(scale * q.k) weighted sum of v. sc: scratch of its keys. */
+static void attend_row_ref(const att_kv *kv, const att_row *row, float *sc) {
+    const int lo = row->lo, pos = row->hi, nk = pos - lo + 1, hd = kv->hd;
     float mx = -INFINITY;
     for (int j = lo; j <= pos; j++) {
-        float s = dot_f32(qh, K + (size_t)(j % slots) * kv_dim, hd) * scale;
+        float s = dot_f32(row->q, kv->K + (size_t)(j % kv->slots) * kv->kv_dim, hd) * kv->scale;
         sc[j - lo] = s;
         mx = s > mx ? s : mx;
     }
     float sum = 0.0f;
     for (int j = 0; j < nk; j++) sc[j] = exp_ref(sc[j] - mx);
     for (int j = 0; j < nk; j++) sum += sc[j];
-    memset(out, 0, sizeof(float) * hd);
+    memset(row->out, 0, sizeof(float) * hd);
     const float inv = 1.0f / sum;
-    for (int j = lo; j <= pos; j++) axpy_f32(out, sc[j - lo] * inv, V + (size_t)(j % slots) * kv_dim, hd);
+    for (int j = lo; j <= pos; j++) axpy_f32(row->out, sc[j - lo] * inv, kv->V + (size_t)(j % kv->slots) * kv->kv_dim, hd);
 }
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -340,98 +384,414 @@ A512 static inline __m512 exp16(__m512 x) {
     return _mm512_mul_ps(_mm512_mul_ps(p, pow2_16(h)), pow2_16(_mm512_sub_ps(n, h)));
 }
 
-/* hd a multiple of 8. Each key's dot is one 8-lane accumulator over hd then a fixed horizontal
- * sum, and each output element sums the keys in order, so the result of a (token, head) does
- * not depend on the batch it ran in. */
-A256F static void attend_head_256(const float *qh, const float *K, const float *V, int kv_dim, int slots,
-                                  int lo, int pos, int hd, float scale, float *sc, float *out) {
-    const int nk = pos - lo + 1;
-    /* Keys are visited in order with their ring slot stepped along (no division per key). Eight
-     * keys at a time: eight independent FMA chains hide the FMA latency (hd is often only 64). */
-    int j = 0, slot = lo % slots;
-    const float *kp[8];
-    for (; j + 8 <= nk; j += 8) {
-        for (int u = 0; u < 8; u++) {
-            kp[u] = K + (size_t)slot * kv_dim;
-            slot = slot + 1 == slots ? 0 : slot + 1;
+#define AINL static inline __attribute__((always_inline))
+
+A256F static inline float hmax8(__m256 v) {
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+}
+
+/* hsum8 of a[0..8) at once, each summed as hsum8 sums: [a0 a2 a4 a6 a1 a3 a5 a7]. */
+A256F static inline __m256 hsum8_x8(const __m256 *a) {
+    __m256 x[4], y[2];
+    for (int i = 0; i < 4; i++)   /* lanes l + (l + 4): [a[2i] | a[2i + 1]] */
+        x[i] = _mm256_add_ps(_mm256_permute2f128_ps(a[2 * i], a[2 * i + 1], 0x20),
+                             _mm256_permute2f128_ps(a[2 * i], a[2 * i + 1], 0x31));
+    for (int i = 0; i < 2; i++)   /* then l + (l + 2) */
+        y[i] = _mm256_add_ps(_mm256_shuffle_ps(x[2 * i], x[2 * i + 1], 0x44),
+                             _mm256_shuffle_ps(x[2 * i], x[2 * i + 1], 0xEE));
+    return _mm256_add_ps(_mm256_shuffle_ps(y[0], y[1], 0x88), _mm256_shuffle_ps(y[0], y[1], 0xDD));
+}
+
+/* Scaled scores of rows qa, qb against keys kp[0..4) into sa[0..4), sb[0..4): per (row, key) one
+ * 8-lane FMA chain over hd, then hsum8's sum. Eight chains hide the FMA latency (hd is often 64). */
+A256F AINL void scores_2x4_256(const float *qa, const float *qb, const float *const *kp, int hd, float scale,
+                               float *sa, float *sb) {
+    __m256 acc[8];   /* [2 key + row] */
+    for (int u = 0; u < 8; u++) acc[u] = _mm256_setzero_ps();
+    for (int i = 0; i < hd; i += 8) {
+        const __m256 q0 = _mm256_loadu_ps(qa + i), q1 = _mm256_loadu_ps(qb + i);
+        for (int u = 0; u < 4; u++) {
+            const __m256 k = _mm256_loadu_ps(kp[u] + i);
+            acc[2 * u] = _mm256_fmadd_ps(q0, k, acc[2 * u]);
+            acc[2 * u + 1] = _mm256_fmadd_ps(q1, k, acc[2 * u + 1]);
         }
-        __m256 a[8];
-        for (int u = 0; u < 8; u++) a[u] = _mm256_setzero_ps();
-        for (int i = 0; i < hd; i += 8) {
-            __m256 q = _mm256_loadu_ps(qh + i);
-            for (int u = 0; u < 8; u++) a[u] = _mm256_fmadd_ps(q, _mm256_loadu_ps(kp[u] + i), a[u]);
+    }
+    const __m256 s = _mm256_mul_ps(hsum8_x8(acc), _mm256_set1_ps(scale));
+    _mm_storeu_ps(sa, _mm256_castps256_ps128(s));
+    _mm_storeu_ps(sb, _mm256_extractf128_ps(s, 1));
+}
+
+/* Pointers to keys j..j+3 for a 4-key tile (past hi: key hi again, its score unused); *slot, key
+ * j's ring slot, steps along. */
+AINL void tile_keys(const att_kv *kv, int j, int hi, int *slot, const float **kp) {
+    for (int u = 0; u < 4; u++) {
+        kp[u] = kv->K + (size_t)*slot * kv->kv_dim;
+        if (j + u < hi) *slot = next_slot(*slot, kv->slots);
+    }
+}
+
+/* Scores of every row of the block, two rows per tile (an odd last row twice, into the spare
+ * score row after it). */
+A256F static void block_scores_256(const att_kv *kv, const att_row *rows, int n_rows, float *sc, int stride, int j0) {
+    for (int r = 0; r < n_rows; r += 2) {
+        const att_row *a = &rows[r], *b = &rows[r + 1 < n_rows ? r + 1 : r];
+        const int lo = a->lo < b->lo ? a->lo : b->lo, hi = a->hi > b->hi ? a->hi : b->hi;
+        float *sa = sc + (size_t)r * stride, *sb = sa + stride;
+        int slot = lo % kv->slots;
+        for (int j = lo; j <= hi; j += 4) {
+            const float *kp[4];
+            tile_keys(kv, j, hi, &slot, kp);
+            scores_2x4_256(a->q, b->q, kp, kv->hd, kv->scale, sa + (j - j0), sb + (j - j0));
         }
-        for (int u = 0; u < 8; u++) sc[j + u] = hsum8(a[u]) * scale;
     }
-    for (; j < nk; j++) {
-        const float *k0 = K + (size_t)slot * kv_dim;
-        slot = slot + 1 == slots ? 0 : slot + 1;
-        __m256 a0 = _mm256_setzero_ps();
-        for (int i = 0; i < hd; i += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qh + i), _mm256_loadu_ps(k0 + i), a0);
-        sc[j] = hsum8(a0) * scale;
-    }
-    float mx = -INFINITY;
-    for (int i = 0; i < nk; i++) mx = sc[i] > mx ? sc[i] : mx;
-    __m256 vs = _mm256_setzero_ps();
+}
+
+/* s[0..nk) = softmax(s): e^(s - max), times 1 / sum; the sum over 8 lanes from s[0] (masked tail)
+ * then hsum8. */
+A256F static void softmax_256(float *s, int nk) {
+    __m256 vmx = _mm256_set1_ps(-INFINITY);
     int i = 0;
-    for (; i + 8 <= nk; i += 8) {
-        __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(sc + i), _mm256_set1_ps(mx)));
-        _mm256_storeu_ps(sc + i, e);
+    for (; i + 8 <= nk; i += 8) vmx = _mm256_max_ps(_mm256_loadu_ps(s + i), vmx);
+    float mx = hmax8(vmx);
+    for (; i < nk; i++) mx = s[i] > mx ? s[i] : mx;
+    __m256 vs = _mm256_setzero_ps();
+    for (i = 0; i + 8 <= nk; i += 8) {
+        __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + i), _mm256_set1_ps(mx)));
+        _mm256_storeu_ps(s + i, e);
         vs = _mm256_add_ps(vs, e);
     }
     if (i < nk) {   /* tail: masked lanes contribute 0 */
         const __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
         __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(nk - i), idx);
-        __m256 e = exp8(_mm256_sub_ps(_mm256_maskload_ps(sc + i, mask), _mm256_set1_ps(mx)));
+        __m256 e = exp8(_mm256_sub_ps(_mm256_maskload_ps(s + i, mask), _mm256_set1_ps(mx)));
         e = _mm256_and_ps(e, _mm256_castsi256_ps(mask));
-        _mm256_maskstore_ps(sc + i, mask, e);
+        _mm256_maskstore_ps(s + i, mask, e);
         vs = _mm256_add_ps(vs, e);
     }
     const float inv = 1.0f / hsum8(vs);
+    for (i = 0; i + 8 <= nk; i += 8) _mm256_storeu_ps(s + i, _mm256_mul_ps(_mm256_loadu_ps(s + i), _mm256_set1_ps(inv)));
+    for (; i < nk; i++) s[i] *= inv;
+}
+
+/* Key j's value vector v times each on-row's weight (p + r * stride) into its W 8-lane outputs. */
+A256F AINL void wsum_key_256(__m256 (*o)[4], const float *v, const float *p, int stride, const int NR, const int W,
+                             unsigned rows_on) {
+    __m256 vv[4];
+    for (int w = 0; w < W; w++) vv[w] = _mm256_loadu_ps(v + 8 * w);
+    for (int r = 0; r < NR; r++) {
+        if (!(rows_on >> r & 1)) continue;
+        const __m256 pr = _mm256_broadcast_ss(p + (size_t)r * stride);
+        for (int w = 0; w < W; w++) o[r][w] = _mm256_fmadd_ps(pr, vv[w], o[r][w]);
+    }
+}
+
+/* Outputs c..c + 8W of rows[0..NR): the sum over each row's keys, in order, of its softmax weight
+ * (p + r * stride, key j at j - j0) times v. Keys every row sees go without per-row tests. */
+A256F AINL void wsum_256(const att_kv *kv, const att_row *rows, const float *p, int stride, int j0, const int NR,
+                         const int W, int c) {
+    __m256 o[2][4];
+    int lo = rows[0].lo, hi = rows[0].hi, all_lo = lo, all_hi = hi;
+    for (int r = 0; r < NR; r++) {
+        lo = rows[r].lo < lo ? rows[r].lo : lo;
+        hi = rows[r].hi > hi ? rows[r].hi : hi;
+        all_lo = rows[r].lo > all_lo ? rows[r].lo : all_lo;
+        all_hi = rows[r].hi < all_hi ? rows[r].hi : all_hi;
+        for (int w = 0; w < W; w++) o[r][w] = _mm256_setzero_ps();
+    }
+    int slot = lo % kv->slots, j = lo;
+    for (; j <= hi; j++, slot = next_slot(slot, kv->slots)) {
+        if (j >= all_lo && j <= all_hi) break;
+        unsigned on = 0;
+        for (int r = 0; r < NR; r++) on |= (unsigned)(rows[r].lo <= j && j <= rows[r].hi) << r;
+        wsum_key_256(o, kv->V + (size_t)slot * kv->kv_dim + c, p + (j - j0), stride, NR, W, on);
+    }
+    for (; j <= all_hi; j++, slot = next_slot(slot, kv->slots))
+        wsum_key_256(o, kv->V + (size_t)slot * kv->kv_dim + c, p + (j - j0), stride, NR, W, (1u << NR) - 1);
+    for (; j <= hi; j++, slot = next_slot(slot, kv->slots)) {
+        unsigned on = 0;
+        for (int r = 0; r < NR; r++) on |= (unsigned)(rows[r].lo <= j && j <= rows[r].hi) << r;
+        wsum_key_256(o, kv->V + (size_t)slot * kv->kv_dim + c, p + (j - j0), stride, NR, W, on);
+    }
+    for (int r = 0; r < NR; r++)
+        for (int w = 0; w < W; w++) _mm256_storeu_ps(rows[r].out + c + 8 * w, o[r][w]);
+}
+
+/* hd a multiple of 8. Scratch: block_floats(). */
+A256F static void attend_rows_256(const att_kv *kv, const att_row *rows, int n_rows, float *scratch) {
+    int j0;
+    const int stride = block_stride(block_keys(rows, n_rows, &j0)), hd = kv->hd;
+    block_scores_256(kv, rows, n_rows, scratch, stride, j0);
+    for (int r = 0; r < n_rows; r++)
+        softmax_256(scratch + (size_t)r * stride + (rows[r].lo - j0), rows[r].hi - rows[r].lo + 1);
+    for (int r = 0; r < n_rows; r += 2) {   /* two rows share each value load */
+        const float *p = scratch + (size_t)r * stride;
+        int c = 0;
+        if (n_rows - r >= 2) {
+            for (; c + 32 <= hd; c += 32) wsum_256(kv, rows + r, p, stride, j0, 2, 4, c);
+            for (; c < hd; c += 8) wsum_256(kv, rows + r, p, stride, j0, 2, 1, c);
+        } else {
+            for (; c + 32 <= hd; c += 32) wsum_256(kv, rows + r, p, stride, j0, 1, 4, c);
+            for (; c < hd; c += 8) wsum_256(kv, rows + r, p, stride, j0, 1, 1, c);
+        }
+    }
+}
+
+/* _mm512_shuffle_f32x4 (SIMDe 0.7.4, of the test build, has only the integer form) */
+#define SHUFFLE_F32X4(a, b, imm) \
+    _mm512_castsi512_ps(_mm512_shuffle_i32x4(_mm512_castps_si512(a), _mm512_castps_si512(b), (imm)))
+
+/* hsum8_x8 on 16 sums: a[2 key + pair] holds row pair `pair`'s two 8-lane sums for that key
+ * ([row 2 pair | row 2 pair + 1]); 128-bit lane r of the result holds row r's sums for keys 0..3. */
+A512 static inline __m512 hsum8_x16(const __m512 *a) {
+    __m512 x[4], y[2];
+    for (int i = 0; i < 4; i++)   /* lanes l + (l + 4) of each half: [a[2i] lo | hi | a[2i+1] lo | hi] */
+        x[i] = _mm512_add_ps(SHUFFLE_F32X4(a[2 * i], a[2 * i + 1], 0x88), SHUFFLE_F32X4(a[2 * i], a[2 * i + 1], 0xDD));
+    for (int i = 0; i < 2; i++)   /* then l + (l + 2) */
+        y[i] = _mm512_add_ps(_mm512_shuffle_ps(x[2 * i], x[2 * i + 1], 0x44),
+                             _mm512_shuffle_ps(x[2 * i], x[2 * i + 1], 0xEE));
+    return _mm512_add_ps(_mm512_shuffle_ps(y[0], y[1], 0x88), _mm512_shuffle_ps(y[0], y[1], 0xDD));
+}
+
+/* scores_2x4_256 for 4 rows: qi0, qi1 hold rows (0, 1) and (2, 3) interleaved per 8 floats, each
+ * key is broadcast to both halves, so one FMA runs two rows' 8-lane chains. */
+A512 AINL void scores_4x4_512(const float *qi0, const float *qi1, const float *const *kp, int hd, float scale,
+                              float *const *s, int at) {
+    __m512 acc[8];   /* [2 key + row pair] */
+    for (int u = 0; u < 8; u++) acc[u] = _mm512_setzero_ps();
+    for (int i = 0; i < hd; i += 8) {
+        const __m512 q0 = _mm512_loadu_ps(qi0 + 2 * i), q1 = _mm512_loadu_ps(qi1 + 2 * i);
+        for (int u = 0; u < 4; u++) {
+            const __m512 k = _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_castps_pd(_mm256_loadu_ps(kp[u] + i))));
+            acc[2 * u] = _mm512_fmadd_ps(q0, k, acc[2 * u]);
+            acc[2 * u + 1] = _mm512_fmadd_ps(q1, k, acc[2 * u + 1]);
+        }
+    }
+    const __m512 v = _mm512_mul_ps(hsum8_x16(acc), _mm512_set1_ps(scale));
+    _mm_storeu_ps(s[0] + at, _mm512_castps512_ps128(v));
+    _mm_storeu_ps(s[1] + at, _mm512_extractf32x4_ps(v, 1));
+    _mm_storeu_ps(s[2] + at, _mm512_extractf32x4_ps(v, 2));
+    _mm_storeu_ps(s[3] + at, _mm512_extractf32x4_ps(v, 3));
+}
+
+/* softmax_256 with 16-lane exps; the sum adds each 8-lane half in turn, as softmax_256 does. */
+A512 static void softmax_512(float *s, int nk) {
+    const __m512 ninf = _mm512_set1_ps(-INFINITY);
+    __m512 vmx = ninf;
+    int i = 0;
+    for (; i + 16 <= nk; i += 16) vmx = _mm512_max_ps(_mm512_loadu_ps(s + i), vmx);
+    const __mmask16 tail = (__mmask16)((1u << (nk - i)) - 1);
+    if (tail) vmx = _mm512_max_ps(_mm512_mask_loadu_ps(ninf, tail, s + i), vmx);
+    const __m512 mx = _mm512_set1_ps(_mm512_reduce_max_ps(vmx));
+    __m256 vs = _mm256_setzero_ps();
+    for (i = 0; i + 16 <= nk; i += 16) {
+        const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(s + i), mx));
+        _mm512_storeu_ps(s + i, e);
+        vs = _mm256_add_ps(vs, _mm512_castps512_ps256(e));
+        vs = _mm256_add_ps(vs, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1)));
+    }
+    if (tail) {   /* masked lanes are 0: adding them changes no sum */
+        const __m512 e = _mm512_maskz_mov_ps(tail, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail, s + i), mx)));
+        _mm512_mask_storeu_ps(s + i, tail, e);
+        vs = _mm256_add_ps(vs, _mm512_castps512_ps256(e));
+        vs = _mm256_add_ps(vs, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1)));
+    }
+    const __m512 inv = _mm512_set1_ps(1.0f / hsum8(vs));
+    for (i = 0; i + 16 <= nk; i += 16) _mm512_storeu_ps(s + i, _mm512_mul_ps(_mm512_loadu_ps(s + i), inv));
+    if (tail) _mm512_mask_storeu_ps(s + i, tail, _mm512_mul_ps(_mm512_maskz_loadu_ps(tail, s + i), inv));
+}
+
+A512 AINL void wsum_key_512(__m512 (*o)[4], const float *v, const float *p, int stride, const int NR, const int W,
+                            unsigned rows_on) {
+    __m512 vv[4];
+    for (int w = 0; w < W; w++) vv[w] = _mm512_loadu_ps(v + 16 * w);
+    for (int r = 0; r < NR; r++) {
+        if (!(rows_on >> r & 1)) continue;
+        const __m512 pr = _mm512_set1_ps(p[(size_t)r * stride]);
+        for (int w = 0; w < W; w++) o[r][w] = _mm512_fmadd_ps(pr, vv[w], o[r][w]);
+    }
+}
+
+/* wsum_256 on 16-lane outputs (the same per-lane sums), up to 4 rows. */
+A512 AINL void wsum_512(const att_kv *kv, const att_row *rows, const float *p, int stride, int j0, const int NR,
+                        const int W, int c) {
+    __m512 o[4][4];
+    int lo = rows[0].lo, hi = rows[0].hi, all_lo = lo, all_hi = hi;
+    for (int r = 0; r < NR; r++) {
+        lo = rows[r].lo < lo ? rows[r].lo : lo;
+        hi = rows[r].hi > hi ? rows[r].hi : hi;
+        all_lo = rows[r].lo > all_lo ? rows[r].lo : all_lo;
+        all_hi = rows[r].hi < all_hi ? rows[r].hi : all_hi;
+        for (int w = 0; w < W; w++) o[r][w] = _mm512_setzero_ps();
+    }
+    int slot = lo % kv->slots, j = lo;
+    for (; j <= hi; j++, slot = next_slot(slot, kv->slots)) {
+        if (j >= all_lo && j <= all_hi) break;
+        unsigned on = 0;
+        for (int r = 0; r < NR; r++) on |= (unsigned)(rows[r].lo <= j && j <= rows[r].hi) << r;
+        wsum_key_512(o, kv->V + (size_t)slot * kv->kv_dim + c, p + (j - j0), stride, NR, W, on);
+    }
+    for (; j <= all_hi; j++, slot = next_slot(slot, kv->slots))
+        wsum_key_512(o, kv->V + (size_t)slot * kv->kv_dim + c, p + (j - j0), stride, NR, W, (1u << NR) - 1);
+    for (; j <= hi; j++, slot = next_slot(slot, kv->slots)) {
+        unsigned on = 0;
+        for (int r = 0; r < NR; r++) on |= (unsigned)(rows[r].lo <= j && j <= rows[r].hi) << r;
+        wsum_key_512(o, kv->V + (size_t)slot * kv->kv_dim + c, p + (j - j0), stride, NR, W, on);
+    }
+    for (int r = 0; r < NR; r++)
+        for (int w = 0; w < W; w++) _mm512_storeu_ps(rows[r].out + c + 16 * w, o[r][w]);
+}
+
+A512 static void wsum_rows_512(const att_kv *kv, const att_row *rows, int nr, const float *p, int stride, int j0) {
     int c = 0;
-    for (; c + 64 <= hd; c += 64) {   /* 64 outputs in registers over all keys */
-        __m256 o0 = _mm256_setzero_ps(), o1 = o0, o2 = o0, o3 = o0, o4 = o0, o5 = o0, o6 = o0, o7 = o0;
-        int vslot = lo % slots;
-        for (int jj = 0; jj < nk; jj++) {
-            const float *v = V + (size_t)vslot * kv_dim + c;
-            vslot = vslot + 1 == slots ? 0 : vslot + 1;
-            const __m256 p = _mm256_set1_ps(sc[jj] * inv);
-            o0 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v), o0);
-            o1 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 8), o1);
-            o2 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 16), o2);
-            o3 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 24), o3);
-            o4 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 32), o4);
-            o5 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 40), o5);
-            o6 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 48), o6);
-            o7 = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 56), o7);
-        }
-        float *oc = out + c;
-        _mm256_storeu_ps(oc, o0); _mm256_storeu_ps(oc + 8, o1); _mm256_storeu_ps(oc + 16, o2);
-        _mm256_storeu_ps(oc + 24, o3); _mm256_storeu_ps(oc + 32, o4); _mm256_storeu_ps(oc + 40, o5);
-        _mm256_storeu_ps(oc + 48, o6); _mm256_storeu_ps(oc + 56, o7);
+    switch (nr) {
+#define WSUM_512(NR)                                                                        \
+    for (; c + 64 <= kv->hd; c += 64) wsum_512(kv, rows, p, stride, j0, NR, 4, c);          \
+    for (; c < kv->hd; c += 16) wsum_512(kv, rows, p, stride, j0, NR, 1, c);                \
+    break;
+    case 4: WSUM_512(4)
+    case 3: WSUM_512(3)
+    case 2: WSUM_512(2)
+    default: WSUM_512(1)
+#undef WSUM_512
     }
-    for (; c < hd; c += 8) {   /* hd not a multiple of 64: the rest 8 outputs at a time */
-        __m256 o = _mm256_setzero_ps();
-        int vslot = lo % slots;
-        for (int jj = 0; jj < nk; jj++) {
-            const float *v = V + (size_t)vslot * kv_dim + c;
-            vslot = vslot + 1 == slots ? 0 : vslot + 1;
-            o = _mm256_fmadd_ps(_mm256_set1_ps(sc[jj] * inv), _mm256_loadu_ps(v), o);
-        }
-        _mm256_storeu_ps(out + c, o);
+}
+
+/* hd a multiple of 16. Scratch: block_floats(). */
+A512 static void attend_rows_512(const att_kv *kv, const att_row *rows, int n_rows, float *scratch) {
+    int j0;
+    const int stride = block_stride(block_keys(rows, n_rows, &j0)), hd = kv->hd, n4 = (n_rows + 3) & ~3;
+    /* q of rows (0, 1), (2, 3)... interleaved per 8 floats; rows past the last: the last again,
+     * into the spare score rows */
+    float *qi = scratch, *sc = scratch + (size_t)n4 * hd;
+    for (int r = 0; r < n4; r++) {
+        const float *q = rows[r < n_rows ? r : n_rows - 1].q;
+        float *dst = qi + (size_t)(r & ~1) * hd + (r & 1) * 8;
+        for (int i = 0; i < hd; i += 8) memcpy(dst + 2 * i, q + i, 8 * sizeof(float));
     }
+    for (int r = 0; r < n_rows; r += 4) {
+        int lo = rows[r].lo, hi = rows[r].hi;
+        for (int u = 1; u < 4 && r + u < n_rows; u++) {
+            lo = rows[r + u].lo < lo ? rows[r + u].lo : lo;
+            hi = rows[r + u].hi > hi ? rows[r + u].hi : hi;
+        }
+        float *s[4];
+        for (int u = 0; u < 4; u++) s[u] = sc + (size_t)(r + u) * stride;
+        int slot = lo % kv->slots;
+        for (int j = lo; j <= hi; j += 4) {
+            const float *kp[4];
+            tile_keys(kv, j, hi, &slot, kp);
+            scores_4x4_512(qi + (size_t)r * hd, qi + (size_t)(r + 2) * hd, kp, hd, kv->scale, s, j - j0);
+        }
+    }
+    for (int r = 0; r < n_rows; r++)
+        softmax_512(sc + (size_t)r * stride + (rows[r].lo - j0), rows[r].hi - rows[r].lo + 1);
+    for (int r = 0; r < n_rows; r += 4)   /* four rows share each value load */
+        wsum_rows_512(kv, rows + r, n_rows - r < 4 ? n_rows - r : 4, sc + (size_t)r * stride, stride, j0);
 }
 #endif
 
-static void attend_head(const float *qh, const float *K, const float *V, int kv_dim, int slots,
-                        int lo, int pos, int hd, float scale, float *sc, float *out) {
+/* Attention of one block of rows (one KV head). scratch: block_floats() floats. */
+static void attend_rows(const att_kv *kv, const att_row *rows, int n_rows, float *scratch) {
 #if defined(__x86_64__) || defined(__i386__)
-    if (hd % 8 == 0 && rq_kernel_path() != RQ_PATH_SCALAR) {
-        attend_head_256(qh, K, V, kv_dim, slots, lo, pos, hd, scale, sc, out);
+    const int path = rq_kernel_path();
+    if (path == RQ_PATH_AVX512 && kv->hd % 16 == 0) {
+        attend_rows_512(kv, rows, n_rows, scratch);
+        return;
+    }
+    if (path != RQ_PATH_SCALAR && kv->hd % 8 == 0) {   /* on the avx512 path too: the same results */
+        attend_rows_256(kv, rows, n_rows, scratch);
         return;
     }
 #endif
-    attend_head_ref(qh, K, V, kv_dim, slots, lo, pos, hd, scale, sc, out);
+    for (int r = 0; r < n_rows; r++) attend_row_ref(kv, &rows[r], scratch);
+}
+
+#define ATT_BLOCK_TOKENS 4      /* consecutive tokens per block in prefill */
+#define ATT_MAX_ROWS 64         /* rows per block */
+#define ATT_PARALLEL_FROM 32    /* decode: below this position one thread runs the heads (a parallel
+                                 * region costs more than their work) */
+
+/* At least 256 KB (a block's scores stay in L2), and at least one row over every position. */
+static size_t att_scratch_floats(int capacity, int hd) {
+    const size_t one_row = block_floats(1, capacity, hd);
+    return one_row > 64 * 1024 ? one_row : 64 * 1024;
+}
+
+/* The shape of one layer's attention: KV ring of `slots` positions ([slots][n_head_kv * hd]);
+ * window > 0: a token sees only the last `window` positions. */
+typedef struct {
+    int n_head, n_head_kv, hd, slots, window;
+    float scale;
+} att_shape;
+
+/* A pass's attention runs as blocks of `tokens` consecutive tokens x `heads` query heads of one
+ * KV head. Given 0, picks them: all of a KV head's query heads, ATT_BLOCK_TOKENS tokens, fewer
+ * where the scratch is too small for the keys; for one token, heads split so that every thread
+ * gets a block (each block then reads the keys again). */
+static void attention_split(const att_shape *a, int n, int pos0, int n_threads, size_t scratch_floats,
+                            int *tokens, int *heads) {
+    const int group = a->n_head / a->n_head_kv;
+    int t = *tokens > 0 ? *tokens : (n < ATT_BLOCK_TOKENS ? n : ATT_BLOCK_TOKENS);
+    int h = *heads;
+    if (h <= 0) {
+        int per_kv = n == 1 && pos0 >= ATT_PARALLEL_FROM ? (n_threads + a->n_head_kv - 1) / a->n_head_kv : 1;
+        per_kv = per_kv < group ? per_kv : group;
+        h = (group + per_kv - 1) / per_kv;
+    }
+    h = h < group ? h : group;
+    for (;;) {
+        const int keys = a->window > 0 && a->window + t - 1 < pos0 + n ? a->window + t - 1 : pos0 + n;
+        if (t * h <= ATT_MAX_ROWS && block_floats(t * h, keys, a->hd) <= scratch_floats) break;
+        if (t > 1) t--;
+        else if (h > 1) h--;
+        else break;
+    }
+    *tokens = t;
+    *heads = h;
+}
+
+/* Attention of n tokens at positions pos0.. (q and out: [n][n_head * hd]) over the ring K, V,
+ * in blocks of `tokens` x `heads` (0: attention_split's choice) on n_threads threads, each with
+ * scratch_floats of scratch. */
+static void attend_tokens(const att_shape *a, const float *q, const float *K, const float *V, float *out, int n,
+                          int pos0, int tokens, int heads, int n_threads, float *scratch, size_t scratch_floats) {
+    attention_split(a, n, pos0, n_threads, scratch_floats, &tokens, &heads);
+    const int hd = a->hd, group = a->n_head / a->n_head_kv, q_dim = a->n_head * hd;
+    const int chunks = (group + heads - 1) / heads, per_block = a->n_head_kv * chunks;
+    const int n_blocks = (n + tokens - 1) / tokens;
+    /* Later tokens see more keys: their blocks go first, so the threads end together. */
+    #pragma omp parallel for schedule(dynamic) num_threads(n_threads) if (n > 1 || pos0 >= ATT_PARALLEL_FROM)
+    for (int task = 0; task < n_blocks * per_block; task++) {
+        const int b = n_blocks - 1 - task / per_block, kvh = task % per_block / chunks;
+        const int h0 = kvh * group + task % chunks * heads;
+        const int h1 = h0 + heads < (kvh + 1) * group ? h0 + heads : (kvh + 1) * group;
+        const att_kv kv = {K + (size_t)kvh * hd, V + (size_t)kvh * hd, a->n_head_kv * hd, a->slots, hd, a->scale};
+        att_row rows[ATT_MAX_ROWS];
+        int nr = 0;
+        for (int t = b * tokens; t < n && t < (b + 1) * tokens; t++) {
+            const int pos = pos0 + t, lo = a->window > 0 && pos - a->window + 1 > 0 ? pos - a->window + 1 : 0;
+            for (int h = h0; h < h1; h++)
+                rows[nr++] = (att_row){q + (size_t)t * q_dim + h * hd, out + (size_t)t * q_dim + h * hd, lo, pos};
+        }
+        attend_rows(&kv, rows, nr, scratch + (size_t)omp_get_thread_num() * scratch_floats);
+    }
+}
+
+int rq_attention(const float *q, const float *k, const float *v, float *out, int n, int pos0, int n_head,
+                 int n_head_kv, int hd, int slots, int window, float scale, int tokens, int heads, int n_threads) {
+    const int keys = window > 0 && window + n - 1 < pos0 + n ? window + n - 1 : pos0 + n;
+    if (n <= 0 || pos0 < 0 || n_head <= 0 || n_head_kv <= 0 || n_head % n_head_kv || hd <= 0 || keys > slots ||
+        n_threads <= 0)
+        return -1;
+    const att_shape a = {n_head, n_head_kv, hd, slots, window, scale};
+    size_t per_thread = block_floats(ATT_MAX_ROWS, keys, hd);
+    float *scratch = alloc_aligned(sizeof(float) * per_thread * n_threads);
+    if (!scratch) return -1;
+    attend_tokens(&a, q, k, v, out, n, pos0, tokens, heads, n_threads, scratch, per_thread);
+    free(scratch);
+    return 0;
 }
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -534,20 +894,9 @@ static void attention(rq_model *m, int il, int n, int pos0) {
         memcpy(m->kv.v[il] + slot * kv_dim, m->v + (size_t)t * kv_dim, sizeof(float) * kv_dim);
     }
 
-    const int group = c->n_head / c->n_head_kv;
-    const float *Kc = m->kv.k[il], *Vc = m->kv.v[il];
-    #pragma omp parallel for collapse(2) schedule(dynamic) num_threads(m->n_threads) if (n > 1 || pos0 >= 32)
-    for (int t = 0; t < n; t++) {
-        for (int h = 0; h < c->n_head; h++) {
-            const int pos = pos0 + t;
-            const int lo = local && pos - c->sliding_window + 1 > 0 ? pos - c->sliding_window + 1 : 0;
-            const float *qh = m->q + (size_t)t * q_dim + h * hd;
-            const int kvh = (h / group) * hd;
-            float *sc = m->scores + (size_t)omp_get_thread_num() * (m->kv.capacity + 1);
-            attend_head(qh, Kc + kvh, Vc + kvh, kv_dim, slots, lo, pos, hd, c->attn_scale, sc,
-                        m->att_out + (size_t)t * q_dim + h * hd);
-        }
-    }
+    const att_shape shape = {c->n_head, c->n_head_kv, hd, slots, local ? c->sliding_window : 0, c->attn_scale};
+    attend_tokens(&shape, m->q, m->kv.k[il], m->kv.v[il], m->att_out, n, pos0, 0, 0, m->n_threads, m->att_scratch,
+                  m->att_scratch_floats);
 
     quantize_rows(m, m->att_out, n, q_dim, q_dim);
     matmul(m, &L->wo, n, m->xb, d);
