@@ -26,8 +26,9 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from engine.cgroups import PROC_SELF_CGROUP, own_cgroups
+
 ENV_THREADS = "RQLLM_THREADS"
-PROC_SELF_CGROUP = Path("/proc/self/cgroup")
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 
 
@@ -69,26 +70,6 @@ class ThreadChoice:
     reason: str
 
 
-def _cgroup_paths(proc_cgroup: Path) -> list[tuple[str, str]]:
-    """(hierarchy, path) pairs from /proc/self/cgroup that can hold a CPU quota: ('', path) for v2,
-    (the v1 controllers, e.g. 'cpu,cpuacct', path) for a v1 hierarchy with the cpu controller."""
-    try:
-        lines = proc_cgroup.read_text().splitlines()
-    except OSError:
-        return []
-    out = []
-    for line in lines:
-        parts = line.split(":", 2)
-        if len(parts) != 3:
-            continue
-        _, controllers, path = parts
-        if controllers == "":
-            out.append(("", path))
-        elif "cpu" in controllers.split(","):
-            out.append((controllers, path))
-    return out
-
-
 def _read_v2(directory: Path) -> CgroupCpuQuota | None:
     try:
         fields = (directory / "cpu.max").read_text().split()
@@ -115,7 +96,7 @@ def cgroup_cpu_quota(*, proc_cgroup: Path = PROC_SELF_CGROUP,
     """The tightest CPU quota on this process's cgroup path and its ancestors (each level limits all
     below it), or None when there is none."""
     best: CgroupCpuQuota | None = None
-    for hierarchy, path in _cgroup_paths(proc_cgroup):
+    for hierarchy, path in own_cgroups("cpu", proc_cgroup):
         if hierarchy:
             # v1: mounted per controller set ("cpu,cpuacct", usually also reachable as "cpu").
             bases = [cgroup_root / hierarchy, cgroup_root / "cpu"]

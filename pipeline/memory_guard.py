@@ -26,6 +26,7 @@ from pathlib import Path
 import click
 import psutil
 
+from engine.cgroups import own_cgroups
 from engine.kv_cache import KVCache, format_bytes
 
 ENV_SKIP = "RQLLM_NO_MEMORY_CHECK"
@@ -88,29 +89,11 @@ def _read_int(path: Path) -> int | None:
     return value if value < _NO_LIMIT else None
 
 
-def _cgroup_paths() -> list[tuple[str, str]]:
-    """(hierarchy, path) pairs from /proc/self/cgroup: ('', path) for v2, ('memory', path) for v1."""
-    out = []
-    try:
-        lines = Path("/proc/self/cgroup").read_text().splitlines()
-    except OSError:
-        return out
-    for line in lines:
-        parts = line.split(":", 2)
-        if len(parts) != 3:
-            continue
-        _, controllers, path = parts
-        if controllers == "":
-            out.append(("", path))
-        elif "memory" in controllers.split(","):
-            out.append(("memory", path))
-    return out
-
-
 def cgroup_limit(root: Path = Path("/sys/fs/cgroup")) -> tuple[int, str] | None:
     """The tightest memory limit along this process's cgroup path, with the file it came from."""
     best: tuple[int, str] | None = None
-    for hierarchy, path in _cgroup_paths():
+    for controllers, path in own_cgroups("memory"):
+        hierarchy = "memory" if controllers else ""   # v1: the memory controller's own mount
         base = root / hierarchy if hierarchy else root
         name = "memory.limit_in_bytes" if hierarchy else "memory.max"
         rel = Path(path.lstrip("/"))
