@@ -26,21 +26,28 @@ if TYPE_CHECKING:
 
 DEFAULT_STREAM_MAXLEN = 10_000
 
+
+def lua_skip_if_last_entry_has(stream_key: str, write_id: str) -> str:
+    """Lua that returns 0 when the stream's last entry carries this write id (field 'w'): the one
+    repeat guard of every token-stream write (a resent command must not write twice)."""
+    return f"""
+local last = redis.call('XREVRANGE', {stream_key}, '+', '-', 'COUNT', 1)
+if #last > 0 then
+  local f = last[1][2]
+  for i = 1, #f - 1, 2 do
+    if f[i] == 'w' and f[i + 1] == {write_id} then return 0 end
+  end
+end
+"""
+
+
 # KEYS: result, waiting set, token stream
 # ARGV: result json, status, result ttl, stream ttl, stream maxlen, last text chunk json ('' = none),
 #       end marker json, job id, only_if_absent ('1'/'0'), write id (JSON string, new for every finish)
 # The end marker carries the write id. redis-py resends a command whose reply a dropped connection (a
 # Redis restart) lost; if the stream's last entry is this finish's own end marker, the script already
 # ran in full (it is atomic) and the resend returns 0 without writing the last text and marker again.
-_FINISH = """
-local last = redis.call('XREVRANGE', KEYS[3], '+', '-', 'COUNT', 1)
-if #last > 0 then
-  local f = last[1][2]
-  for i = 1, #f - 1, 2 do
-    if f[i] == 'w' and f[i + 1] == ARGV[10] then return 0 end
-  end
-end
-if ARGV[9] == '1' and redis.call('EXISTS', KEYS[1]) == 1 then return -1 end
+_FINISH = lua_skip_if_last_entry_has("KEYS[3]", "ARGV[10]") + """if ARGV[9] == '1' and redis.call('EXISTS', KEYS[1]) == 1 then return -1 end
 if ARGV[6] ~= '' then
   redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[5], '*', 'd', ARGV[6])
 end

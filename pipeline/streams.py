@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from jobs import keys
-from jobs.ledger import DEFAULT_STREAM_MAXLEN, dumps
+from jobs.ledger import DEFAULT_STREAM_MAXLEN, dumps, lua_skip_if_last_entry_has
 
 if TYPE_CHECKING:
     from redis import Redis
@@ -52,15 +52,7 @@ return attempt
 # KEYS[1]: token stream. ARGV: write id, entry JSON, maxlen. Appends the entry unless the stream's last
 # entry carries the same write id: redis-py retries a command whose reply was lost to a dropped
 # connection (a Redis restart), and a plain XADD would then append the same text twice.
-_APPEND = """
-local last = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
-if #last > 0 then
-  local f = last[1][2]
-  for i = 1, #f - 1, 2 do
-    if f[i] == 'w' and f[i + 1] == ARGV[1] then return 0 end
-  end
-end
-redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[3], '*', 'd', ARGV[2], 'w', ARGV[1])
+_APPEND = lua_skip_if_last_entry_has("KEYS[1]", "ARGV[1]") + """redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[3], '*', 'd', ARGV[2], 'w', ARGV[1])
 return 1
 """
 
