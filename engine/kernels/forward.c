@@ -290,16 +290,32 @@ typedef struct {
 
 static inline int next_slot(int slot, int slots) { return slot + 1 == slots ? 0 : slot + 1; }
 
+/* The keys a block of NR rows attends: [*lo, *hi] seen by some row, [*all_lo, *all_hi] by all. */
+static inline void rows_key_span(const att_row *rows, int NR, int *lo, int *hi, int *all_lo, int *all_hi) {
+    *lo = *all_lo = rows[0].lo;
+    *hi = *all_hi = rows[0].hi;
+    for (int r = 1; r < NR; r++) {
+        *lo = rows[r].lo < *lo ? rows[r].lo : *lo;
+        *hi = rows[r].hi > *hi ? rows[r].hi : *hi;
+        *all_lo = rows[r].lo > *all_lo ? rows[r].lo : *all_lo;
+        *all_hi = rows[r].hi < *all_hi ? rows[r].hi : *all_hi;
+    }
+}
+
+/* Bit r set when row r sees key position j. */
+static inline unsigned rows_seeing(const att_row *rows, int NR, int j) {
+    unsigned on = 0;
+    for (int r = 0; r < NR; r++) on |= (unsigned)(rows[r].lo <= j && j <= rows[r].hi) << r;
+    return on;
+}
+
 /* Row r's scores in a block: sc + r * stride, key j at j - j0 (j0: the block's first key). The
  * stride leaves room for 4-key tiles, which may write 3 scores past a row's last key. */
 static int block_stride(int keys) { return (keys + 3 + 15) & ~15; }
 
 static int block_keys(const att_row *rows, int n_rows, int *j0) {
-    int lo = rows[0].lo, hi = rows[0].hi;
-    for (int r = 1; r < n_rows; r++) {
-        lo = rows[r].lo < lo ? rows[r].lo : lo;
-        hi = rows[r].hi > hi ? rows[r].hi : hi;
-    }
+    int lo, hi, all_lo, all_hi;
+    rows_key_span(rows, n_rows, &lo, &hi, &all_lo, &all_hi);
     *j0 = lo;
     return hi - lo + 1;
 }
@@ -492,27 +508,19 @@ A256F AINL void wsum_key_256(__m256 (*o)[4], const float *v, const float *p, int
 A256F AINL void wsum_256(const att_kv *kv, const att_row *rows, const float *p, int stride, int j0, const int NR,
                          const int W, int c) {
     __m256 o[2][4];
-    int lo = rows[0].lo, hi = rows[0].hi, all_lo = lo, all_hi = hi;
-    for (int r = 0; r < NR; r++) {
-        lo = rows[r].lo < lo ? rows[r].lo : lo;
-        hi = rows[r].hi > hi ? rows[r].hi : hi;
-        all_lo = rows[r].lo > all_lo ? rows[r].lo : all_lo;
-        all_hi = rows[r].hi < all_hi ? rows[r].hi : all_hi;
+    int lo, hi, all_lo, all_hi;
+    rows_key_span(rows, NR, &lo, &hi, &all_lo, &all_hi);
+    for (int r = 0; r < NR; r++)
         for (int w = 0; w < W; w++) o[r][w] = _mm256_setzero_ps();
-    }
     int slot = lo % kv->slots, j = lo;
     for (; j <= hi; j++, slot = next_slot(slot, kv->slots)) {
         if (j >= all_lo && j <= all_hi) break;
-        unsigned on = 0;
-        for (int r = 0; r < NR; r++) on |= (unsigned)(rows[r].lo <= j && j <= rows[r].hi) << r;
-        wsum_key_256(o, kv->V + (size_t)slot * kv->kv_dim + c, p + (j - j0), stride, NR, W, on);
+        wsum_key_256(o, kv->V + (size_t)slot * kv->kv_dim + c, p + (j - j0), stride, NR, W, rows_seeing(rows, NR, j));
     }
     for (; j <= all_hi; j++, slot = next_slot(slot, kv->slots))
         wsum_key_256(o, kv->V + (size_t)slot * kv->kv_dim + c, p + (j - j0), stride, NR, W, (1u << NR) - 1);
     for (; j <= hi; j++, slot = next_slot(slot, kv->slots)) {
-        unsigned on = 0;
-        for (int r = 0; r < NR; r++) on |= (unsigned)(rows[r].lo <= j && j <= rows[r].hi) << r;
-        wsum_key_256(o, kv->V + (size_t)slot * kv->kv_dim + c, p + (j - j0), stride, NR, W, on);
+        wsum_key_256(o, kv->V + (size_t)slot * kv->kv_dim + c, p + (j - j0), stride, NR, W, rows_seeing(rows, NR, j));
     }
     for (int r = 0; r < NR; r++)
         for (int w = 0; w < W; w++) _mm256_storeu_ps(rows[r].out + c + 8 * w, o[r][w]);
@@ -617,27 +625,19 @@ A512 AINL void wsum_key_512(__m512 (*o)[4], const float *v, const float *p, int 
 A512 AINL void wsum_512(const att_kv *kv, const att_row *rows, const float *p, int stride, int j0, const int NR,
                         const int W, int c) {
     __m512 o[4][4];
-    int lo = rows[0].lo, hi = rows[0].hi, all_lo = lo, all_hi = hi;
-    for (int r = 0; r < NR; r++) {
-        lo = rows[r].lo < lo ? rows[r].lo : lo;
-        hi = rows[r].hi > hi ? rows[r].hi : hi;
-        all_lo = rows[r].lo > all_lo ? rows[r].lo : all_lo;
-        all_hi = rows[r].hi < all_hi ? rows[r].hi : all_hi;
+    int lo, hi, all_lo, all_hi;
+    rows_key_span(rows, NR, &lo, &hi, &all_lo, &all_hi);
+    for (int r = 0; r < NR; r++)
         for (int w = 0; w < W; w++) o[r][w] = _mm512_setzero_ps();
-    }
     int slot = lo % kv->slots, j = lo;
     for (; j <= hi; j++, slot = next_slot(slot, kv->slots)) {
         if (j >= all_lo && j <= all_hi) break;
-        unsigned on = 0;
-        for (int r = 0; r < NR; r++) on |= (unsigned)(rows[r].lo <= j && j <= rows[r].hi) << r;
-        wsum_key_512(o, kv->V + (size_t)slot * kv->kv_dim + c, p + (j - j0), stride, NR, W, on);
+        wsum_key_512(o, kv->V + (size_t)slot * kv->kv_dim + c, p + (j - j0), stride, NR, W, rows_seeing(rows, NR, j));
     }
     for (; j <= all_hi; j++, slot = next_slot(slot, kv->slots))
         wsum_key_512(o, kv->V + (size_t)slot * kv->kv_dim + c, p + (j - j0), stride, NR, W, (1u << NR) - 1);
     for (; j <= hi; j++, slot = next_slot(slot, kv->slots)) {
-        unsigned on = 0;
-        for (int r = 0; r < NR; r++) on |= (unsigned)(rows[r].lo <= j && j <= rows[r].hi) << r;
-        wsum_key_512(o, kv->V + (size_t)slot * kv->kv_dim + c, p + (j - j0), stride, NR, W, on);
+        wsum_key_512(o, kv->V + (size_t)slot * kv->kv_dim + c, p + (j - j0), stride, NR, W, rows_seeing(rows, NR, j));
     }
     for (int r = 0; r < NR; r++)
         for (int w = 0; w < W; w++) _mm512_storeu_ps(rows[r].out + c + 16 * w, o[r][w]);
