@@ -69,14 +69,23 @@ def test_top1_matches_the_reference_on_real_text(model_case):
     ref = reference(path)
     total = agree = 0
     worst = 0.0
+    errors = []
     for tokens in real_texts(name):
         ours = model.forward_all(tokens)
         theirs = ref.forward(tokens)
         total += len(tokens)
         agree += int((ours.argmax(-1) == theirs.argmax(-1)).sum())
         worst = max(worst, float(np.abs(ours - theirs).max()))
+        errors.append(float(np.abs(ours - theirs).mean()))
+    mean = float(np.mean(errors))
     assert agree / total >= 0.95, f"top-1 agrees at {agree}/{total} positions; max |logit diff| {worst:.3f}"
-    assert worst < 3.0, f"max |logit diff| {worst:.3f}"  # measured ~1.1 SmolLM2, ~2.05 Gemma (262k logits)
+    # Mean |logit diff| over every logit: measured 0.175 SmolLM2, 0.146 Gemma 3 (llama.cpp's own
+    # numerics, emulated by the reference's ggml_numerics, give 0.189 and 0.232).
+    assert mean < 0.2, f"mean |logit diff| {mean:.4f}"
+    # The single worst of ~10^8 logits swings between 1.5 and 4.4 across settings of equal mean
+    # error (llama.cpp's numerics: 2.2 SmolLM2, 3.8 Gemma): a bound for gross errors only (a wrong
+    # RoPE, norm or mask gives tens).
+    assert worst < 5.0, f"max |logit diff| {worst:.3f}"
 
 
 def test_top1_matches_llamacpp(model_case):
@@ -145,6 +154,40 @@ def test_split_passes_equal_one_pass_exactly_on_simd_paths(smollm2_path, gemma3_
         model.forward(tokens[:9], 0)
         for i in range(9, len(tokens)):
             np.testing.assert_array_equal(model.forward([tokens[i]], i), batched[i], err_msg=f"position {i}")
+
+
+def test_thread_count_does_not_change_results(model_case):
+    """Outlier columns, norms and matmuls split their work across threads without reordering
+    any sum: one thread and two give the same logits bit for bit."""
+    name, path = model_case
+    tokens = logits_fixture(name)["ids"][:40]
+    one = Model.load(path, threads=1, kv_budget="16MiB").forward_all(tokens)
+    two = Model.load(path, threads=2, kv_budget="16MiB").forward_all(tokens)
+    np.testing.assert_array_equal(one, two)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_outlier_columns_bring_smollm2_closer_to_the_reference(smollm2_path, monkeypatch, threads):
+    """SmolLM2's gated activations carry massive outliers: with them added exactly (opt-in,
+    RQLLM_OUTLIER_RMS) the logits are nearer the f32 reference than with every value through int8,
+    and the same whatever the threads."""
+    tokens = logits_fixture("smollm2-135m")["ids"]
+    ref = reference(str(smollm2_path)).forward(tokens)
+    errors, logits = {}, {}
+    for setting in ("12", "0"):
+        monkeypatch.setenv("RQLLM_OUTLIER_RMS", setting)
+        logits[setting] = Model.load(smollm2_path, threads=threads, kv_budget="16MiB").forward_all(tokens)
+        errors[setting] = float(np.abs(logits[setting] - ref).mean())
+    assert errors["12"] < 0.98 * errors["0"], errors
+    monkeypatch.setenv("RQLLM_OUTLIER_RMS", "12")
+    other = Model.load(smollm2_path, threads=3 - threads, kv_budget="16MiB").forward_all(tokens)
+    np.testing.assert_array_equal(other, logits["12"])
+
+
+def test_bad_outlier_setting_is_refused(smollm2_path, monkeypatch):
+    monkeypatch.setenv("RQLLM_OUTLIER_RMS", "lots")
+    with pytest.raises(ValueError, match="RQLLM_OUTLIER_RMS"):
+        Model.load(smollm2_path, threads=1, kv_budget="16MiB")
 
 
 def rel_l2(a: np.ndarray, b: np.ndarray) -> float:

@@ -26,10 +26,13 @@ typedef struct {
     float embd_scale;       /* gemma3: sqrt(n_embd); else 1 */
     float attn_scale;       /* scale applied to q.k */
     int ffn_gelu;           /* 1: GELU-tanh gate (gemma3); 0: SiLU (SwiGLU) */
-    int precise_ffn_down;   /* 1: int8 + int8 residual activations into ffn_down (see feed_forward) */
+    float outlier_rms;      /* > 0: ffn_down inputs beyond this x the token's RMS skip int8 (forward.c); 0: off */
     int max_ubatch;         /* most tokens per internal pass; longer inputs are split */
     int n_threads;
 } rq_config;
+
+/* One value taken out of an activation row: column, token, value. */
+typedef struct { int col, tok; float x; } rq_outlier;
 
 /* One tensor in the mapped file: rows x cols elements of `type`, row-major (ggml's ne1 x ne0). */
 typedef struct {

@@ -17,7 +17,9 @@ cdef extern from "forward.h":
         float norm_eps, rope_base, rope_base_local
         int rope_neox, sliding_window, swa_pattern
         float embd_scale, attn_scale
-        int ffn_gelu, precise_ffn_down, max_ubatch, n_threads
+        int ffn_gelu
+        float outlier_rms
+        int max_ubatch, n_threads
     ctypedef struct rq_tensor:
         int type
         const void *data
@@ -49,7 +51,7 @@ LAYER_FIELDS = ("attn_norm", "wq", "wk", "wv", "wo", "bq", "bk", "bv", "attn_q_n
                 "post_attn_norm", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down", "post_ffw_norm")
 CONFIG_FIELDS = ("arch", "n_layer", "n_embd", "n_ff", "n_head", "n_head_kv", "head_dim", "n_vocab",
                  "norm_eps", "rope_base", "rope_base_local", "rope_neox", "sliding_window", "swa_pattern",
-                 "embd_scale", "attn_scale", "ffn_gelu", "max_ubatch", "n_threads")
+                 "embd_scale", "attn_scale", "ffn_gelu", "outlier_rms", "max_ubatch", "n_threads")
 
 
 cdef rq_tensor _tensor(object spec):
@@ -96,7 +98,7 @@ cdef class ForwardModel:
         cfg.rope_base_local = config["rope_base_local"]; cfg.rope_neox = config["rope_neox"]
         cfg.sliding_window = config["sliding_window"]; cfg.swa_pattern = config["swa_pattern"]
         cfg.embd_scale = config["embd_scale"]; cfg.attn_scale = config["attn_scale"]
-        cfg.ffn_gelu = config["ffn_gelu"]; cfg.precise_ffn_down = config["precise_ffn_down"]
+        cfg.ffn_gelu = config["ffn_gelu"]; cfg.outlier_rms = config["outlier_rms"]
         cfg.max_ubatch = config["max_ubatch"]
         cfg.n_threads = config["n_threads"]
 

@@ -334,6 +334,82 @@ void rq_dequant_row(int t, const void *row, float *y, int n) {
     }
 }
 
+/* Element j of a row, computed with rq_dequant_row's float operations (so equal to its y[j]).
+ * For reading a few columns of a matrix without dequantizing whole rows (see forward.c's
+ * outlier columns). */
+float rq_dequant_elem(int t, const void *row, int j) {
+    /* block i and element e in it, by constant shifts (a division here cost more than the rest) */
+    const int k_type = t == RQ_Q2_K || t == RQ_Q3_K || t == RQ_Q4_K || t == RQ_Q5_K || t == RQ_Q6_K;
+    const int i = k_type ? j >> 8 : j >> 5, e = k_type ? j & 255 : j & 31;
+    switch (t) {
+    case RQ_F32: { float f; memcpy(&f, (const float *)row + j, 4); return f; }
+    case RQ_F16: return F16(((const uint16_t *)row)[j]);
+    case RQ_BF16: return rq_bf16_to_f32(((const uint16_t *)row)[j]);
+    case RQ_Q4_0: {
+        const blk_q4_0 *b = (const blk_q4_0 *)row + i;
+        const int q = e < 16 ? (b->qs[e] & 0xF) : (b->qs[e - 16] >> 4);
+        return (float)(q - 8) * F16(b->d);
+    }
+    case RQ_Q4_1: {
+        const blk_q4_1 *b = (const blk_q4_1 *)row + i;
+        const int q = e < 16 ? (b->qs[e] & 0xF) : (b->qs[e - 16] >> 4);
+        return (float)q * F16(b->d) + F16(b->m);
+    }
+    case RQ_Q5_0: case RQ_Q5_1: {
+        const int q51 = t == RQ_Q5_1;
+        const uint8_t *b = (const uint8_t *)row + (size_t)i * rq_block_bytes(t);
+        const uint8_t *qs = b + (q51 ? 8 : 6);
+        const int q = (e < 16 ? (qs[e] & 0xF) : (qs[e - 16] >> 4)) | (((load_u32(b + (q51 ? 4 : 2)) >> e) & 1) << 4);
+        uint16_t d, m;
+        memcpy(&d, b, 2);
+        memcpy(&m, b + 2, 2);
+        return q51 ? (float)q * F16(d) + F16(m) : (float)(q - 16) * F16(d);
+    }
+    case RQ_Q8_0: {
+        const blk_q8_0 *b = (const blk_q8_0 *)row + i;
+        return (float)b->qs[e] * F16(b->d);
+    }
+    case RQ_Q2_K: case RQ_Q3_K: {   /* 16-element groups: half h, shift s, group g, lane l */
+        const int h = e / 128, s = (e % 128) / 32, g = (e % 32) / 16, l = e % 16, k = l + 16 * g;
+        if (t == RQ_Q2_K) {
+            const blk_q2_K *b = (const blk_q2_K *)row + i;
+            const int sc = b->scales[8 * h + 2 * s + g];
+            const float dl = F16(b->d) * (float)(sc & 0xF), ml = F16(b->dmin) * (float)(sc >> 4);
+            return dl * (float)((b->qs[32 * h + k] >> (2 * s)) & 3) - ml;
+        }
+        const blk_q3_K *b = (const blk_q3_K *)row + i;
+        int8_t sc[16];
+        q3k_scales(b->scales, sc);
+        const int v = ((b->qs[32 * h + k] >> (2 * s)) & 3) - ((b->hmask[k] & (1 << (4 * h + s))) ? 0 : 4);
+        return F16(b->d) * (float)sc[8 * h + 2 * s + g] * (float)v;
+    }
+    case RQ_Q4_K: case RQ_Q5_K: {   /* 64-element chunks c: low nibbles then high nibbles */
+        const int c = e / 64, hi = (e % 64) / 32, l = e % 32, q5 = t == RQ_Q5_K;
+        const uint8_t *b = (const uint8_t *)row + (size_t)i * rq_block_bytes(t);
+        const uint8_t *scales = b + 4, *qs = b + (q5 ? 48 : 16) + 32 * c;
+        uint16_t d16, m16;
+        memcpy(&d16, b, 2);
+        memcpy(&m16, b + 2, 2);
+        int sc, m;
+        scale_min_k4(2 * c + hi, scales, &sc, &m);
+        const float dl = F16(d16) * (float)sc, ml = F16(m16) * (float)m;
+        int q = hi ? (qs[l] >> 4) : (qs[l] & 0xF);
+        if (q5) q |= ((b[16 + l] >> (2 * c + hi)) & 1) << 4;
+        return dl * (float)q - ml;
+    }
+    case RQ_Q6_K: {   /* halves of 128; in a half, 4 groups g of 32 */
+        const blk_q6_K *b = (const blk_q6_K *)row + i;
+        const int h = e / 128, g = (e % 128) / 32, l = e % 32;
+        const uint8_t *ql = b->ql + 64 * h, *qh = b->qh + 32 * h;
+        const int lo = (g & 1) ? ql[l + 32] : ql[l];
+        const int q = (((g & 2) ? lo >> 4 : lo & 0xF) | (((qh[l] >> (2 * g)) & 3) << 4)) - 32;
+        return F16(b->d) * (float)b->scales[8 * h + l / 16 + 2 * g] * (float)q;
+    }
+    default:
+        return NAN;
+    }
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* Activation quantization                                                                     */
 
@@ -2277,7 +2353,9 @@ A512 static void r16_expand(const int t, const uint8_t *g, int nb, uint8_t *grp)
     }
 }
 
+#ifndef R16_PF_AHEAD
 #define R16_PF_AHEAD 6144
+#endif
 /* Block b of a repacked group against T tokens (from token k0 of the tile), straight from the
  * packed data, into acc[k][h] and accM[k]: v16_pass's steps for one block. */
 A512 AINL void r16_block_acc(const int t, const r16_ptrs *p, size_t b, const int T, const uint8_t *tile, int k0,
