@@ -9,6 +9,7 @@
 #include "quants.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #ifdef _OPENMP
@@ -42,6 +43,42 @@ _Static_assert(sizeof(blk_q3_K) == 110, "q3_K");
 _Static_assert(sizeof(blk_q4_K) == 144, "q4_K");
 _Static_assert(sizeof(blk_q5_K) == 176, "q5_K");
 _Static_assert(sizeof(blk_q6_K) == 210, "q6_K");
+
+/* ------------------------------------------------------------------------------------------ */
+/* Type traits: what every part of this file asks about a type, in one table                   */
+
+typedef struct {
+    int block_elems, block_bytes;
+    int qs_at;     /* legacy types: where the quants start in a block */
+    int offset;    /* the kernels' unsigned weight u = value + offset (0: unsigned already) */
+    int has_min;   /* the block subtracts min * (sum of activations) */
+    int is_float;  /* F32/F16/BF16: multiplied with the f32 activations */
+    int packed;    /* has the interleaved kernels: AVX2 slot-packed rows, AVX-512 v16, the R16 layout */
+    int pf8;       /* has the AVX2 8-token prefill kernels */
+} type_traits;
+
+static const type_traits TRAITS[RQ_BF16 + 1] = {
+    /*           elems, bytes, qs_at, offset, min, float, packed, pf8 */
+    [RQ_F32] = {1, 4, 0, 0, 0, 1, 0, 0},
+    [RQ_F16] = {1, 2, 0, 0, 0, 1, 0, 0},
+    [RQ_BF16] = {1, 2, 0, 0, 0, 1, 0, 0},
+    [RQ_Q4_0] = {QK, sizeof(blk_q4_0), 2, 8, 0, 0, 1, 1},
+    [RQ_Q4_1] = {QK, sizeof(blk_q4_1), 4, 0, 1, 0, 1, 1},
+    [RQ_Q5_0] = {QK, sizeof(blk_q5_0), 6, 16, 0, 0, 1, 1},
+    [RQ_Q5_1] = {QK, sizeof(blk_q5_1), 8, 0, 1, 0, 1, 1},
+    [RQ_Q8_0] = {QK, sizeof(blk_q8_0), 2, 128, 0, 0, 1, 0},
+    [RQ_Q2_K] = {QK_K, sizeof(blk_q2_K), 0, 0, 1, 0, 0, 0},
+    [RQ_Q3_K] = {QK_K, sizeof(blk_q3_K), 0, 4, 0, 0, 0, 0},
+    [RQ_Q4_K] = {QK_K, sizeof(blk_q4_K), 0, 0, 1, 0, 1, 1},
+    [RQ_Q5_K] = {QK_K, sizeof(blk_q5_K), 0, 0, 1, 0, 0, 0},
+    [RQ_Q6_K] = {QK_K, sizeof(blk_q6_K), 0, 32, 0, 0, 1, 1},
+};
+
+/* The traits of t; an all-zero row (block_elems 0) for an unknown type. */
+static inline const type_traits *traits(int t) {
+    static const type_traits none = {0};
+    return t >= 0 && t <= RQ_BF16 && TRAITS[t].block_elems ? &TRAITS[t] : &none;
+}
 
 /* ------------------------------------------------------------------------------------------ */
 /* f16 / bf16                                                                                  */
@@ -111,43 +148,9 @@ static inline void q3k_scales(const uint8_t *s, int8_t out[16]) {
 /* ------------------------------------------------------------------------------------------ */
 /* Type table                                                                                  */
 
-int rq_type_supported(int t) {
-    switch (t) {
-    case RQ_F32: case RQ_F16: case RQ_BF16:
-    case RQ_Q4_0: case RQ_Q4_1: case RQ_Q5_0: case RQ_Q5_1: case RQ_Q8_0:
-    case RQ_Q2_K: case RQ_Q3_K: case RQ_Q4_K: case RQ_Q5_K: case RQ_Q6_K:
-        return 1;
-    default:
-        return 0;
-    }
-}
-
-int rq_block_elems(int t) {
-    switch (t) {
-    case RQ_F32: case RQ_F16: case RQ_BF16: return 1;
-    case RQ_Q4_0: case RQ_Q4_1: case RQ_Q5_0: case RQ_Q5_1: case RQ_Q8_0: return QK;
-    case RQ_Q2_K: case RQ_Q3_K: case RQ_Q4_K: case RQ_Q5_K: case RQ_Q6_K: return QK_K;
-    default: return 0;
-    }
-}
-
-int rq_block_bytes(int t) {
-    switch (t) {
-    case RQ_F32: return 4;
-    case RQ_F16: case RQ_BF16: return 2;
-    case RQ_Q4_0: return sizeof(blk_q4_0);
-    case RQ_Q4_1: return sizeof(blk_q4_1);
-    case RQ_Q5_0: return sizeof(blk_q5_0);
-    case RQ_Q5_1: return sizeof(blk_q5_1);
-    case RQ_Q8_0: return sizeof(blk_q8_0);
-    case RQ_Q2_K: return sizeof(blk_q2_K);
-    case RQ_Q3_K: return sizeof(blk_q3_K);
-    case RQ_Q4_K: return sizeof(blk_q4_K);
-    case RQ_Q5_K: return sizeof(blk_q5_K);
-    case RQ_Q6_K: return sizeof(blk_q6_K);
-    default: return 0;
-    }
-}
+int rq_type_supported(int t) { return traits(t)->block_elems > 0; }
+int rq_block_elems(int t) { return traits(t)->block_elems; }
+int rq_block_bytes(int t) { return traits(t)->block_bytes; }
 
 size_t rq_row_bytes(int t, int n) {
     int be = rq_block_elems(t);
@@ -741,34 +744,19 @@ typedef struct {
 } tile;
 
 typedef void (*kern_fn)(const uint8_t *row, int n, const tile *tl, float *res);
+typedef void (*rows_fn)(const uint8_t *W, size_t rb, int r0, int r1, int n, const tile *tv, float *out, int ldo, int k0);
+typedef void (*pf8_unpack_fn)(const uint8_t *W, size_t rb, int r0, int r1, int nb, uint8_t *buf);
+typedef void (*pf8_rows_fn)(const uint8_t *buf, int r0, int r1, int nb, const tile *tv, float *out, int ldo, int k0);
 
-static int is_float_type(int t) { return t == RQ_F32 || t == RQ_F16 || t == RQ_BF16; }
+static inline int is_float_type(int t) { return traits(t)->is_float; }
+static inline int type_offset(int t) { return traits(t)->offset; }
+static inline int type_has_min(int t) { return traits(t)->has_min; }
 
-static int type_offset(int t) {
-    switch (t) {
-    case RQ_Q4_0: return 8;
-    case RQ_Q5_0: return 16;
-    case RQ_Q8_0: return 128;
-    case RQ_Q6_K: return 32;
-    case RQ_Q3_K: return 4;
-    default: return 0;
-    }
-}
-
-static int type_has_min(int t) {
-    return t == RQ_Q4_1 || t == RQ_Q5_1 || t == RQ_Q4_K || t == RQ_Q5_K || t == RQ_Q2_K;
-}
-
-/* AVX2 kernels (ub == 1) that pack (row, token) slots into vector lanes: legacy types, Q4_K, Q6_K. */
-static int slot_packed(int t, int ub) {
-    return ub == 1 && (t == RQ_Q4_0 || t == RQ_Q4_1 || t == RQ_Q5_0 || t == RQ_Q5_1 || t == RQ_Q8_0 ||
-                       t == RQ_Q4_K || t == RQ_Q6_K);
-}
+/* AVX2 kernels (ub == 1) that pack (row, token) slots into vector lanes. */
+static inline int slot_packed(int t, int ub) { return ub == 1 && traits(t)->packed; }
 
 /* Types with the AVX2 8-token prefill kernels (tiles of T >= 3 tokens, see pf8_row_256). */
-static int pf8_type(int t, int ub) {
-    return ub == 1 && (t == RQ_Q4_0 || t == RQ_Q4_1 || t == RQ_Q5_0 || t == RQ_Q5_1 || t == RQ_Q4_K || t == RQ_Q6_K);
-}
+static inline int pf8_type(int t, int ub) { return ub == 1 && traits(t)->pf8; }
 #define PF8_MIN_T 3
 static size_t pf8_tile_bytes(int nb) { return (size_t)nb * (256 + 32 + 64 + 32); }
 
@@ -910,12 +898,8 @@ static void prep_tile(int t, int ub, const rq_act *acts, int T, int nb, uint8_t 
 
 static inline uint16_t load_u16(const uint8_t *p) { uint16_t v; memcpy(&v, p, 2); return v; }
 
-static inline int legacy_bs(int t) {
-    return (t == RQ_Q4_0) ? 18 : (t == RQ_Q4_1) ? 20 : (t == RQ_Q5_0) ? 22 : (t == RQ_Q5_1) ? 24 : 34;
-}
-static inline int legacy_qoff(int t) {   /* offset of qs in the block */
-    return (t == RQ_Q4_0) ? 2 : (t == RQ_Q4_1) ? 4 : (t == RQ_Q5_0) ? 6 : (t == RQ_Q5_1) ? 8 : 2;
-}
+static inline int legacy_bs(int t) { return traits(t)->block_bytes; }
+static inline int legacy_qoff(int t) { return traits(t)->qs_at; }   /* offset of qs in the block */
 
 /* Q4_K/Q5_K 12-byte scales -> 8 scales (u0,u1) and 8 mins (u2,u3) as bytes, in registers
  * (building the vector from an array in memory would stall on store forwarding). */
@@ -956,9 +940,7 @@ static inline void q3k_unpack(const uint8_t *s, uint32_t *o0, uint32_t *o1, uint
  */
 #define R16_V 2   /* layout version; bump when the layout above changes */
 
-static int r16_type(int t) {
-    return t == RQ_Q4_0 || t == RQ_Q4_1 || t == RQ_Q5_0 || t == RQ_Q5_1 || t == RQ_Q8_0 || t == RQ_Q4_K || t == RQ_Q6_K;
-}
+static inline int r16_type(int t) { return traits(t)->packed; }
 
 /* Where things are in a group: unit size, blocks per unit, offsets within a unit (0: absent). */
 typedef struct {
@@ -2077,9 +2059,7 @@ PF8_256(q6_K, RQ_Q6_K)
 /* Fewer tokens than this stay on the AVX2 kernels (decode-sized calls). */
 #define V16_MIN_TOK 24
 
-static int v16_type(int t) {
-    return t == RQ_Q4_0 || t == RQ_Q4_1 || t == RQ_Q5_0 || t == RQ_Q5_1 || t == RQ_Q8_0 || t == RQ_Q4_K || t == RQ_Q6_K;
-}
+static inline int v16_type(int t) { return traits(t)->packed; }
 static size_t v16_group_bytes(int nb) { return (size_t)nb * (512 + 128 + 64); }
 
 /* Token tiles of a v16 matmul: up to 8 tokens each, per block b (missing tokens zero):
@@ -2271,18 +2251,6 @@ V16_ROWS(q6_K, RQ_Q6_K)
 
 typedef void (*v16_rows_fn)(const uint8_t *W, size_t rb, int r0, int r1, int nb, int ntok, const v16_toks *tk,
                             float *out, int ldo, uint8_t *tmp, uint8_t *grp, int gmax);
-static v16_rows_fn v16_kernel(int t) {
-    switch (t) {
-    case RQ_Q4_0: return v16r_q4_0;
-    case RQ_Q4_1: return v16r_q4_1;
-    case RQ_Q5_0: return v16r_q5_0;
-    case RQ_Q5_1: return v16r_q5_1;
-    case RQ_Q8_0: return v16r_q8_0;
-    case RQ_Q4_K: return v16r_q4_K;
-    case RQ_Q6_K: return v16r_q6_K;
-    default: return NULL;
-    }
-}
 
 /* ---- R16 kernels (layout and repacking: see the R16 section above) ---- */
 
@@ -2479,18 +2447,6 @@ R16_GROUPS(q6_K, RQ_Q6_K)
 
 typedef void (*r16_groups_fn)(const uint8_t *R, int rows, int g0, int g1, int nb, int ntok, const v16_toks *tk,
                               float *out, int ldo, uint8_t *grp, int gmax);
-static r16_groups_fn r16_kernel(int t) {
-    switch (t) {
-    case RQ_Q4_0: return r16g_q4_0;
-    case RQ_Q4_1: return r16g_q4_1;
-    case RQ_Q5_0: return r16g_q5_0;
-    case RQ_Q5_1: return r16g_q5_1;
-    case RQ_Q8_0: return r16g_q8_0;
-    case RQ_Q4_K: return r16g_q4_K;
-    case RQ_Q6_K: return r16g_q6_K;
-    default: return NULL;
-    }
-}
 
 /* ---- R16 on AVX2: the same layout and float sequence, 8 rows per vector (the low or high 32
  * bytes of each 64-byte entry: rows 0-7 or 8-15 of the group), vpmaddubsw + vpmaddwd for the
@@ -2766,20 +2722,58 @@ R16_GROUPS_256(q8_0, RQ_Q8_0)
 R16_GROUPS_256(q4_K, RQ_Q4_K)
 R16_GROUPS_256(q6_K, RQ_Q6_K)
 
+/* Every SIMD kernel of a type, by family; NULL where the family does not cover it (TRAITS says
+ * which do: rq_kernels_init checks that the two agree). */
+typedef struct {
+    kern_fn k256;              /* AVX2 row x token tile (every type) */
+    rows_fn r256;              /* AVX2 slot-packed rows (packed types) */
+    pf8_unpack_fn pf8u;        /* AVX2 8-token prefill (pf8 types) */
+    pf8_rows_fn pf8r;
+    v16_rows_fn v16;           /* AVX-512 16-row prefill (packed types) */
+    r16_groups_fn r16_512;     /* R16 layout (packed types) */
+    r16_groups_fn r16_256;
+} type_kernels;
+
+#define PACKED_KERNELS(sfx) k256_##sfx, r256_##sfx
+#define LAYOUT_KERNELS(sfx) v16r_##sfx, r16g_##sfx, r16g256_##sfx
+static const type_kernels KERNELS[RQ_BF16 + 1] = {
+    [RQ_F32] = {k256_f32},
+    [RQ_F16] = {k256_f16},
+    [RQ_BF16] = {k256_bf16},
+    [RQ_Q2_K] = {k256_q2_K},
+    [RQ_Q3_K] = {k256_q3_K},
+    [RQ_Q5_K] = {k256_q5_K},
+    [RQ_Q4_0] = {PACKED_KERNELS(q4_0), pf8u_q4_0, pf8r_q4_0, LAYOUT_KERNELS(q4_0)},
+    [RQ_Q4_1] = {PACKED_KERNELS(q4_1), pf8u_q4_1, pf8r_q4_1, LAYOUT_KERNELS(q4_1)},
+    [RQ_Q5_0] = {PACKED_KERNELS(q5_0), pf8u_q5_0, pf8r_q5_0, LAYOUT_KERNELS(q5_0)},
+    [RQ_Q5_1] = {PACKED_KERNELS(q5_1), pf8u_q5_1, pf8r_q5_1, LAYOUT_KERNELS(q5_1)},
+    [RQ_Q8_0] = {PACKED_KERNELS(q8_0), NULL, NULL, LAYOUT_KERNELS(q8_0)},
+    [RQ_Q4_K] = {PACKED_KERNELS(q4_K), pf8u_q4_K, pf8r_q4_K, LAYOUT_KERNELS(q4_K)},
+    [RQ_Q6_K] = {PACKED_KERNELS(q6_K), pf8u_q6_K, pf8r_q6_K, LAYOUT_KERNELS(q6_K)},
+};
+
+static const type_kernels *kernels(int t) {
+    static const type_kernels none = {0};
+    return traits(t)->block_elems ? &KERNELS[t] : &none;
+}
+
+/* Do TRAITS and KERNELS agree on which families cover each type? */
+static int kernel_table_agrees(void) {
+    for (int t = 0; t <= RQ_BF16; t++) {
+        const type_traits *tr = traits(t);
+        const type_kernels *k = kernels(t);
+        if (!tr->block_elems) continue;
+        const int packed = k->r256 && k->v16 && k->r16_512 && k->r16_256;
+        if (!k->k256 || packed != tr->packed || (k->r256 || k->v16 || k->r16_512 || k->r16_256) != tr->packed ||
+            (k->pf8u && k->pf8r) != tr->pf8 || (k->pf8u || k->pf8r) != tr->pf8)
+            return 0;
+    }
+    return 1;
+}
+
 /* The R16 kernels of a path (avx512 or avx2) for type t, or NULL. */
 static r16_groups_fn r16_path_kernel(int path, int t) {
-    if (path == RQ_PATH_AVX512) return r16_kernel(t);
-    if (path != RQ_PATH_AVX2) return NULL;
-    switch (t) {
-    case RQ_Q4_0: return r16g256_q4_0;
-    case RQ_Q4_1: return r16g256_q4_1;
-    case RQ_Q5_0: return r16g256_q5_0;
-    case RQ_Q5_1: return r16g256_q5_1;
-    case RQ_Q8_0: return r16g256_q8_0;
-    case RQ_Q4_K: return r16g256_q4_K;
-    case RQ_Q6_K: return r16g256_q6_K;
-    default: return NULL;
-    }
+    return path == RQ_PATH_AVX512 ? kernels(t)->r16_512 : path == RQ_PATH_AVX2 ? kernels(t)->r16_256 : NULL;
 }
 
 #endif /* x86 */
@@ -2792,22 +2786,7 @@ static kern_fn simd_kernel(int path, int t, int *tmax, int *ub) {
     if (path == RQ_PATH_AVX512) path = RQ_PATH_AVX2;   /* see the AVX-512 section */
     if (path == RQ_PATH_AVX2) {
         *tmax = pf8_type(t, 1) ? 8 : TMAX2;   /* 8-token tiles: pf8_row_256 */
-        switch (t) {
-        case RQ_F32: return k256_f32;
-        case RQ_F16: return k256_f16;
-        case RQ_BF16: return k256_bf16;
-        case RQ_Q4_0: return k256_q4_0;
-        case RQ_Q4_1: return k256_q4_1;
-        case RQ_Q5_0: return k256_q5_0;
-        case RQ_Q5_1: return k256_q5_1;
-        case RQ_Q8_0: return k256_q8_0;
-        case RQ_Q2_K: return k256_q2_K;
-        case RQ_Q3_K: return k256_q3_K;
-        case RQ_Q4_K: return k256_q4_K;
-        case RQ_Q5_K: return k256_q5_K;
-        case RQ_Q6_K: return k256_q6_K;
-        default: return NULL;
-        }
+        return kernels(t)->k256;
     }
 #else
     (void)path; (void)t;
@@ -2817,22 +2796,9 @@ static kern_fn simd_kernel(int path, int t, int *tmax, int *ub) {
 
 /* Multi-row kernel for (path, type), or NULL: the AVX2 legacy kernels, which pack (row, token)
  * slots (see legacy_slots_256) and need the tile's td4/nq4/ds4 arrays. */
-typedef void (*rows_fn)(const uint8_t *W, size_t rb, int r0, int r1, int n, const tile *tv, float *out, int ldo, int k0);
 static rows_fn simd_rows_kernel(int path, int t) {
 #ifdef RQ_HAVE_X86
-    if (path == RQ_PATH_AVX512) path = RQ_PATH_AVX2;
-    if (path == RQ_PATH_AVX2) {
-        switch (t) {
-        case RQ_Q4_0: return r256_q4_0;
-        case RQ_Q4_1: return r256_q4_1;
-        case RQ_Q5_0: return r256_q5_0;
-        case RQ_Q5_1: return r256_q5_1;
-        case RQ_Q8_0: return r256_q8_0;
-        case RQ_Q4_K: return r256_q4_K;
-        case RQ_Q6_K: return r256_q6_K;
-        default: return NULL;
-        }
-    }
+    if (path == RQ_PATH_AVX512 || path == RQ_PATH_AVX2) return kernels(t)->r256;
 #else
     (void)path; (void)t;
 #endif
@@ -2840,8 +2806,6 @@ static rows_fn simd_rows_kernel(int path, int t) {
 }
 
 /* 8-token prefill kernels for (path, type) (see pf8_row_256): 0 if none. */
-typedef void (*pf8_unpack_fn)(const uint8_t *W, size_t rb, int r0, int r1, int nb, uint8_t *buf);
-typedef void (*pf8_rows_fn)(const uint8_t *buf, int r0, int r1, int nb, const tile *tv, float *out, int ldo, int k0);
 static int simd_pf8(int path, int t, pf8_unpack_fn *u, pf8_rows_fn *r) {
     *u = NULL;
     *r = NULL;
@@ -2898,6 +2862,12 @@ void rq_kernels_init(void) {
         else if (!strcmp(env, "avx512")) want = RQ_PATH_AVX512;
         if (want >= 0 && rq_cpu_supports_path(want)) p = want;
     }
+#ifdef RQ_HAVE_X86
+    if (!kernel_table_agrees()) {   /* a programming error: fail loudly, not with a wrong kernel */
+        fputs("rqllm: quants.c TRAITS and KERNELS disagree on a type's kernel families\n", stderr);
+        abort();
+    }
+#endif
     int expected = -1;
     __atomic_compare_exchange_n(&g_path, &expected, p, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
 }
@@ -3095,7 +3065,7 @@ static int v16_use(int path, int t, int ntok) {
 #ifdef RQ_HAVE_X86
 static int v16_alloc(v16_set *vs, int t, int cols, int ntok, int nbuf) {
     const int nb = cols / QK;
-    vs->fn = v16_kernel(t);
+    vs->fn = kernels(t)->v16;
     vs->tk.nb = nb;
     vs->tk.ntiles = (ntok + 7) / 8;
     vs->tk.mem = aligned_alloc(64, (size_t)vs->tk.ntiles * nb * V16_TILE_BLOCK_BYTES);
