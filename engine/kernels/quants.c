@@ -2810,17 +2810,9 @@ static int simd_pf8(int path, int t, pf8_unpack_fn *u, pf8_rows_fn *r) {
     *u = NULL;
     *r = NULL;
 #ifdef RQ_HAVE_X86
-    if (path == RQ_PATH_AVX512) path = RQ_PATH_AVX2;
-    if (path == RQ_PATH_AVX2) {
-        switch (t) {
-        case RQ_Q4_0: *u = pf8u_q4_0; *r = pf8r_q4_0; break;
-        case RQ_Q4_1: *u = pf8u_q4_1; *r = pf8r_q4_1; break;
-        case RQ_Q5_0: *u = pf8u_q5_0; *r = pf8r_q5_0; break;
-        case RQ_Q5_1: *u = pf8u_q5_1; *r = pf8r_q5_1; break;
-        case RQ_Q4_K: *u = pf8u_q4_K; *r = pf8r_q4_K; break;
-        case RQ_Q6_K: *u = pf8u_q6_K; *r = pf8r_q6_K; break;
-        default: break;
-        }
+    if (path == RQ_PATH_AVX512 || path == RQ_PATH_AVX2) {
+        *u = kernels(t)->pf8u;
+        *r = kernels(t)->pf8r;
     }
 #else
     (void)path; (void)t;
