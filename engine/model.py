@@ -19,6 +19,7 @@ from engine.gguf_file import GGUFError, GGUFFile
 from engine import repack as repack_cache
 from engine.kv_cache import KVCache, parse_bytes
 from engine.repack import RepackedWeights
+from engine.thread_governor import ThreadGovernor
 
 ARCH_IDS = {"llama": 0, "gemma3": 1, "qwen2": 2}
 SUPPORTED_ARCHS = tuple(ARCH_IDS)
@@ -315,6 +316,8 @@ class Model:
         self._fwd = ForwardModel(config, weights.globals, weights.layers, kv.k, kv.v, kv.capacity,
                                  (gguf, repacked))
         self._logits = np.zeros(cfg.n_vocab, dtype=np.float32)
+        self.governor = ThreadGovernor(threads)  # one thread while the cores are shared
+        self._threads_set = threads
 
     @classmethod
     def load(cls, path: str | os.PathLike[str], *, threads: int | None = None,
@@ -346,14 +349,22 @@ class Model:
     def forward(self, tokens, pos0: int) -> np.ndarray:
         """Logits of the last of `tokens` (placed at positions pos0..). The returned array is
         reused by the next call: copy it to keep it."""
-        self._fwd.forward(tokens, pos0, self._logits, False)
+        self._run(tokens, pos0, self._logits, False)
         return self._logits
 
     def forward_all(self, tokens, pos0: int = 0) -> np.ndarray:
         """Logits of every token, [n, n_vocab] (a new array)."""
         out = np.zeros((len(tokens), self.cfg.n_vocab), dtype=np.float32)
-        self._fwd.forward(tokens, pos0, out, True)
+        self._run(tokens, pos0, out, True)
         return out
+
+    def _run(self, tokens, pos0: int, out: np.ndarray, all_logits: bool) -> None:
+        def one_pass(threads: int) -> None:
+            if threads != self._threads_set:
+                self._threads_set = self._fwd.set_threads(threads)
+            self._fwd.forward(tokens, pos0, out, all_logits)
+
+        self.governor.run(one_pass)
 
     def forward_layers(self, tokens) -> tuple[np.ndarray, np.ndarray]:
         """Residual stream after the embedding and after every layer ([n_layer+1, n, n_embd]) and

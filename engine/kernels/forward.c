@@ -13,7 +13,7 @@ struct rq_model {
     rq_config cfg;
     rq_weights w;
     rq_kv kv;
-    int q_dim, kv_dim, max_cols, n_threads;
+    int q_dim, kv_dim, max_cols, n_threads, max_threads;   /* threads now, and the most (scratch sized for) */
 
     /* scratch for one pass of up to max_ubatch tokens */
     float *x;       /* residual stream      [U][n_embd]  */
@@ -188,6 +188,7 @@ rq_model *rq_model_create(const rq_config *cfg, const rq_weights *w, const rq_kv
     int U = c->max_ubatch > 0 ? c->max_ubatch : 64;
     m->cfg.max_ubatch = U;
     m->n_threads = c->n_threads > 0 ? c->n_threads : omp_get_max_threads();
+    m->max_threads = m->n_threads;
     m->q_dim = c->n_head * c->head_dim;
     m->kv_dim = c->n_head_kv * c->head_dim;
     int cols = c->n_embd;
@@ -252,6 +253,11 @@ void rq_model_free(rq_model *m) {
     free(m->act_qs); free(m->act_d); free(m->act_sum16);
     for (int b = 0; b < 2; b++) { free(m->rope_freq[b]); free(m->rope_cs[b]); }
     free(m);
+}
+
+int rq_model_set_threads(rq_model *m, int n) {
+    m->n_threads = n < 1 ? 1 : n > m->max_threads ? m->max_threads : n;
+    return m->n_threads;
 }
 
 void rq_model_record_layers(rq_model *m, float *buf, int max_tokens) {

@@ -78,6 +78,10 @@ void rq_model_free(rq_model *m);
  * (all_logits = 1: logits[n * n_vocab]). Returns 0, or -1 if pos0 + n exceeds the capacity. */
 int rq_forward(rq_model *m, const int32_t *tokens, int n, int pos0, float *logits, int all_logits);
 
+/* Threads for the following passes, 1 .. the count the model was created with (results do not
+ * depend on it); returns the count now in use. */
+int rq_model_set_threads(rq_model *m, int n);
+
 /* Test hook (llm.c-style layer checks): while buf != NULL, every rq_forward call with
  * n <= max_tokens records the residual stream after the embedding (l = 0) and after each layer
  * (l = 1..n_layer) at buf[(l * max_tokens + t) * n_embd]. NULL stops recording. */

@@ -41,6 +41,7 @@ cdef extern from "forward.h":
     rq_model *rq_model_create(const rq_config *cfg, const rq_weights *w, const rq_kv *kv)
     void rq_model_free(rq_model *m)
     int rq_forward(rq_model *m, const int32_t *tokens, int n, int pos0, float *logits, int all_logits) nogil
+    int rq_model_set_threads(rq_model *m, int n)
     void rq_model_record_layers(rq_model *m, float *buf, int max_tokens)
     void rq_exp(const float *x, float *y, int n) nogil
     int rq_attention(const float *q, const float *k, const float *v, float *out, int n, int pos0, int n_head,
@@ -176,6 +177,10 @@ cdef class ForwardModel:
             rc = rq_forward(self.model, tp, n, pos0, lp, all_logits)
         if rc != 0:
             raise ValueError(f"positions {pos0}..{pos0 + n - 1} exceed the KV capacity of {self.capacity} tokens")
+
+    def set_threads(self, int n):
+        """Threads for the next passes (1 .. the configured count); returns the count in use."""
+        return rq_model_set_threads(self.model, n)
 
     def record_layers(self, object buf, int max_tokens):
         """Test hook: record the residual stream after each layer into buf[(n_layer+1), max_tokens, n_embd]."""
