@@ -1,10 +1,26 @@
 """The KV cache: allocated once from a byte budget; the capacity in tokens follows from it."""
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 
 import numpy as np
+
+# Entry types of the cache. f16 (llama.cpp's default too) holds twice the tokens of f32 in a budget
+# and gives the same greedy tokens on llama.cpp's paths (tests/test_forward.py).
+KV_TYPES = {"f16": np.float16, "f32": np.float32}
+DEFAULT_KV_TYPE = "f16"
+ENV_KV_TYPE = "RQLLM_KV_TYPE"
+
+
+def kv_type(requested: str | None = None) -> str:
+    """`requested`, else RQLLM_KV_TYPE, else f16; a clear error for anything else."""
+    value = requested or os.environ.get(ENV_KV_TYPE) or DEFAULT_KV_TYPE
+    if value not in KV_TYPES:
+        source = "kv type" if requested else ENV_KV_TYPE
+        raise ValueError(f"{source} must be one of {', '.join(KV_TYPES)}; got {value!r}")
+    return value
 
 _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1024, "m": 1000**2, "mb": 1000**2, "mib": 1024**2,
           "g": 1000**3, "gb": 1000**3, "gib": 1024**3, "t": 1000**4, "tb": 1000**4, "tib": 1024**4}
@@ -34,21 +50,24 @@ def format_bytes(n: int) -> str:
 
 @dataclass
 class KVCache:
-    """Per-layer K and V arrays [slots, kv_dim] (f32). Sliding-window layers hold a ring of
-    window + max_ubatch - 1 slots; global layers hold `capacity` slots."""
+    """Per-layer K and V arrays [slots, kv_dim] of f16 or f32 (kv_type). Sliding-window layers hold
+    a ring of window + max_ubatch - 1 slots; global layers hold `capacity` slots."""
 
     capacity: int
     k: list[np.ndarray]
     v: list[np.ndarray]
+    kv_type: str = DEFAULT_KV_TYPE
 
     @property
     def nbytes(self) -> int:
         return sum(a.nbytes for a in self.k) + sum(a.nbytes for a in self.v)
 
     @staticmethod
-    def plan(budget_bytes: int, kv_dim: int, local_slots: list[int | None], max_capacity: int) -> tuple[int, int]:
-        """(capacity in tokens, bytes the arrays will take) for a budget, without allocating anything."""
-        row = 2 * kv_dim * 4  # K and V, f32
+    def plan(budget_bytes: int, kv_dim: int, local_slots: list[int | None], max_capacity: int,
+             kv_type_name: str | None = None) -> tuple[int, int]:
+        """(capacity in tokens, bytes the arrays will take) for a budget, without allocating anything.
+        kv_type_name: "f16" | "f32" (default: kv_type())."""
+        row = 2 * kv_dim * np.dtype(KV_TYPES[kv_type(kv_type_name)]).itemsize  # K and V
 
         def cost(cap: int) -> int:
             return sum(cap if s is None else min(cap, s) for s in local_slots) * row
@@ -68,14 +87,15 @@ class KVCache:
 
     @classmethod
     def from_budget(cls, budget_bytes: int, n_layer: int, kv_dim: int, local_slots: list[int | None],
-                    max_capacity: int) -> KVCache:
+                    max_capacity: int, kv_type_name: str | None = None) -> KVCache:
         """Largest capacity whose arrays fit the budget. local_slots[l] is the ring size a
         sliding-window layer needs at most (None for global layers)."""
-        cap, _ = cls.plan(budget_bytes, kv_dim, local_slots, max_capacity)
+        name = kv_type(kv_type_name)
+        cap, _ = cls.plan(budget_bytes, kv_dim, local_slots, max_capacity, name)
         k, v = [], []
         for s in local_slots:
             slots = cap if s is None else min(cap, s)
-            k.append(np.zeros((slots, kv_dim), dtype=np.float32))
-            v.append(np.zeros((slots, kv_dim), dtype=np.float32))
+            k.append(np.zeros((slots, kv_dim), dtype=KV_TYPES[name]))
+            v.append(np.zeros((slots, kv_dim), dtype=KV_TYPES[name]))
         assert len(k) == n_layer
-        return cls(capacity=cap, k=k, v=v)
+        return cls(capacity=cap, k=k, v=v, kv_type=name)

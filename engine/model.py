@@ -29,25 +29,6 @@ SUPPORTED_TYPES = tuple(
     for n in ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
 )
 MAX_UBATCH = 128  # tokens per compiled pass: larger prompts are run in passes of this size
-# ffn_down inputs beyond this many times their token's RMS are added exactly instead of through
-# int8 (forward.c, take_outliers). Off by default: at 12 it lowers the mean logit error against
-# the f32 reference by 6-10 % on SmolLM2 and Gemma 3 and costs 10-15 % of their prefill, while
-# plain int8 is already nearer the reference than llama.cpp's numerics (tests/test_forward.py).
-OUTLIER_RMS = 0.0
-
-
-def outlier_rms() -> float:
-    """OUTLIER_RMS, or RQLLM_OUTLIER_RMS (e.g. 12 for more accurate logits; 0: plain int8)."""
-    raw = os.environ.get("RQLLM_OUTLIER_RMS")
-    if raw is None:
-        return OUTLIER_RMS
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError(f"RQLLM_OUTLIER_RMS must be a number, got {raw!r}") from None
-    if value < 0 or value != value:
-        raise ValueError(f"RQLLM_OUTLIER_RMS must be >= 0 (0: off), got {raw!r}")
-    return value
 
 
 class ModelError(ValueError):
@@ -312,7 +293,7 @@ class Model:
         self.layout = layout or WeightLayout(None, "GGUF layout")
         config = asdict(cfg)
         config.update(arch=ARCH_IDS[cfg.arch], rope_neox=int(cfg.rope_neox), ffn_gelu=int(cfg.ffn_gelu),
-                      outlier_rms=outlier_rms(), max_ubatch=MAX_UBATCH, n_threads=threads)
+                      max_ubatch=MAX_UBATCH, n_threads=threads)
         self._fwd = ForwardModel(config, weights.globals, weights.layers, kv.k, kv.v, kv.capacity,
                                  (gguf, repacked))
         self._logits = np.zeros(cfg.n_vocab, dtype=np.float32)
@@ -322,18 +303,22 @@ class Model:
     @classmethod
     def load(cls, path: str | os.PathLike[str], *, threads: int | None = None,
              kv_budget: str | int = "256MiB", max_context: int | None = None, repack: bool | None = None,
-             repack_progress: repack_cache.Progress | None = None) -> Model:
+             repack_progress: repack_cache.Progress | None = None, kv_type: str | None = None) -> Model:
         """repack: None = on when the kernel path reads R16 (RQLLM_REPACK=0 turns it off), False = off.
         The first load writes the repacked cache (engine.repack; repack_progress(done, total) bytes,
         else log lines), later ones map it. When it cannot be written (disk space, a read-only
-        cache) the model runs on the GGUF layout and a warning says why."""
+        cache) the model runs on the GGUF layout and a warning says why. kv_type: "f16" | "f32"
+        (default: RQLLM_KV_TYPE, else f16)."""
         try:
             gguf = GGUFFile(path, index_cache=True)
         except GGUFError as exc:
             raise ModelError(str(exc)) from None
         cfg = Config.from_gguf(gguf)
         weights = Weights(gguf, cfg)
-        kv = KVCache.from_budget(*kv_layout(cfg, kv_budget, max_context))
+        try:
+            kv = KVCache.from_budget(*kv_layout(cfg, kv_budget, max_context), kv_type_name=kv_type)
+        except ValueError as exc:
+            raise ModelError(str(exc)) from None
         threads = threads or default_threads()
         repacked, layout = _repacked_weights(gguf, weights, repack, threads, repack_progress)
         return cls(gguf, cfg, weights, kv, threads, repacked, layout)

@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import click
 
 from engine import models
+from engine.kv_cache import ENV_KV_TYPE, KV_TYPES
 from engine.params import SamplingParams
 
 COMMANDS: list[click.Command] = []
@@ -105,6 +107,21 @@ def no_repack_option(fn):
                              "(also RQLLM_REPACK=0).")(fn)
 
 
+def _set_kv_type(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    # Through the environment, so that every KV sizing in this process and its children (the
+    # worker's engine, the memory check, summarise's chunk planner, embedded workers) agrees.
+    if value:
+        os.environ[ENV_KV_TYPE] = value
+
+
+def kv_type_option(fn):
+    """--kv-type f16|f32: the KV cache's entry type (sets RQLLM_KV_TYPE for this process and its children)."""
+    return click.option("--kv-type", type=click.Choice(sorted(KV_TYPES)), default=None, expose_value=False,
+                        callback=_set_kv_type, is_eager=True,
+                        help=f"KV cache entries: f16 (default, ${ENV_KV_TYPE}) holds twice the tokens of f32 "
+                             "in the same --kv-budget.")(fn)
+
+
 @models_group.command("list")
 def models_list() -> None:
     """Show known models and which are cached."""
@@ -124,7 +141,7 @@ def engine_options(fn):
                            "affinity mask and cgroup CPU quota).")(fn)
     fn = click.option("--kv-budget", default="256MiB", show_default=True,
                       help="Bytes for the KV cache, e.g. 64MiB, 1GiB; capacity in tokens follows.")(fn)
-    return fn
+    return kv_type_option(fn)
 
 
 def _load_engine(model: str, threads: int | None, kv_budget: str, no_repack: bool = False):

@@ -70,7 +70,7 @@ from jobs.allowlist import check_job
 from jobs.runtime import JobInterrupted, RedisUnavailable, TaskFailed
 from jobs.schemas import model_key, queue_names
 from jobs.tasks import record_rq_failure
-from pipeline.cli_engine import no_repack_option
+from pipeline.cli_engine import kv_type_option, no_repack_option
 from pipeline.memory_guard import check_worker_start, no_memory_check_option
 from pipeline.redis_conn import REDIS_DOWN_ERRORS, SERIALIZER, connect, wait_for_redis
 
@@ -663,6 +663,7 @@ def run_worker(model: str, *, redis_url: str | None = None, threads: int | Threa
 @click.option("--log-level", default="INFO", show_default=True)
 @no_memory_check_option
 @no_repack_option
+@kv_type_option
 def worker_command(model: str, threads: int | None, kv_budget: str | None, burst: bool, name: str | None,
                    redis_url: str | None, max_jobs: int | None, heartbeat_interval: int, heartbeat_grace: int,
                    maintenance_interval: int, log_level: str, no_repack: bool) -> None:

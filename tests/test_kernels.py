@@ -195,17 +195,6 @@ def test_dequant_random_blocks(t):
                                    err_msg=f"{T(t).name} row {r}")
 
 
-@pytest.mark.parametrize("t", TYPES, ids=_ids(TYPES))
-def test_dequant_elem_equals_dequant_row(t):
-    """One element at a time (forward.c's outlier columns) gives the whole row's values exactly."""
-    rng = np.random.default_rng(40 + int(t))
-    n = _n_for(t, 12, 4)
-    W = qp.random_rows(t, 3, n, rng)
-    for r in range(W.shape[0]):
-        np.testing.assert_array_equal(q.dequant_elems(int(t), W[r], n), q.dequant_row(int(t), W[r], n),
-                                      err_msg=f"{T(t).name} row {r}")
-
-
 @pytest.mark.parametrize("t", [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.F16, T.BF16],
                          ids=_ids([T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.F16, T.BF16]))
 def test_dequant_gguf_quantized(t):

@@ -22,11 +22,6 @@ struct rq_model {
     float *k, *v;   /* [U][kv_dim] */
     float *att_out; /* [U][q_dim] */
     float *hb, *hb2;/* [U][n_ff] */
-    rq_outlier *outl;      /* [U][outl_cap]: each token's ffn_down input outliers (see take_outliers) */
-    int *outl_n;           /* [U] how many */
-    rq_outlier *outl_all;  /* [U * outl_cap]: all of this pass's, ordered by (column, token) */
-    int outl_cap, n_outl;
-    int *outl_ustart;      /* [U * outl_cap + 1]: where each distinct column starts in outl_all */
     float *att_scratch;        /* [threads][att_scratch_floats]: attention blocks' scores and q */
     size_t att_scratch_floats;
     float *rope_freq[2];   /* per rotated pair i: base^(-2i/head_dim), [0] global, [1] local layers */
@@ -176,6 +171,7 @@ static int layer_is_local(const rq_config *c, int il) {
 /* ---------------------------------------------------------------- model lifetime */
 
 static size_t att_scratch_floats(int capacity, int hd);   /* attention's per-thread scratch (below) */
+static size_t kv_f32_floats(int keys, int hd);            /* and its f16 KV conversion area */
 
 rq_model *rq_model_create(const rq_config *cfg, const rq_weights *w, const rq_kv *kv) {
     rq_kernels_init();
@@ -205,15 +201,7 @@ rq_model *rq_model_create(const rq_config *cfg, const rq_weights *w, const rq_kv
     m->att_out = alloc_aligned(sizeof(float) * U * m->q_dim);
     m->hb = alloc_aligned(sizeof(float) * U * c->n_ff);
     m->hb2 = alloc_aligned(sizeof(float) * U * c->n_ff);
-    /* |x| > r * rms over n_ff values: fewer than n_ff / r^2 of them (their squares alone would
-     * exceed the sum of all squares), so this bound never cuts a token's outliers short. */
-    const double r = c->outlier_rms;
-    m->outl_cap = r > 0 ? (r >= 1 ? (int)(c->n_ff / (r * r)) + 2 : c->n_ff) : 1;
-    m->outl = malloc(sizeof(rq_outlier) * (size_t)U * m->outl_cap);
-    m->outl_all = malloc(sizeof(rq_outlier) * (size_t)U * m->outl_cap);
-    m->outl_n = calloc(U, sizeof(int));
-    m->outl_ustart = malloc(sizeof(int) * ((size_t)U * m->outl_cap + 1));
-    m->att_scratch_floats = att_scratch_floats(kv->capacity, c->head_dim);
+    m->att_scratch_floats = att_scratch_floats(kv->capacity, c->head_dim) + (kv->f16 ? kv_f32_floats(kv->capacity, c->head_dim) : 0);
     m->att_scratch = alloc_aligned(sizeof(float) * m->n_threads * m->att_scratch_floats);
     m->acts = calloc(U, sizeof(rq_act));
     m->act_qs = alloc_aligned((size_t)U * cols);
@@ -232,8 +220,8 @@ rq_model *rq_model_create(const rq_config *cfg, const rq_weights *w, const rq_kv
         const float base = b ? c->rope_base_local : c->rope_base;
         for (int i = 0; i < half; i++) m->rope_freq[b][i] = powf(base, -2.0f * (float)i / (float)c->head_dim);
     }
-    if (!m->x || !m->xb || !m->q || !m->k || !m->v || !m->att_out || !m->hb || !m->hb2 || !m->outl ||
-        !m->outl_all || !m->outl_n || !m->outl_ustart || !m->att_scratch || !m->acts || !m->act_qs || !m->act_d || !m->act_sum16) {
+    if (!m->x || !m->xb || !m->q || !m->k || !m->v || !m->att_out || !m->hb || !m->hb2 ||
+        !m->att_scratch || !m->acts || !m->act_qs || !m->act_d || !m->act_sum16) {
         rq_model_free(m);
         return NULL;
     }
@@ -248,8 +236,7 @@ rq_model *rq_model_create(const rq_config *cfg, const rq_weights *w, const rq_kv
 void rq_model_free(rq_model *m) {
     if (!m) return;
     free(m->x); free(m->xb); free(m->q); free(m->k); free(m->v); free(m->att_out);
-    free(m->hb); free(m->hb2);
-    free(m->outl); free(m->outl_all); free(m->outl_n); free(m->outl_ustart); free(m->att_scratch); free(m->acts);
+    free(m->hb); free(m->hb2); free(m->att_scratch); free(m->acts);
     free(m->act_qs); free(m->act_d); free(m->act_sum16);
     for (int b = 0; b < 2; b++) { free(m->rope_freq[b]); free(m->rope_cs[b]); }
     free(m);
@@ -731,6 +718,46 @@ static void attend_rows(const att_kv *kv, const att_row *rows, int n_rows, float
 #define ATT_PARALLEL_FROM 32    /* decode: below this position one thread runs the heads (a parallel
                                  * region costs more than their work) */
 
+/* ---------------------------------------------------------------- KV entries (f16 or f32) */
+
+/* Floats of the f32 copies of `keys` positions' K and V rows of one KV head (f16 caches). */
+static size_t kv_f32_floats(int keys, int hd) { return 2 * (size_t)keys * (size_t)hd; }
+
+/* Entries [at, at + n) of a KV array from x: f32 as is, or rounded to the nearest half (ties to
+ * even, as numpy and llama.cpp's f16 cache). */
+static void kv_store(void *kv, int f16, size_t at, const float *x, int n) {
+    if (!f16) {
+        memcpy((float *)kv + at, x, sizeof(float) * (size_t)n);
+        return;
+    }
+    uint16_t *h = (uint16_t *)kv + at;
+    for (int i = 0; i < n; i++) h[i] = rq_f32_to_f16(x[i]);
+}
+
+#if defined(__x86_64__) || defined(__i386__)
+__attribute__((target("avx2,f16c"))) static void f16_to_f32_row_f16c(float *y, const uint16_t *h, int n) {
+    int i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + i))));
+    for (; i < n; i++) y[i] = rq_f16_to_f32(h[i]);
+}
+#endif
+
+/* Halves to floats (exact, so every path gets the same values). */
+static void f16_to_f32_row(float *y, const uint16_t *h, int n) {
+#if defined(__x86_64__) || defined(__i386__)
+    static int f16c = -1;
+    if (f16c < 0) {
+        __builtin_cpu_init();
+        f16c = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx2");
+    }
+    if (f16c) {
+        f16_to_f32_row_f16c(y, h, n);
+        return;
+    }
+#endif
+    for (int i = 0; i < n; i++) y[i] = rq_f16_to_f32(h[i]);
+}
+
 /* At least 256 KB (a block's scores stay in L2), and at least one row over every position. */
 static size_t att_scratch_floats(int capacity, int hd) {
     const size_t one_row = block_floats(1, capacity, hd);
@@ -773,9 +800,15 @@ static void attention_split(const att_shape *a, int n, int pos0, int n_threads, 
 /* Attention of n tokens at positions pos0.. (q and out: [n][n_head * hd]) over the ring K, V,
  * in blocks of `tokens` x `heads` (0: attention_split's choice) on n_threads threads, each with
  * scratch_floats of scratch. */
-static void attend_tokens(const att_shape *a, const float *q, const float *K, const float *V, float *out, int n,
-                          int pos0, int tokens, int heads, int n_threads, float *scratch, size_t scratch_floats) {
-    attention_split(a, n, pos0, n_threads, scratch_floats, &tokens, &heads);
+static void attend_tokens(const att_shape *a, const float *q, const void *K, const void *V, int f16, float *out,
+                          int n, int pos0, int tokens, int heads, int n_threads, float *scratch,
+                          size_t scratch_floats) {
+    /* f16 entries: each block first widens its keys' K and V rows (of its KV head) into f32 at the
+     * end of its thread's scratch, so one set of float kernels serves both types and every path
+     * sees the same values (the widening is exact). */
+    const size_t conv = f16 ? kv_f32_floats(a->window > 0 && a->window + n - 1 < a->slots ? a->window + n - 1 : a->slots, a->hd) : 0;
+    const size_t block_room = scratch_floats - conv;
+    attention_split(a, n, pos0, n_threads, block_room, &tokens, &heads);
     const int hd = a->hd, group = a->n_head / a->n_head_kv, q_dim = a->n_head * hd;
     const int chunks = (group + heads - 1) / heads, per_block = a->n_head_kv * chunks;
     const int n_blocks = (n + tokens - 1) / tokens;
@@ -785,7 +818,6 @@ static void attend_tokens(const att_shape *a, const float *q, const float *K, co
         const int b = n_blocks - 1 - task / per_block, kvh = task % per_block / chunks;
         const int h0 = kvh * group + task % chunks * heads;
         const int h1 = h0 + heads < (kvh + 1) * group ? h0 + heads : (kvh + 1) * group;
-        const att_kv kv = {K + (size_t)kvh * hd, V + (size_t)kvh * hd, a->n_head_kv * hd, a->slots, hd, a->scale};
         att_row rows[ATT_MAX_ROWS];
         int nr = 0;
         for (int t = b * tokens; t < n && t < (b + 1) * tokens; t++) {
@@ -793,7 +825,23 @@ static void attend_tokens(const att_shape *a, const float *q, const float *K, co
             for (int h = h0; h < h1; h++)
                 rows[nr++] = (att_row){q + (size_t)t * q_dim + h * hd, out + (size_t)t * q_dim + h * hd, lo, pos};
         }
-        attend_rows(&kv, rows, nr, scratch + (size_t)omp_get_thread_num() * scratch_floats);
+        float *mine = scratch + (size_t)omp_get_thread_num() * scratch_floats;
+        att_kv kv = {(const float *)K + (size_t)kvh * hd, (const float *)V + (size_t)kvh * hd, a->n_head_kv * hd,
+                     a->slots, hd, a->scale};
+        if (f16) {   /* positions lo..hi, at rows j % keys of the f32 copies: still a ring */
+            int lo, hi, all_lo, all_hi;
+            rows_key_span(rows, nr, &lo, &hi, &all_lo, &all_hi);
+            const int keys = hi - lo + 1;
+            float *kf = mine + block_room, *vf = kf + (size_t)keys * hd;
+            const size_t ld = (size_t)a->n_head_kv * hd;
+            for (int j = lo; j <= hi; j++) {
+                const size_t at = (size_t)(j % a->slots) * ld + (size_t)kvh * hd;
+                f16_to_f32_row(kf + (size_t)(j % keys) * hd, (const uint16_t *)K + at, hd);
+                f16_to_f32_row(vf + (size_t)(j % keys) * hd, (const uint16_t *)V + at, hd);
+            }
+            kv = (att_kv){kf, vf, hd, keys, hd, a->scale};
+        }
+        attend_rows(&kv, rows, nr, mine);
     }
 }
 
@@ -807,7 +855,7 @@ int rq_attention(const float *q, const float *k, const float *v, float *out, int
     size_t per_thread = block_floats(ATT_MAX_ROWS, keys, hd);
     float *scratch = alloc_aligned(sizeof(float) * per_thread * n_threads);
     if (!scratch) return -1;
-    attend_tokens(&a, q, k, v, out, n, pos0, tokens, heads, n_threads, scratch, per_thread);
+    attend_tokens(&a, q, k, v, 0, out, n, pos0, tokens, heads, n_threads, scratch, per_thread);
     free(scratch);
     return 0;
 }
@@ -908,12 +956,12 @@ static void attention(rq_model *m, int il, int n, int pos0) {
         rope(qt, c->n_head, hd, rope_cs + (size_t)t * hd, c->rope_neox);
         rope(kt, c->n_head_kv, hd, rope_cs + (size_t)t * hd, c->rope_neox);
         size_t slot = (size_t)((pos0 + t) % slots);
-        memcpy(m->kv.k[il] + slot * kv_dim, kt, sizeof(float) * kv_dim);
-        memcpy(m->kv.v[il] + slot * kv_dim, m->v + (size_t)t * kv_dim, sizeof(float) * kv_dim);
+        kv_store(m->kv.k[il], m->kv.f16, slot * kv_dim, kt, kv_dim);
+        kv_store(m->kv.v[il], m->kv.f16, slot * kv_dim, m->v + (size_t)t * kv_dim, kv_dim);
     }
 
     const att_shape shape = {c->n_head, c->n_head_kv, hd, slots, local ? c->sliding_window : 0, c->attn_scale};
-    attend_tokens(&shape, m->q, m->kv.k[il], m->kv.v[il], m->att_out, n, pos0, 0, 0, m->n_threads, m->att_scratch,
+    attend_tokens(&shape, m->q, m->kv.k[il], m->kv.v[il], m->kv.f16, m->att_out, n, pos0, 0, 0, m->n_threads, m->att_scratch,
                   m->att_scratch_floats);
 
     quantize_rows(m, m->att_out, n, q_dim, q_dim);
@@ -922,91 +970,6 @@ static void attention(rq_model *m, int il, int n, int pos0) {
         FOR_TOKENS
         for (int t = 0; t < n; t++)
             rmsnorm(m->xb + (size_t)t * d, m->xb + (size_t)t * d, f32_data(&L->post_attn_norm), d, c->norm_eps);
-    }
-}
-
-/* ---------------------------------------------------------------- ffn_down outliers */
-
-/* Opt-in (outlier_rms > 0): the gated activations entering ffn_down carry a few outliers per
- * token, and one of them sets its int8 block's scale and crushes the block's other values. Values
- * beyond outlier_rms x the token's RMS are taken out before quantizing and added back exactly, as
- * x_j * W[:, j] (LLM.int8()'s decomposition). At 12 this lowers the mean |logit error| against
- * the f32 reference by ~6 % (SmolLM2) and ~10 % (Gemma 3) and costs 10-15 % of their prefill:
- * reading a column touches one cache line per row. Plain int8 is already closer to the f32
- * reference than llama.cpp's own numerics, so it is off by default. */
-static int outlier_order(const void *a, const void *b) {
-    const rq_outlier *x = a, *y = b;
-    if (x->col != y->col) return x->col < y->col ? -1 : 1;
-    return (x->tok > y->tok) - (x->tok < y->tok);
-}
-
-/* Token row x's outliers (|x_i| > ratio * rms) into o (at most cap), zeroed in x; returns how
- * many. The row's largest magnitude is found first (16 lanes, vectorized): most tokens have none.
- * cols is a multiple of 32 (the int8 block). */
-RQ_CLONES static int take_row_outliers(float *x, int cols, float ratio, rq_outlier *o, int cap, int tok) {
-    const float thr = ratio * sqrtf(dot_f32(x, x, cols) / (float)cols);
-    float mx[16] = {0};
-    for (int i = 0; i < cols; i += 16)
-        for (int j = 0; j < 16; j++) {
-            const float a = fabsf(x[i + j]);
-            mx[j] = a > mx[j] ? a : mx[j];
-        }
-    int any = 0;
-    for (int j = 0; j < 16; j++) any |= mx[j] > thr;
-    int k = 0;
-    for (int i = 0; any && i < cols && k < cap; i++)
-        if (fabsf(x[i]) > thr) {
-            o[k++] = (rq_outlier){i, tok, x[i]};
-            x[i] = 0.0f;
-        }
-    return k;
-}
-
-/* Zero each token's outliers in x [n][cols] (recording them), then list them all in
- * m->outl_all ordered by (column, token). */
-static void take_outliers(rq_model *m, float *x, int n, int cols) {
-    FOR_TOKENS
-    for (int t = 0; t < n; t++)
-        m->outl_n[t] = take_row_outliers(x + (size_t)t * cols, cols, m->cfg.outlier_rms,
-                                         m->outl + (size_t)t * m->outl_cap, m->outl_cap, t);
-    int total = 0;
-    for (int t = 0; t < n; t++) {
-        memcpy(m->outl_all + total, m->outl + (size_t)t * m->outl_cap, sizeof(rq_outlier) * m->outl_n[t]);
-        total += m->outl_n[t];
-    }
-    qsort(m->outl_all, total, sizeof(rq_outlier), outlier_order);
-    m->n_outl = total;
-}
-
-/* out[t][r] += x * W[r][col] for every recorded outlier (col, t, x), in column order for each
- * output whatever the threads (they split the rows). Row by row: a row's elements for all the
- * pass's outlier columns are read in address order (rq_dequant_elem, no whole-row
- * dequantization), where going column by column would miss the cache once per row and column. */
-#define OUTLIER_PF_ROWS 8
-static void add_outlier_columns(rq_model *m, const rq_tensor *W, float *out, int ldo) {
-    const size_t rb = rq_row_bytes(W->type, W->cols);
-    const uint8_t *base = W->data;
-    const rq_outlier *o = m->outl_all;
-    int nu = 0;   /* the distinct columns start at o[ustart[u]] */
-    for (int e = 0; e < m->n_outl; e++)
-        if (e == 0 || o[e].col != o[e - 1].col) m->outl_ustart[nu++] = e;
-    m->outl_ustart[nu] = m->n_outl;
-    const int *us = m->outl_ustart;
-    const size_t be = (size_t)rq_block_elems(W->type), bb = (size_t)rq_block_bytes(W->type);
-    #pragma omp parallel for num_threads(m->n_threads) schedule(static) if ((size_t)nu * W->rows >= 4096)
-    for (int r = 0; r < W->rows; r++) {
-        const uint8_t *row = base + (size_t)r * rb;
-        /* Rows are kilobytes apart, beyond the hardware prefetchers: ask for rows ahead. */
-        if (r + OUTLIER_PF_ROWS < W->rows)
-            for (int u = 0; u < nu; u++) {
-                const uint8_t *blk = row + OUTLIER_PF_ROWS * rb + (size_t)o[us[u]].col / be * bb;
-                __builtin_prefetch(blk);
-                __builtin_prefetch(blk + bb - 1);
-            }
-        for (int u = 0; u < nu; u++) {
-            const float w = rq_dequant_elem(W->type, row, o[us[u]].col);
-            for (int e = us[u]; e < us[u + 1]; e++) out[(size_t)o[e].tok * ldo + r] += o[e].x * w;
-        }
     }
 }
 
@@ -1025,10 +988,8 @@ static void feed_forward(rq_model *m, int il, int n) {
     rq_matmul_multi(gate_up, 2, d, m->acts, n, m->n_threads);
     FOR_TOKENS
     for (int t = 0; t < n; t++) gated_act(m->hb + (size_t)t * ff, m->hb2 + (size_t)t * ff, (size_t)ff, c->ffn_gelu);
-    if (c->outlier_rms > 0) take_outliers(m, m->hb, n, ff);
     quantize_rows(m, m->hb, n, ff, ff);
     matmul(m, &L->ffn_down, n, m->xb, d);
-    if (m->n_outl) add_outlier_columns(m, &L->ffn_down, m->xb, d);
     if (L->post_ffw_norm.data) {
         FOR_TOKENS
         for (int t = 0; t < n; t++)

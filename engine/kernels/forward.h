@@ -26,13 +26,9 @@ typedef struct {
     float embd_scale;       /* gemma3: sqrt(n_embd); else 1 */
     float attn_scale;       /* scale applied to q.k */
     int ffn_gelu;           /* 1: GELU-tanh gate (gemma3); 0: SiLU (SwiGLU) */
-    float outlier_rms;      /* > 0: ffn_down inputs beyond this x the token's RMS skip int8 (forward.c); 0: off */
     int max_ubatch;         /* most tokens per internal pass; longer inputs are split */
     int n_threads;
 } rq_config;
-
-/* One value taken out of an activation row: column, token, value. */
-typedef struct { int col, tok; float x; } rq_outlier;
 
 /* One tensor in the mapped file: rows x cols elements of `type`, row-major (ggml's ne1 x ne0). */
 typedef struct {
@@ -58,13 +54,14 @@ typedef struct {
     rq_layer_weights *layers;
 } rq_weights;
 
-/* The KV cache, caller-owned f32 memory. Layer l keeps slots[l] positions in a ring:
- * position p lives in slot p % slots[l]. Global layers get the full capacity; sliding-window
- * layers only window + max_ubatch - 1 (what one pass can still need). */
+/* The KV cache, caller-owned memory of f16 (IEEE half) or f32 entries. Layer l keeps slots[l]
+ * positions in a ring: position p lives in slot p % slots[l]. Global layers get the full
+ * capacity; sliding-window layers only window + max_ubatch - 1 (what one pass can still need). */
 typedef struct {
     int capacity;        /* positions the cache holds (the largest usable position + 1) */
     const int *slots;    /* per layer */
-    float **k, **v;      /* per layer: slots[l] x (n_head_kv * head_dim) */
+    void **k, **v;       /* per layer: slots[l] x (n_head_kv * head_dim) entries */
+    int f16;             /* 1: entries are uint16 halves (rounded to nearest even), 0: f32 */
 } rq_kv;
 
 typedef struct rq_model rq_model;

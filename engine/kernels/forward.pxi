@@ -17,9 +17,7 @@ cdef extern from "forward.h":
         float norm_eps, rope_base, rope_base_local
         int rope_neox, sliding_window, swa_pattern
         float embd_scale, attn_scale
-        int ffn_gelu
-        float outlier_rms
-        int max_ubatch, n_threads
+        int ffn_gelu, max_ubatch, n_threads
     ctypedef struct rq_tensor:
         int type
         const void *data
@@ -34,8 +32,9 @@ cdef extern from "forward.h":
     ctypedef struct rq_kv:
         int capacity
         const int *slots
-        float **k
-        float **v
+        void **k
+        void **v
+        int f16
     ctypedef struct rq_model:
         pass
     rq_model *rq_model_create(const rq_config *cfg, const rq_weights *w, const rq_kv *kv)
@@ -52,7 +51,7 @@ LAYER_FIELDS = ("attn_norm", "wq", "wk", "wv", "wo", "bq", "bk", "bv", "attn_q_n
                 "post_attn_norm", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down", "post_ffw_norm")
 CONFIG_FIELDS = ("arch", "n_layer", "n_embd", "n_ff", "n_head", "n_head_kv", "head_dim", "n_vocab",
                  "norm_eps", "rope_base", "rope_base_local", "rope_neox", "sliding_window", "swa_pattern",
-                 "embd_scale", "attn_scale", "ffn_gelu", "outlier_rms", "max_ubatch", "n_threads")
+                 "embd_scale", "attn_scale", "ffn_gelu", "max_ubatch", "n_threads")
 
 
 cdef rq_tensor _tensor(object spec):
@@ -77,8 +76,8 @@ cdef class ForwardModel:
     cdef rq_model *model
     cdef rq_layer_weights *layers
     cdef int *slots
-    cdef float **kptrs
-    cdef float **vptrs
+    cdef void **kptrs
+    cdef void **vptrs
     cdef readonly int n_vocab, n_embd, n_layer, capacity
     cdef object keepalive
     cdef object record_buf
@@ -99,19 +98,22 @@ cdef class ForwardModel:
         cfg.rope_base_local = config["rope_base_local"]; cfg.rope_neox = config["rope_neox"]
         cfg.sliding_window = config["sliding_window"]; cfg.swa_pattern = config["swa_pattern"]
         cfg.embd_scale = config["embd_scale"]; cfg.attn_scale = config["attn_scale"]
-        cfg.ffn_gelu = config["ffn_gelu"]; cfg.outlier_rms = config["outlier_rms"]
+        cfg.ffn_gelu = config["ffn_gelu"]
         cfg.max_ubatch = config["max_ubatch"]
         cfg.n_threads = config["n_threads"]
 
         self.layers = <rq_layer_weights *>calloc(n_layer, sizeof(rq_layer_weights))
         self.slots = <int *>calloc(n_layer, sizeof(int))
-        self.kptrs = <float **>calloc(n_layer, sizeof(float *))
-        self.vptrs = <float **>calloc(n_layer, sizeof(float *))
+        self.kptrs = <void **>calloc(n_layer, sizeof(void *))
+        self.vptrs = <void **>calloc(n_layer, sizeof(void *))
         if not self.layers or not self.slots or not self.kptrs or not self.vptrs:
             raise MemoryError()
         w.token_embd = _tensor(globals_["token_embd"])
         w.output_norm = _tensor(globals_["output_norm"])
         w.output = _tensor(globals_["output"])
+        kv_dtype = np.asarray(k_cache[0]).dtype if n_layer else np.dtype(np.float32)
+        if kv_dtype not in (np.float16, np.float32):
+            raise ValueError(f"KV arrays must be float16 or float32, not {kv_dtype}")
         for il in range(n_layer):
             spec = layers[il]
             self.layers[il].attn_norm = _tensor(spec.get("attn_norm"))
@@ -132,14 +134,15 @@ cdef class ForwardModel:
             self.layers[il].post_ffw_norm = _tensor(spec.get("post_ffw_norm"))
             for cache, ptrs in ((k_cache[il], 0), (v_cache[il], 1)):
                 arr = cache
-                if arr.dtype != np.float32 or not arr.flags["C_CONTIGUOUS"] or arr.ndim != 2:
-                    raise ValueError("KV arrays must be C-contiguous float32 [slots, kv_dim]")
+                if arr.dtype != kv_dtype or not arr.flags["C_CONTIGUOUS"] or arr.ndim != 2:
+                    raise ValueError("KV arrays must be C-contiguous [slots, kv_dim], all float16 or all float32")
                 if ptrs == 0:
-                    self.kptrs[il] = <float *>cnp.PyArray_DATA(arr)
+                    self.kptrs[il] = cnp.PyArray_DATA(arr)
                     self.slots[il] = arr.shape[0]
                 else:
-                    self.vptrs[il] = <float *>cnp.PyArray_DATA(arr)
+                    self.vptrs[il] = cnp.PyArray_DATA(arr)
         w.layers = self.layers
+        kv.f16 = kv_dtype == np.float16
         kv.capacity = capacity
         kv.slots = self.slots
         kv.k = self.kptrs

@@ -67,8 +67,6 @@ size_t rq_row_bytes(int t, int n);
 
 /* Reference dequantization of one row of n elements (scalar, the ground truth twin). */
 void rq_dequant_row(int t, const void *row, float *out, int n);
-/* Element j of a row: rq_dequant_row's value, without dequantizing the rest. */
-float rq_dequant_elem(int t, const void *row, int j);
 
 /* Quantize n floats into act (buffers preallocated by the caller: qs n, d n/32, sum16 n/16).
  * Sets act->f = x. */

@@ -27,7 +27,6 @@ cdef extern from "quants.h":
     int rq_block_bytes(int t) nogil
     size_t rq_row_bytes(int t, int n) nogil
     void rq_dequant_row(int t, const void *row, float *out, int n) nogil
-    float rq_dequant_elem(int t, const void *row, int j) nogil
     void rq_quantize_act(const float *x, int n, rq_act *act) nogil
     float rq_vec_dot_ref(int t, int n, const void *row, const rq_act *x) nogil
     float rq_vec_dot(int t, int n, const void *row, const rq_act *x) nogil
@@ -225,23 +224,6 @@ def dequant_row(int t, w, int n):
     cdef float[::1] ov = out
     with nogil:
         rq_dequant_row(t, &wb[0], &ov[0], n)
-    return out
-
-
-def dequant_elems(int t, w, int n):
-    """Each of the n elements of a row of type t, one rq_dequant_elem call each -> float32[n]
-    (the twin of dequant_row, for tests)."""
-    _check_type(t, n)
-    cdef cnp.uint8_t[::1] wb = _bytes_array(w)
-    cdef Py_ssize_t need = <Py_ssize_t>rq_row_bytes(t, n)
-    if wb.shape[0] < need:
-        raise ValueError(f"need {need} bytes, got {wb.shape[0]}")
-    out = np.empty(n, dtype=np.float32)
-    cdef float[::1] ov = out
-    cdef int j
-    with nogil:
-        for j in range(n):
-            ov[j] = rq_dequant_elem(t, &wb[0], j)
     return out
 
 
