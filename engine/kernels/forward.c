@@ -23,6 +23,7 @@ struct rq_model {
     float *att_out; /* [U][q_dim] */
     float *hb, *hb2;/* [U][n_ff] */
     float *att_scratch;        /* [threads][att_scratch_floats]: attention blocks' scores and q */
+    float *kv_f32;             /* f16 cache: [2][capacity][kv_dim], a pass's keys widened (widen_pass_keys) */
     size_t att_scratch_floats;
     float *rope_freq[2];   /* per rotated pair i: base^(-2i/head_dim), [0] global, [1] local layers */
     float *rope_cs[2];     /* this pass's (cos, sin) per token and pair, [U][head_dim/2][2], per base */
@@ -171,7 +172,6 @@ static int layer_is_local(const rq_config *c, int il) {
 /* ---------------------------------------------------------------- model lifetime */
 
 static size_t att_scratch_floats(int capacity, int hd);   /* attention's per-thread scratch (below) */
-static size_t kv_f32_floats(int keys, int hd);            /* and its f16 KV conversion area */
 
 rq_model *rq_model_create(const rq_config *cfg, const rq_weights *w, const rq_kv *kv) {
     rq_kernels_init();
@@ -201,7 +201,14 @@ rq_model *rq_model_create(const rq_config *cfg, const rq_weights *w, const rq_kv
     m->att_out = alloc_aligned(sizeof(float) * U * m->q_dim);
     m->hb = alloc_aligned(sizeof(float) * U * c->n_ff);
     m->hb2 = alloc_aligned(sizeof(float) * U * c->n_ff);
-    m->att_scratch_floats = att_scratch_floats(kv->capacity, c->head_dim) + (kv->f16 ? kv_f32_floats(kv->capacity, c->head_dim) : 0);
+    m->att_scratch_floats = att_scratch_floats(kv->capacity, c->head_dim);
+    if (kv->f16) {   /* f32 copies of one layer's K and V rows for a pass (widen_pass_keys) */
+        m->kv_f32 = alloc_aligned(sizeof(float) * 2 * (size_t)kv->capacity * m->kv_dim);
+        if (!m->kv_f32) {
+            rq_model_free(m);
+            return NULL;
+        }
+    }
     m->att_scratch = alloc_aligned(sizeof(float) * m->n_threads * m->att_scratch_floats);
     m->acts = calloc(U, sizeof(rq_act));
     m->act_qs = alloc_aligned((size_t)U * cols);
@@ -236,7 +243,7 @@ rq_model *rq_model_create(const rq_config *cfg, const rq_weights *w, const rq_kv
 void rq_model_free(rq_model *m) {
     if (!m) return;
     free(m->x); free(m->xb); free(m->q); free(m->k); free(m->v); free(m->att_out);
-    free(m->hb); free(m->hb2); free(m->att_scratch); free(m->acts);
+    free(m->hb); free(m->hb2); free(m->att_scratch); free(m->kv_f32); free(m->acts);
     free(m->act_qs); free(m->act_d); free(m->act_sum16);
     for (int b = 0; b < 2; b++) { free(m->rope_freq[b]); free(m->rope_cs[b]); }
     free(m);
@@ -720,17 +727,30 @@ static void attend_rows(const att_kv *kv, const att_row *rows, int n_rows, float
 
 /* ---------------------------------------------------------------- KV entries (f16 or f32) */
 
-/* Floats of the f32 copies of `keys` positions' K and V rows of one KV head (f16 caches). */
-static size_t kv_f32_floats(int keys, int hd) { return 2 * (size_t)keys * (size_t)hd; }
-
 /* Entries [at, at + n) of a KV array from x: f32 as is, or rounded to the nearest half (ties to
  * even, as numpy and llama.cpp's f16 cache). */
+static int has_f16c(void);
+#if defined(__x86_64__) || defined(__i386__)
+__attribute__((target("avx2,f16c"))) static void f32_to_f16_row_f16c(uint16_t *h, const float *x, int n) {
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(h + i), _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    for (; i < n; i++) h[i] = rq_f32_to_f16(x[i]);
+}
+#endif
+
 static void kv_store(void *kv, int f16, size_t at, const float *x, int n) {
     if (!f16) {
         memcpy((float *)kv + at, x, sizeof(float) * (size_t)n);
         return;
     }
     uint16_t *h = (uint16_t *)kv + at;
+#if defined(__x86_64__) || defined(__i386__)
+    if (has_f16c()) {   /* vcvtps2ph rounds to nearest even, as rq_f32_to_f16 */
+        f32_to_f16_row_f16c(h, x, n);
+        return;
+    }
+#endif
     for (int i = 0; i < n; i++) h[i] = rq_f32_to_f16(x[i]);
 }
 
@@ -742,15 +762,23 @@ __attribute__((target("avx2,f16c"))) static void f16_to_f32_row_f16c(float *y, c
 }
 #endif
 
-/* Halves to floats (exact, so every path gets the same values). */
-static void f16_to_f32_row(float *y, const uint16_t *h, int n) {
+static int has_f16c(void) {
 #if defined(__x86_64__) || defined(__i386__)
     static int f16c = -1;
     if (f16c < 0) {
         __builtin_cpu_init();
         f16c = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx2");
     }
-    if (f16c) {
+    return f16c;
+#else
+    return 0;
+#endif
+}
+
+/* Halves to floats (exact, so every path gets the same values). */
+static void f16_to_f32_row(float *y, const uint16_t *h, int n) {
+#if defined(__x86_64__) || defined(__i386__)
+    if (has_f16c()) {
         f16_to_f32_row_f16c(y, h, n);
         return;
     }
@@ -800,15 +828,9 @@ static void attention_split(const att_shape *a, int n, int pos0, int n_threads, 
 /* Attention of n tokens at positions pos0.. (q and out: [n][n_head * hd]) over the ring K, V,
  * in blocks of `tokens` x `heads` (0: attention_split's choice) on n_threads threads, each with
  * scratch_floats of scratch. */
-static void attend_tokens(const att_shape *a, const float *q, const void *K, const void *V, int f16, float *out,
-                          int n, int pos0, int tokens, int heads, int n_threads, float *scratch,
-                          size_t scratch_floats) {
-    /* f16 entries: each block first widens its keys' K and V rows (of its KV head) into f32 at the
-     * end of its thread's scratch, so one set of float kernels serves both types and every path
-     * sees the same values (the widening is exact). */
-    const size_t conv = f16 ? kv_f32_floats(a->window > 0 && a->window + n - 1 < a->slots ? a->window + n - 1 : a->slots, a->hd) : 0;
-    const size_t block_room = scratch_floats - conv;
-    attention_split(a, n, pos0, n_threads, block_room, &tokens, &heads);
+static void attend_tokens(const att_shape *a, const float *q, const float *K, const float *V, float *out, int n,
+                          int pos0, int tokens, int heads, int n_threads, float *scratch, size_t scratch_floats) {
+    attention_split(a, n, pos0, n_threads, scratch_floats, &tokens, &heads);
     const int hd = a->hd, group = a->n_head / a->n_head_kv, q_dim = a->n_head * hd;
     const int chunks = (group + heads - 1) / heads, per_block = a->n_head_kv * chunks;
     const int n_blocks = (n + tokens - 1) / tokens;
@@ -818,6 +840,7 @@ static void attend_tokens(const att_shape *a, const float *q, const void *K, con
         const int b = n_blocks - 1 - task / per_block, kvh = task % per_block / chunks;
         const int h0 = kvh * group + task % chunks * heads;
         const int h1 = h0 + heads < (kvh + 1) * group ? h0 + heads : (kvh + 1) * group;
+        const att_kv kv = {K + (size_t)kvh * hd, V + (size_t)kvh * hd, a->n_head_kv * hd, a->slots, hd, a->scale};
         att_row rows[ATT_MAX_ROWS];
         int nr = 0;
         for (int t = b * tokens; t < n && t < (b + 1) * tokens; t++) {
@@ -825,24 +848,25 @@ static void attend_tokens(const att_shape *a, const float *q, const void *K, con
             for (int h = h0; h < h1; h++)
                 rows[nr++] = (att_row){q + (size_t)t * q_dim + h * hd, out + (size_t)t * q_dim + h * hd, lo, pos};
         }
-        float *mine = scratch + (size_t)omp_get_thread_num() * scratch_floats;
-        att_kv kv = {(const float *)K + (size_t)kvh * hd, (const float *)V + (size_t)kvh * hd, a->n_head_kv * hd,
-                     a->slots, hd, a->scale};
-        if (f16) {   /* positions lo..hi, at rows j % keys of the f32 copies: still a ring */
-            int lo, hi, all_lo, all_hi;
-            rows_key_span(rows, nr, &lo, &hi, &all_lo, &all_hi);
-            const int keys = hi - lo + 1;
-            float *kf = mine + block_room, *vf = kf + (size_t)keys * hd;
-            const size_t ld = (size_t)a->n_head_kv * hd;
-            for (int j = lo; j <= hi; j++) {
-                const size_t at = (size_t)(j % a->slots) * ld + (size_t)kvh * hd;
-                f16_to_f32_row(kf + (size_t)(j % keys) * hd, (const uint16_t *)K + at, hd);
-                f16_to_f32_row(vf + (size_t)(j % keys) * hd, (const uint16_t *)V + at, hd);
-            }
-            kv = (att_kv){kf, vf, hd, keys, hd, a->scale};
-        }
-        attend_rows(&kv, rows, nr, mine);
+        attend_rows(&kv, rows, nr, scratch + (size_t)omp_get_thread_num() * scratch_floats);
     }
+}
+
+/* An f16 layer's keys for a pass, widened once into f32 copies (exact: every path then sees the
+ * same values through one set of float kernels): the positions the pass's tokens see, each at row
+ * j % keys of kf and vf, which makes a ring of `keys` slots. Returns keys. */
+static int widen_pass_keys(const att_shape *a, const uint16_t *K, const uint16_t *V, int n, int pos0, float *kf,
+                           float *vf, int n_threads) {
+    const int last = pos0 + n - 1, first = a->window > 0 && pos0 - a->window + 1 > 0 ? pos0 - a->window + 1 : 0;
+    const int keys = last - first + 1;
+    const size_t ld = (size_t)a->n_head_kv * a->hd;
+    #pragma omp parallel for schedule(static) num_threads(n_threads) if ((size_t)keys * ld >= 8192)
+    for (int j = first; j <= last; j++) {
+        const size_t from = (size_t)(j % a->slots) * ld, to = (size_t)(j % keys) * ld;
+        f16_to_f32_row(kf + to, K + from, (int)ld);
+        f16_to_f32_row(vf + to, V + from, (int)ld);
+    }
+    return keys;
 }
 
 int rq_attention(const float *q, const float *k, const float *v, float *out, int n, int pos0, int n_head,
@@ -855,7 +879,7 @@ int rq_attention(const float *q, const float *k, const float *v, float *out, int
     size_t per_thread = block_floats(ATT_MAX_ROWS, keys, hd);
     float *scratch = alloc_aligned(sizeof(float) * per_thread * n_threads);
     if (!scratch) return -1;
-    attend_tokens(&a, q, k, v, 0, out, n, pos0, tokens, heads, n_threads, scratch, per_thread);
+    attend_tokens(&a, q, k, v, out, n, pos0, tokens, heads, n_threads, scratch, per_thread);
     free(scratch);
     return 0;
 }
@@ -960,8 +984,15 @@ static void attention(rq_model *m, int il, int n, int pos0) {
         kv_store(m->kv.v[il], m->kv.f16, slot * kv_dim, m->v + (size_t)t * kv_dim, kv_dim);
     }
 
-    const att_shape shape = {c->n_head, c->n_head_kv, hd, slots, local ? c->sliding_window : 0, c->attn_scale};
-    attend_tokens(&shape, m->q, m->kv.k[il], m->kv.v[il], m->kv.f16, m->att_out, n, pos0, 0, 0, m->n_threads, m->att_scratch,
+    att_shape shape = {c->n_head, c->n_head_kv, hd, slots, local ? c->sliding_window : 0, c->attn_scale};
+    const float *K = m->kv.k[il], *V = m->kv.v[il];
+    if (m->kv.f16) {
+        float *kf = m->kv_f32, *vf = kf + (size_t)m->kv.capacity * kv_dim;
+        shape.slots = widen_pass_keys(&shape, m->kv.k[il], m->kv.v[il], n, pos0, kf, vf, m->n_threads);
+        K = kf;
+        V = vf;
+    }
+    attend_tokens(&shape, m->q, K, V, m->att_out, n, pos0, 0, 0, m->n_threads, m->att_scratch,
                   m->att_scratch_floats);
 
     quantize_rows(m, m->att_out, n, q_dim, q_dim);
