@@ -161,7 +161,7 @@ def submit_command(inputs: tuple[str, ...], model: str | None, priority: str, ti
         raise click.UsageError(f"embedded mode runs one model; these jobs name {', '.join(sorted(models))}")
     with embedded_cluster(jobs[0].model, workers=workers, threads=threads, kv_budget=kv_budget,
                           repack=not no_repack) as cluster:
-        _echo_err(f"embedded cluster: redis {cluster.redis_url}, {workers} worker(s)")
+        _echo_err(f"embedded cluster: redis {cluster.redis_url}, {cluster.split}")
         run(Client(cluster.redis_url), health=cluster.check)
 
 

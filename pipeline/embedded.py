@@ -194,6 +194,7 @@ class Cluster:
         self.log_dir = log_dir
         self.repack = repack
         self.workers: list[WorkerProcess] = []
+        self.split = ""  # "N worker(s) x T thread(s) (why)", for the user
 
     @property
     def redis_url(self) -> str:
@@ -247,16 +248,19 @@ def embedded_cluster(model: str, workers: int = 1, *, threads: int | None = None
 
     `threads` defaults to RQLLM_THREADS, else to the CPUs this process may use (affinity mask and
     cgroup CPU quota, engine.cpus) divided among the workers, so they do not oversubscribe the CPU.
+    The CLI's default of one worker with every CPU is the split bench/bench_load.py measured best
+    (1 x 2 against 2 x 1 on 2 cores: each worker's threads scale, and one model copy is loaded).
     `repack=False` starts them with --no-repack. With it on, the first worker to start writes the
     repacked weight cache while the others wait for it (engine.repack's lock) and then map it.
     """
     if workers < 1:
         raise ValueError("workers must be >= 1")
-    if threads is None:
-        threads = choose_threads(workers=workers).threads
+    choice = choose_threads(threads, workers=workers)
+    threads = choice.threads
     server = RedisServer().start()
     log_dir = tempfile.mkdtemp(prefix="rqllm-workers-")
     cluster = Cluster(server, model, log_dir, repack)
+    cluster.split = f"{workers} worker(s) x {threads} engine thread(s) ({choice.reason})"
     try:
         for _ in range(workers):
             cluster.start_worker(threads=threads, kv_budget=kv_budget)

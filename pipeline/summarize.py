@@ -882,6 +882,7 @@ def summarize(paths: Sequence[str], *, output: IO[str], fmt: str = "jsonl", mode
 
         with embedded_cluster(model, workers=workers, threads=threads, kv_budget=worker_kv_budget(model, budget_text),
                               repack=repack) as cluster:
+            err.write(f"embedded: {cluster.split}\n")
             states = run(connect(cluster.redis_url), cluster.check, False)
     wall = time.monotonic() - t0
     out.finish(skipped, wall_seconds=wall)

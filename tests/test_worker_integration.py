@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -320,6 +321,7 @@ def test_embedded_submit_wait(tmp_path):
     assert set(got) == {"prompt-1", str(prompt_file)}
     assert all(x["error"] is None for x in got.values())
     assert "embedded cluster" in p.stderr
+    assert re.search(r"1 worker\(s\) x \d+ engine thread\(s\) \(", p.stderr), p.stderr  # the split, and why
 
 
 def test_rq_stop_job_command_stops_generation(client, spawn_worker):
