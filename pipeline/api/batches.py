@@ -47,7 +47,7 @@ class BatchStore:
             p.hset(keys.api_batch_key(record.id), mapping={**to_hash(fields), "total": counts.total,
                                                            "completed": 0, "failed": 0, "input_tokens": 0,
                                                            "output_tokens": 0})
-            p.zadd(keys.api_batches_index_key(record.owner), {record.id: record.created_at})
+            p.zadd(keys.api_batches_index_key(record.owner), {record.id: time.time()})  # finer than created_at
             p.sadd(keys.API_ACTIVE_BATCHES, record.id)
             p.execute()
 

@@ -100,7 +100,8 @@ class FileStore:
     def _register(self, record: FileRecord) -> FileRecord:
         with self.connection.pipeline(transaction=True) as p:
             p.hset(keys.api_file_key(record.id), mapping=to_hash(record.model_dump()))
-            p.zadd(keys.api_files_index_key(record.owner), {record.id: record.created_at})
+            # ordered to the microsecond: files made within one second still list newest first
+            p.zadd(keys.api_files_index_key(record.owner), {record.id: time.time()}, nx=True)
             p.execute()
         return record
 
