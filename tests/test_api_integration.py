@@ -170,7 +170,7 @@ def test_streaming_deltas_equal_non_streaming_text(stack: Stack):
     """Same request and seed: the streamed deltas concatenate to the non-streaming text. The result of the
     first is deleted before the second, so the second is generated again (not served from the result)."""
     c = stack.server.openai(KEY1)
-    req = dict(model=M, messages=[{"role": "user", "content": "Tell me about the sea."}], max_tokens=32,
+    req = dict(model=M, messages=[{"role": "user", "content": "Write a long story about the sea."}], max_tokens=96,
                temperature=0.8, seed=1234)
     first = c.chat.completions.create(**req)
     text = first.choices[0].message.content
@@ -190,7 +190,7 @@ def test_streaming_deltas_equal_non_streaming_text(stack: Stack):
         if chunk.usage is not None:
             usage = chunk.usage
     assert "".join(deltas) == text
-    assert len(deltas) >= 2  # it streamed, not one piece at the end
+    assert len(deltas) >= 2 and first.usage.completion_tokens >= 32  # it streamed, not one piece at the end
     assert finish == first.choices[0].finish_reason
     assert usage is not None and usage.completion_tokens == first.usage.completion_tokens
     assert ids == {first.id}
@@ -297,6 +297,25 @@ def test_disconnected_stream_cancels_its_job(stack: Stack):
     assert stack.redis.scard(keys.api_waiters_key(job_id)) == 0
 
 
+def test_client_that_gives_up_waiting_cancels_its_job(stack: Stack):
+    """Without streaming: a client that leaves (times out) before the answer cancels the job too."""
+    from pipeline.batch_file import request_to_job
+
+    body = {"model": M, "messages": [{"role": "user", "content": LONG_PROMPT + " 6, 7,"}], "max_tokens": 2000}
+    # greedy and unseeded: the job id depends on the content only, so the test can find the job
+    job_id = request_to_job({"custom_id": "any", "url": "/v1/chat/completions", "body": body}).id
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(stack.server.base_url + "/chat/completions", json=body, timeout=httpx.Timeout(30, read=1.5),
+                   headers={"Authorization": f"Bearer {KEY1}"})
+    deadline = time.monotonic() + 60
+    while (raw := stack.redis.get(keys.result_key(job_id))) is None:
+        assert time.monotonic() < deadline, "the job of a client that left was not cancelled"
+        time.sleep(0.2)
+    result = json.loads(raw)
+    assert result["status"] == "failed" and result["error"]["code"] == "cancelled"
+    assert result["error"]["message"] == "the client disconnected before the request finished"
+
+
 def test_errors_in_openai_shape_and_body_limit(stack: Stack, tmp_path: Path):
     c = stack.server.openai(KEY1)
     with pytest.raises(openai.BadRequestError) as e:
@@ -305,6 +324,13 @@ def test_errors_in_openai_shape_and_body_limit(stack: Stack, tmp_path: Path):
     with pytest.raises(openai.NotFoundError) as e:
         c.chat.completions.create(model="no-such-model", messages=[{"role": "user", "content": "Hi"}])
     assert e.value.body["code"] == "model_not_found"
+    too_long = dict(model=M, messages=[{"role": "user", "content": "Hi"}], max_tokens=1_000_000)  # over the KV budget
+    with pytest.raises(openai.BadRequestError) as e:
+        c.chat.completions.create(**too_long)
+    assert e.value.body["code"] == "invalid_request" and "1000000" in e.value.body["message"]
+    with pytest.raises(openai.APIError) as e:  # the same failure, as an error event in the stream
+        list(c.chat.completions.create(**too_long, stream=True))
+    assert e.value.body["code"] == "invalid_request"
     with pytest.raises(openai.BadRequestError) as e:
         c.batches.create(input_file_id="file-doesnotexist", endpoint="/v1/chat/completions",
                          completion_window="48h")  # type: ignore[arg-type]
@@ -339,7 +365,7 @@ def test_server_killed_and_restarted_mid_batch(stack: Stack, tmp_path: Path):
         server.wait_ready(KEY1)
         c = server.openai(KEY1)
         n = 20
-        lines = [chat_line(f"r{i:02d}", f"{LONG_PROMPT} {i}", max_tokens=48) for i in range(n)]
+        lines = [chat_line(f"r{i:02d}", f"{LONG_PROMPT} {i}", max_tokens=96) for i in range(n)]
         src = c.files.create(file=write_jsonl(tmp_path / "r.jsonl", lines).open("rb"), purpose="batch")
         b = c.batches.create(input_file_id=src.id, endpoint="/v1/chat/completions", completion_window="24h")
         deadline = time.monotonic() + 600

@@ -30,6 +30,7 @@ from pipeline.batch_file import read_batch_file
 from pipeline.cancel import cancel_unwanted_job
 from pipeline.client import Client
 from pipeline.collector import Collector
+from pipeline.redis_conn import REDIS_DOWN_ERRORS, wait_for_redis
 
 log = logging.getLogger("rqllm.api.batches")
 
@@ -66,19 +67,23 @@ class BatchRunner:
 
     # ------------------------------------------------------------ thread body
     def run(self) -> None:
-        for attempt in range(1, RUNNER_ATTEMPTS + 1):
+        attempt = 0
+        while not self.stopping.is_set():
             try:
                 self._run()
                 return
             except StopRunner:
                 return
+            except REDIS_DOWN_ERRORS as e:  # an outage is not the batch's fault: wait it out, go on
+                log.warning("batch %s: Redis unreachable (%s); waiting", self.batch_id, e)
+                wait_for_redis(self.ctx.client.connection, stop=self.stopping.is_set)
             except Exception as e:  # noqa: BLE001 - retried, then the batch fails with the reason
+                attempt += 1
                 log.exception("batch %s: runner failed (attempt %d)", self.batch_id, attempt)
                 if attempt == RUNNER_ATTEMPTS:
                     self._fail("internal_error", f"{type(e).__name__}: {e}")
                     return
-                if self.stopping.wait(min(30.0, 2.0 ** attempt)):
-                    return
+                self.stopping.wait(min(30.0, 2.0 ** attempt))
 
     def _run(self) -> None:
         record = self.ctx.batches.get(self.batch_id)
