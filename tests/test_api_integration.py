@@ -257,7 +257,10 @@ def test_cancel_mid_batch(stack: Stack, tmp_path: Path):
 
     client = Client(stack.redis_url)
     ids = dict(client.batch_entries(b.id))
-    statuses = [client.job_status(ids[x["custom_id"]]) for x in err]
+    deadline = time.monotonic() + 60
+    while "started" in (statuses := [client.job_status(ids[x["custom_id"]]) for x in err]):
+        assert time.monotonic() < deadline, "a running job of the cancelled batch was not stopped"
+        time.sleep(0.1)  # its line is written at once; the worker stops it at its next token
     # queued ones were taken off the queue, running ones stopped ("finished": one that ended just then)
     assert set(statuses) <= {"canceled", "stopped", "finished"} and statuses.count("canceled") >= 2
     assert client.queue(M).count == 0
@@ -353,7 +356,9 @@ def test_errors_in_openai_shape_and_body_limit(stack: Stack, tmp_path: Path):
         c.files.create(file=write_jsonl(tmp_path / "ft.jsonl", [chat_line("f", "Hi")]).open("rb"), purpose="fine-tune")
     assert e.value.body["param"] == "purpose"
     models = c.models.list().data
-    assert [m.id for m in models] == [M]
+    assert [m.id for m in models] == [M] and c.models.retrieve(M).id == M
+    with pytest.raises(openai.NotFoundError):
+        c.models.retrieve("gemma3-270m")  # a model of ours, but no live worker holds it
     assert {w["name"] for w in models[0].model_extra["workers"]} == {"api-w1", "api-w2"}
 
 

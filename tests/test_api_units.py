@@ -154,6 +154,11 @@ def test_cancel_queued_batch_and_restart_keeps_everything(redis_url: str, tmp_pa
         b = wait_status(tc, create_batch(tc, f["id"])["id"], ("in_progress",))
         assert b["request_counts"] == {"total": 5, "completed": 0, "failed": 1}
         assert client.queue(NOBODY).count == 4 and client.batch_status(b["id"]).requests == 4
+    # Another server on the same Redis with its own data dir leaves the batch to the server holding its files.
+    with app_client(redis_url, tmp_path / "other") as tc:
+        time.sleep(0.5)
+        assert not (tmp_path / "other" / "batches" / b["id"]).exists()
+        assert tc.get(f"/v1/batches/{b['id']}", headers=auth()).json()["status"] == "in_progress"
     # A new app on the same Redis and data dir: same files and batch, the batch's runner resumed.
     with app_client(redis_url, data) as tc:
         assert tc.get(f"/v1/files/{f['id']}", headers=auth()).json()["bytes"] == f["bytes"]

@@ -241,7 +241,7 @@ class BatchSupervisor:
             return runner
 
     def resume_all(self) -> int:
-        ids = self.ctx.batches.active_ids()
+        ids = self.ctx.batches.active_ids(self.ctx.config.home_id())
         for batch_id in ids:
             self.start(batch_id)
         return len(ids)

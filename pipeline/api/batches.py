@@ -40,8 +40,9 @@ class BatchStore:
         self.connection = connection
         self._transition = connection.register_script(_TRANSITION)
 
-    def create(self, record: BatchRecord) -> None:
-        fields = record.model_dump(exclude={"request_counts", "usage"})
+    def create(self, record: BatchRecord, home: str) -> None:
+        """`home`: the id of the data directory holding the batch's files (ServeConfig.home_id)."""
+        fields = {**record.model_dump(exclude={"request_counts", "usage"}), "home": home}
         counts = record.request_counts
         with self.connection.pipeline(transaction=True) as p:
             p.hset(keys.api_batch_key(record.id), mapping={**to_hash(fields), "total": counts.total,
@@ -58,6 +59,7 @@ class BatchStore:
         d = from_hash(raw)
         n = {k: int(d.pop(k, 0) or 0) for k in COUNTERS}
         d.pop("end_as", None)
+        d.pop("home", None)
         d["request_counts"] = RequestCounts(total=n["total"], completed=n["completed"], failed=n["failed"])
         d["usage"] = BatchUsage(input_tokens=n["input_tokens"], output_tokens=n["output_tokens"],
                                 total_tokens=n["input_tokens"] + n["output_tokens"])
@@ -102,8 +104,10 @@ class BatchStore:
             p.srem(keys.API_ACTIVE_BATCHES, batch_id)
             p.execute()
 
-    def active_ids(self) -> list[str]:
-        return sorted(b.decode() for b in self.connection.smembers(keys.API_ACTIVE_BATCHES))
+    def active_ids(self, home: str) -> list[str]:
+        """Batches not yet ended whose files live in the data directory `home`."""
+        ids = sorted(b.decode() for b in self.connection.smembers(keys.API_ACTIVE_BATCHES))
+        return [b for b in ids if self.field(b, "home") in (home, None)]
 
     def list(self, owner: str, *, after: str | None, limit: int) -> tuple[list[BatchRecord], bool]:
         ids, more = page_ids(self.connection, keys.api_batches_index_key(owner), after=after, limit=limit)

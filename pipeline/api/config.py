@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import uuid
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -59,3 +60,16 @@ class ServeConfig(BaseModel):
     def make_dirs(self) -> None:
         for d in (self.files_dir, self.batches_dir, self.tmp_dir):
             d.mkdir(parents=True, exist_ok=True)
+
+    def home_id(self) -> str:
+        """This data directory's id (made on first use): a server resumes only the batches whose files
+        and working files live here, when several servers with their own data dirs share one Redis."""
+        path = self.data_dir / "home-id"
+        try:
+            return path.read_text().strip()
+        except FileNotFoundError:
+            self.data_dir.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(uuid.uuid4().hex + "\n")
+            os.replace(tmp, path)
+            return path.read_text().strip()

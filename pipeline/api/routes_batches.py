@@ -32,7 +32,7 @@ def create_batch(request: Request, body: CreateBatchRequest,
         expires_at=now + st.config.completion_window_seconds, metadata=body.metadata, owner=owner,
         request_counts=RequestCounts(total=source.requests),
     )
-    st.batches.create(record)
+    st.batches.create(record, home=st.config.home_id())
     st.supervisor.start(record.id)
     return record.public()
 
