@@ -203,3 +203,45 @@ def test_cancel_leaves_jobs_other_batches_wait_for(client: Client):  # noqa: F81
     assert Job.fetch(jid, connection=client.connection, serializer=SERIALIZER).is_canceled
     assert cancel_unwanted_job(client.connection, jid, batch_id=first, code="x", message="m") == "ended"
     assert isinstance(result, JobResult)
+
+
+def test_request_whose_job_ended_without_an_outcome_submits_it_again(redis_url: str, tmp_path: Path,  # noqa: F811
+                                                                       client: Client):  # noqa: F811
+    """An identical request may clear a failed outcome while rq still wraps that run up, and join the run
+    instead of starting another: the job then ends with no outcome. The waiting request submits it again."""
+    import threading
+
+    from jobs.ledger import Ledger
+    from jobs.schemas import queue_names
+    from pipeline.worker import LLMWorker
+
+    holder = LLMWorker(queue_names(NOBODY), model=NOBODY, connection=client.connection, name="holder")
+    holder.register_birth()  # a live worker for the model (it runs nothing: the test plays its part)
+    queue = client.queue(NOBODY, "high")
+    try:
+        with app_client(redis_url, tmp_path) as tc:
+            box: dict = {}
+            body = {"model": NOBODY, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3}
+            t = threading.Thread(target=lambda: box.update(r=tc.post("/v1/chat/completions", headers=auth(), json=body)))
+            t.start()
+            deadline = time.monotonic() + 30
+            while queue.count == 0:
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+            job_id = queue.job_ids[0]
+            queue.remove(job_id)  # its run ended, its outcome was cleared: not queued, no result
+            client.connection.hset(Job.key_for(job_id), "status", "failed")
+            while queue.count == 0:
+                assert time.monotonic() < deadline, "the waiting request did not submit the job again"
+                time.sleep(0.05)
+            assert queue.job_ids == [job_id] and client.job_status(job_id) == "queued"
+            Ledger(client.connection).finish(JobResult(job_id=job_id, status="done", model=NOBODY, text="again",
+                                                       endpoint="/v1/chat/completions", finish_reason="stop",
+                                                       prompt_tokens=2, completion_tokens=1),
+                                             result_ttl=60, stream_ttl=60)
+            t.join(30)
+            r = box["r"]
+            assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "again"
+            assert r.json()["usage"] == {"prompt_tokens": 2, "completion_tokens": 1, "total_tokens": 3}
+    finally:
+        holder.register_death()

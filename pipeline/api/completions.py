@@ -34,7 +34,9 @@ from pipeline.client import Client
 from pipeline.streams import decode_entries
 
 IDLE_BLOCK_MS = 1000
-RECONCILE_AFTER_IDLE = 10  # idle seconds before checking whether the job can still end by itself
+ACTIVE_STATUSES = ("queued", "started", "deferred", "scheduled")
+ENDED_TICKS = 2  # idle ticks (1 s each) a job must look ended without an outcome before it is submitted again
+MAX_RESUBMITS = 2
 KEEPALIVE_SECONDS = 15.0
 MODELS_CACHE_SECONDS = 2.0
 # HTTP status of a failed job, by its error code
@@ -111,13 +113,16 @@ class CompletionService:
                                 f"{held})", param="model", code="model_not_found")
 
     # ------------------------------------------------------------ queue
+    def _submit(self, job: GenerationJob) -> None:
+        self.client.submit(job, priority="high", timeout=self.config.job_timeout)
+
     def _start(self, job: GenerationJob, request_id: str) -> None:
         waiters = keys.api_waiters_key(job.id)
         with self.client.connection.pipeline(transaction=False) as p:
             p.sadd(waiters, request_id)
             p.expire(waiters, self.client.options.stream_ttl)
             p.execute()
-        self.client.submit(job, priority="high", timeout=self.config.job_timeout)
+        self._submit(job)
 
     async def start(self, job: GenerationJob, request_id: str) -> None:
         await anyio.to_thread.run_sync(self._start, job, request_id)
@@ -136,12 +141,13 @@ class CompletionService:
         raw = await self.aredis.get(keys.result_key(job_id))
         return JobResult.model_validate_json(raw) if raw else None
 
-    async def follow(self, job_id: str) -> AsyncIterator[Delta | Idle | Ended]:
+    async def follow(self, job: GenerationJob) -> AsyncIterator[Delta | Idle | Ended]:
         """Deltas of the job's text as it streams, Idle when nothing came for a while, then Ended."""
+        job_id = job.id
         stream_key = keys.token_stream_key(job_id)
         sent = run = ""
         last = "0"
-        idle_since = time.monotonic()
+        ended_ticks = resubmits = 0
         result = await self._result(job_id)  # already answered (a cached result): no stream needed
         if result is None:
             tail = decode_entries(await self.aredis.xrevrange(stream_key, count=1))
@@ -155,12 +161,13 @@ class CompletionService:
             if not entries:
                 result = await self._result(job_id)
                 if result is None:
-                    if time.monotonic() - idle_since > RECONCILE_AFTER_IDLE:
-                        idle_since = time.monotonic()
-                        await self._reconcile(job_id)
+                    ended_ticks = ended_ticks + 1 if await self._ended_without_outcome(job_id) else 0
+                    if ended_ticks >= ENDED_TICKS:
+                        ended_ticks = 0
+                        resubmits += 1
+                        await self._recover(job, give_up=resubmits > MAX_RESUBMITS)
                     yield Idle()
                 continue
-            idle_since = time.monotonic()
             for e in entries:
                 last = e.id
                 if e.type == "start":
@@ -178,16 +185,23 @@ class CompletionService:
         diverged = not result.text.startswith(sent)
         yield Ended(result, "" if diverged else result.text[len(sent):], diverged)
 
-    async def _reconcile(self, job_id: str) -> None:
-        """A job that rq no longer runs and that has no outcome (deleted, canceled elsewhere) gets one."""
+    async def _ended_without_outcome(self, job_id: str) -> bool:
         status = await self.aredis.hget(Job.key_for(job_id), "status")
-        if status is None or status.decode() not in ("queued", "started", "deferred", "scheduled"):
-            await anyio.to_thread.run_sync(lambda: self.client.reconcile("", [job_id], grace=1.0))
+        return status is None or status.decode() not in ACTIVE_STATUSES
 
-    async def wait(self, job_id: str, disconnected: Any) -> JobResult | None:
+    async def _recover(self, job: GenerationJob, *, give_up: bool) -> None:
+        """rq no longer runs the job and it has no outcome. Usually an identical request cleared the failed
+        outcome of a run that rq was still wrapping up, and joined that run instead of starting a new one:
+        submit it again. After MAX_RESUBMITS, record the failure (the job was deleted or canceled elsewhere)."""
+        if give_up:
+            await anyio.to_thread.run_sync(lambda: self.client.reconcile("", [job.id], grace=1.0))
+        else:
+            await anyio.to_thread.run_sync(self._submit, job)
+
+    async def wait(self, job: GenerationJob, disconnected: Any) -> JobResult | None:
         """The job's result; None when `disconnected()` says the client left first."""
         checked = 0.0
-        async for event in self.follow(job_id):
+        async for event in self.follow(job):
             if isinstance(event, Ended):
                 return event.result
             if time.monotonic() - checked > 0.5:
@@ -229,7 +243,7 @@ class CompletionService:
             if chat:
                 yield chunk("", role=True)
             quiet_since = time.monotonic()
-            async for event in self.follow(job.id):
+            async for event in self.follow(job):
                 if isinstance(event, Delta):
                     quiet_since = time.monotonic()
                     yield chunk(event.text)

@@ -29,7 +29,7 @@ async def _complete(request: Request, endpoint: str) -> Response:
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
     result = None
     try:
-        result = await service.wait(job.id, request.is_disconnected)
+        result = await service.wait(job, request.is_disconnected)
     finally:
         with anyio.CancelScope(shield=True):
             await service.release(job.id, request_id, cancel=result is None)
