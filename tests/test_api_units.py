@@ -245,3 +245,16 @@ def test_request_whose_job_ended_without_an_outcome_submits_it_again(redis_url: 
             assert r.json()["usage"] == {"prompt_tokens": 2, "completion_tokens": 1, "total_tokens": 3}
     finally:
         holder.register_death()
+
+
+def test_batches_list_newest_first_in_pages(tc: TestClient):
+    source = upload(tc, line("p") + "\n")["id"]
+    ids = [create_batch(tc, source)["id"] for _ in range(3)]
+    first = tc.get("/v1/batches?limit=2", headers=auth()).json()
+    assert [b["id"] for b in first["data"]] == ids[::-1][:2] and first["has_more"] is True
+    rest = tc.get(f"/v1/batches?limit=2&after={first['last_id']}", headers=auth()).json()
+    assert [b["id"] for b in rest["data"]] == ids[:1] and rest["has_more"] is False
+    assert tc.get("/v1/batches", headers=auth(K2)).json()["data"] == []
+    r = tc.get("/v1/batches?after=batch_unknown", headers=auth())
+    assert r.status_code == 400 and r.json()["error"]["param"] == "after"
+    assert tc.get("/v1/batches?limit=101", headers=auth()).status_code == 400

@@ -6,6 +6,8 @@
     limits.py       request body size limit (413)
     errors.py       OpenAI's error shape for every error
     schemas.py      the API's pydantic objects (file, batch, lists)
+    records.py      pydantic records as Redis hashes; cursor pages
+    state.py        what endpoints reach through the app (stores, queue client, runners)
     files.py        FileStore: bytes on disk (atomic writes), metadata in Redis
     batches.py      BatchStore: API batch records in Redis
     batch_runner.py one thread per batch: validate + submit, collect, finalize
