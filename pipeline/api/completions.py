@@ -61,6 +61,22 @@ class Ended:
     diverged: bool  # a rerun produced other text than was already sent
 
 
+class Release:
+    """A request's hold on its job, let go once: by the stream's own end, or (as the response's background
+    task) after a client that left before the stream even started. Cancels the job when the request did not
+    get its end."""
+
+    def __init__(self, service: CompletionService, job_id: str, request_id: str):
+        self.service, self.job_id, self.request_id = service, job_id, request_id
+        self.finished = False
+        self._done = False
+
+    async def __call__(self) -> None:
+        if not self._done:
+            self._done = True
+            await self.service.release(self.job_id, self.request_id, cancel=not self.finished)
+
+
 def failure_error(result: JobResult) -> APIError:
     code = result.error.code if result.error else "failed"
     message = result.error.message if result.error else "the request failed"
@@ -216,12 +232,11 @@ class CompletionService:
             raise failure_error(result)
         return response_body(result)
 
-    async def sse(self, job: GenerationJob, request_id: str, include_usage: bool) -> AsyncIterator[str]:
+    async def sse(self, job: GenerationJob, release: Release, include_usage: bool) -> AsyncIterator[str]:
         """Server-sent events: chunks as OpenAI sends them, the usage, then `data: [DONE]`."""
         chat = job.endpoint == ENDPOINT_CHAT
         chunk_id = ("chatcmpl-" if chat else "cmpl-") + job.id
         created = int(time.time())
-        finished = False
 
         def chunk(content: str | None, *, role: bool = False, finish: str | None = None,
                   usage: dict[str, int] | None = None) -> str:
@@ -253,7 +268,7 @@ class CompletionService:
                         yield ": keep-alive\n\n"  # comment line: keeps proxies from timing out a queued request
                 else:
                     result = event.result
-                    finished = True
+                    release.finished = True
                     if result.status != "done":
                         yield "data: " + json.dumps(failure_error(result).body(), ensure_ascii=False) + "\n\n"
                     elif event.diverged:
@@ -275,4 +290,4 @@ class CompletionService:
                     return
         finally:
             with anyio.CancelScope(shield=True):  # runs also when the client left and the task is cancelled
-                await self.release(job.id, request_id, cancel=not finished)
+                await release()

@@ -8,9 +8,11 @@ from typing import Any
 import anyio
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.background import BackgroundTask
 
 from jobs.schemas import ENDPOINT_CHAT, ENDPOINT_COMPLETIONS, model_key
 from pipeline.api.auth import require_owner
+from pipeline.api.completions import Release
 from pipeline.api.errors import APIError
 from pipeline.api.state import api_state, read_json
 
@@ -25,8 +27,10 @@ async def _complete(request: Request, endpoint: str) -> Response:
     request_id = "req-" + uuid.uuid4().hex
     await service.start(job, request_id)
     if stream:
-        return StreamingResponse(service.sse(job, request_id, include_usage), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        release = Release(service, job.id, request_id)
+        return StreamingResponse(service.sse(job, release, include_usage), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+                                 background=BackgroundTask(release))
     result = None
     try:
         result = await service.wait(job, request.is_disconnected)
