@@ -39,3 +39,37 @@ def batch_events_key(batch_id: str) -> str:
 def doorbell_key(model_key: str) -> str:
     """List: wake-up tokens for idle workers of a model (a hint only; losing one loses nothing)."""
     return f"{PREFIX}:wake:{model_key}"
+
+
+# ---------------------------------------------------------------- the OpenAI-compatible API (rqllm serve)
+# API batch ids are rqllm batch ids (one id, so `rqllm status` and `rqllm collect` see API batches).
+
+API_PREFIX = f"{PREFIX}:api"
+
+API_ACTIVE_BATCHES = f"{API_PREFIX}:batches:active"  # set: API batches not yet ended (a restarted server resumes them)
+
+
+def api_file_key(file_id: str) -> str:
+    """Hash: an uploaded or produced file's metadata (its bytes live on disk under the server's data dir)."""
+    return f"{API_PREFIX}:file:{file_id}"
+
+
+def api_files_index_key(owner: str) -> str:
+    """Zset: file id -> created time, per owner (the hash of the API key that made the file)."""
+    return f"{API_PREFIX}:files:{owner}"
+
+
+def api_batch_key(batch_id: str) -> str:
+    """Hash: an API batch object's fields and counters."""
+    return f"{API_PREFIX}:batch:{batch_id}"
+
+
+def api_batches_index_key(owner: str) -> str:
+    """Zset: batch id -> created time, per owner."""
+    return f"{API_PREFIX}:batches:{owner}"
+
+
+def api_waiters_key(job_id: str) -> str:
+    """Set: ids of the HTTP requests waiting for a job (/v1/chat/completions, /v1/completions); a request
+    whose client leaves cancels the job only when no other request and no batch still waits for it."""
+    return f"{API_PREFIX}:waiters:{job_id}"

@@ -16,6 +16,7 @@ import json
 import uuid
 from typing import TYPE_CHECKING, Any
 
+from redis.client import Pipeline
 from rq.job import Job
 
 from jobs import keys
@@ -132,24 +133,23 @@ class Ledger:
         if result.error is not None:
             end["error"] = result.error.model_dump()
         chunk = dumps({"type": "text", "text": last_text}) if last_text else ""
-        return int(
-            self._finish(
-                keys=[keys.result_key(result.job_id), keys.job_batches_key(result.job_id), keys.token_stream_key(result.job_id)],
-                args=[
-                    result.model_dump_json(),
-                    result.status,
-                    max(1, int(result_ttl)),
-                    max(1, int(stream_ttl)),
-                    int(stream_maxlen),
-                    chunk,
-                    dumps(end),
-                    result.job_id,
-                    "1" if only_if_absent else "0",
-                    json.dumps(uuid.uuid4().hex),  # what makes a resend of this very call recognisable
-                ],
-                client=client,
-            )
+        reply = self._finish(
+            keys=[keys.result_key(result.job_id), keys.job_batches_key(result.job_id), keys.token_stream_key(result.job_id)],
+            args=[
+                result.model_dump_json(),
+                result.status,
+                max(1, int(result_ttl)),
+                max(1, int(stream_ttl)),
+                int(stream_maxlen),
+                chunk,
+                dumps(end),
+                result.job_id,
+                "1" if only_if_absent else "0",
+                json.dumps(uuid.uuid4().hex),  # what makes a resend of this very call recognisable
+            ],
+            client=client,
         )
+        return 0 if isinstance(reply, Pipeline) else int(reply)
 
     def claim(self, pipe: Any, batch_id: str, job_id: str, *, recompute: bool, waiting_ttl: int) -> None:
         """Queue a claim on a pipeline; its reply is 'cached', 'joined' or 'enqueue'.

@@ -61,6 +61,10 @@ def on_failure(job: Any, connection: Any, exc_type: Any = None, exc_value: Any =
     and rq's cleanup found the job abandoned). Idempotent: an outcome already recorded is kept."""
     if _retries_left(job):
         return  # rq runs it again
+    if isinstance(exc_type, type) and issubclass(exc_type, TaskFailed):
+        # The task recorded this outcome itself. Recording it "if absent" again is not harmless: a producer
+        # may have cleared that failed result meanwhile to run the job again (jobs.ledger's claim).
+        return
     name = getattr(exc_type, "__name__", None) or type(exc_value).__name__
     if name == "AbandonedJobError":
         code, message = "worker_lost", "the worker running this job stopped responding (abandoned job)"

@@ -130,10 +130,11 @@ def request_to_job(obj: Any, *, model: str | None = None, default_model: str = D
 LINE_ENVELOPE_BYTES = 64 << 10  # what a request line may hold besides its prompt (custom_id, params...)
 
 
-def parse_lines(lines: Iterable[str | bytes], *, model: str | None = None,
-                default_model: str = DEFAULT_MODEL) -> tuple[list[GenerationJob], list[LineError]]:
+def parse_lines(lines: Iterable[str | bytes], *, model: str | None = None, default_model: str = DEFAULT_MODEL,
+                endpoint: str | None = None) -> tuple[list[GenerationJob], list[LineError]]:
     """Parse an input file's lines (str, or bytes as read from the file); bad lines are reported with
-    their number, the others kept."""
+    their number, the others kept. With `endpoint`, a line whose url names another endpoint is bad
+    (an OpenAI batch serves one endpoint)."""
     jobs: list[GenerationJob] = []
     errors: list[LineError] = []
     seen: dict[str, int] = {}
@@ -159,6 +160,8 @@ def parse_lines(lines: Iterable[str | bytes], *, model: str | None = None,
         try:
             obj = json.loads(line)
             cid = obj.get("custom_id") if isinstance(obj, dict) else None
+            if endpoint is not None and isinstance(obj, dict) and obj.get("url") != endpoint:
+                raise InvalidJob(f"url {obj.get('url')!r} is not this batch's endpoint {endpoint}")
             job = request_to_job(obj, model=model, default_model=default_model)
         except json.JSONDecodeError as e:
             errors.append(LineError(lineno, None, f"invalid JSON: {e}"))
@@ -174,10 +177,10 @@ def parse_lines(lines: Iterable[str | bytes], *, model: str | None = None,
     return jobs, errors
 
 
-def read_batch_file(path: str | Path, *, model: str | None = None,
-                    default_model: str = DEFAULT_MODEL) -> tuple[list[GenerationJob], list[LineError]]:
+def read_batch_file(path: str | Path, *, model: str | None = None, default_model: str = DEFAULT_MODEL,
+                    endpoint: str | None = None) -> tuple[list[GenerationJob], list[LineError]]:
     with open(path, "rb") as f:  # bytes: a line that is not UTF-8 is reported, not fatal for the file
-        return parse_lines(f, model=model, default_model=default_model)
+        return parse_lines(f, model=model, default_model=default_model, endpoint=endpoint)
 
 
 def _usage(r: JobResult) -> dict[str, int]:

@@ -25,10 +25,12 @@ def _register() -> None:
     from pipeline import cli_engine
     # Queue-side commands: submit, worker, collect, watch, status.
     from pipeline import cli_jobs
+    # The OpenAI-compatible HTTP API: serve.
+    from pipeline import cli_serve
     # Bulk summarisation: summarize.
     from pipeline import cli_summarize
 
-    for module in (cli_engine, cli_jobs, cli_summarize):
+    for module in (cli_engine, cli_jobs, cli_summarize, cli_serve):
         for command in module.COMMANDS:
             main.add_command(command)
 

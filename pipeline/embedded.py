@@ -62,28 +62,82 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-class RedisServer:
-    """A throwaway redis-server on 127.0.0.1:<free port>, data in a temp dir, no persistence."""
+def _die_with_parent() -> None:
+    """preexec_fn: the child gets SIGTERM when the process that started it dies, even by SIGKILL (Linux),
+    so a killed `rqllm serve` leaves no worker or redis-server behind (a restart would start a second
+    redis-server on the same append-only file)."""
+    import ctypes
 
-    def __init__(self, port: int | None = None):
+    pr_set_pdeathsig = 1
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGTERM), 0, 0, 0)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class RedisServer:
+    """A redis-server on 127.0.0.1:<free port>. By default throwaway: data in a temp dir, no persistence.
+
+    With `data_dir` it keeps its data there in an append-only file (fsync every second), so a restart
+    on the same directory finds everything again (`rqllm serve`). `die_with_parent` stops it when the
+    starting process dies."""
+
+    def __init__(self, port: int | None = None, *, data_dir: str | Path | None = None, die_with_parent: bool = False):
         self.port = port
         self.dir: str | None = None
+        self.data_dir = Path(data_dir) if data_dir is not None else None
+        self.die_with_parent = die_with_parent
         self.proc: subprocess.Popen | None = None
 
     @property
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
+    def _persistence_args(self) -> list[str]:
+        if self.data_dir is None:
+            return ["--save", "", "--appendonly", "no"]
+        return ["--save", "", "--appendonly", "yes", "--appendfsync", "everysec",
+                "--pidfile", str(self.data_dir / "redis.pid")]
+
+    def _wait_for_previous(self, timeout: float = 20.0) -> None:
+        """A server of a killed predecessor may still be writing its append-only file: let it finish."""
+        pidfile = self.data_dir / "redis.pid" if self.data_dir is not None else None
+        if pidfile is None or not pidfile.exists():
+            return
+        try:
+            pid = int(pidfile.read_text().strip() or 0)
+        except (OSError, ValueError):
+            return
+        deadline = time.monotonic() + timeout
+        while pid and _pid_alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if pid and _pid_alive(pid):
+            raise EmbeddedError(f"redis-server {pid} still runs on {self.data_dir}; stop it first")
+
     def start(self, timeout: float = 10.0) -> RedisServer:
         exe = redis_server_executable()
-        self.dir = tempfile.mkdtemp(prefix="rqllm-redis-")
+        if self.data_dir is not None:
+            self.data_dir.mkdir(parents=True, exist_ok=True)
+            self._wait_for_previous()
+            self.dir = str(self.data_dir)
+        else:
+            self.dir = tempfile.mkdtemp(prefix="rqllm-redis-")
         for attempt in range(5):
             port = self.port or free_port()
-            args = [exe, "--port", str(port), "--bind", "127.0.0.1", "--dir", self.dir, "--save", "",
-                    "--appendonly", "no", "--daemonize", "no", "--protected-mode", "yes",
+            args = [exe, "--port", str(port), "--bind", "127.0.0.1", "--dir", self.dir, *self._persistence_args(),
+                    "--daemonize", "no", "--protected-mode", "yes",
                     "--logfile", os.path.join(self.dir, "redis.log")]
             self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                         stderr=subprocess.DEVNULL, start_new_session=True)
+                                         stderr=subprocess.DEVNULL, start_new_session=True,
+                                         preexec_fn=_die_with_parent if self.die_with_parent else None)
             self.port = port
             deadline = time.monotonic() + timeout
             while time.monotonic() < deadline:
@@ -110,16 +164,16 @@ class RedisServer:
     def stop(self) -> None:
         if self.proc and self.proc.poll() is None:
             try:
-                Redis(host="127.0.0.1", port=self.port, socket_timeout=2).shutdown(nosave=True)
+                Redis(host="127.0.0.1", port=self.port, socket_timeout=2).shutdown(nosave=self.data_dir is None)
             except Exception:  # noqa: BLE001 - shutdown closes the connection on success
                 pass
             try:
                 self.proc.wait(5)
             except subprocess.TimeoutExpired:
                 self._kill()
-        if self.dir:
+        if self.dir and self.data_dir is None:
             shutil.rmtree(self.dir, ignore_errors=True)
-            self.dir = None
+        self.dir = None
 
     def __enter__(self) -> RedisServer:
         return self.start()
@@ -155,12 +209,13 @@ def subprocess_env() -> dict[str, str]:
 
 
 class WorkerProcess:
-    def __init__(self, cmd: list[str], log_path: str):
+    def __init__(self, cmd: list[str], log_path: str, *, die_with_parent: bool = False):
         self.cmd = cmd
         self.log_path = log_path
         self._log = open(log_path, "wb")
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
-                                     env=subprocess_env(), cwd=str(PROJECT_ROOT))
+                                     env=subprocess_env(), cwd=str(PROJECT_ROOT),
+                                     preexec_fn=_die_with_parent if die_with_parent else None)
 
     @property
     def pid(self) -> int:

@@ -136,7 +136,8 @@ class StreamEntry:
         return str(self.data.get("type", ""))
 
 
-def _decode(entries: list) -> list[StreamEntry]:
+def decode_entries(entries: list) -> list[StreamEntry]:
+    """XREAD/XRANGE entries (from a sync or an asyncio client) as StreamEntry objects."""
     out = []
     for entry_id, fields in entries:
         eid = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
@@ -155,11 +156,11 @@ def read_stream(connection: Redis, key: str, last_id: str = "0", *, block_ms: in
     reply = connection.xread({key: last_id}, count=count, block=block_ms)
     if not reply:
         return []
-    return _decode(reply[0][1])
+    return decode_entries(reply[0][1])
 
 
 def read_all(connection: Redis, key: str) -> list[StreamEntry]:
-    return _decode(connection.xrange(key, "-", "+"))
+    return decode_entries(connection.xrange(key, "-", "+"))
 
 
 def follow_tokens(connection: Redis, job_id: str, *, block_ms: int = 1000,

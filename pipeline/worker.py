@@ -302,6 +302,7 @@ class LLMWorker(SimpleWorker):
         self.heartbeat_grace = heartbeat_grace
         self._pop_script = self.connection.register_script(_POP_FIRST)
         self._force_stop = False
+        self._outcome_recorded: str | None = None  # the job whose failure its task recorded itself
         self._beat: _Heartbeat | None = None
         self._current_job_id: str | None = None
         self._last_idle_beat = 0.0
@@ -518,7 +519,14 @@ class LLMWorker(SimpleWorker):
             # Redis is reachable again (or this raises and the reaper requeues the job later).
             self._requeue(job, queue, execution, stop=False, why=f"Redis unavailable: {exc_info[1]}")
             return
-        super()._finalize_failure(job, queue, execution, exc_info)
+        # A TaskFailed outcome is already recorded by the task. Recording "if absent" again afterwards is
+        # not harmless: a producer may have cleared that failed result meanwhile (its claim re-runs the
+        # job), and a second record would then be a spurious worker_error for the new run's waiters.
+        self._outcome_recorded = job.id if exc_type is not None and issubclass(exc_type, TaskFailed) else None
+        try:
+            super()._finalize_failure(job, queue, execution, exc_info)
+        finally:
+            self._outcome_recorded = None
 
     def _requeue(self, job: Job, queue: Any, execution: Any, *, stop: bool = True, why: str = "interrupted") -> None:
         """Put a job back at the front of its queue, as if it had never started; then stop the worker
@@ -549,7 +557,7 @@ class LLMWorker(SimpleWorker):
         super().handle_job_failure(job, queue, started_job_registry=started_job_registry, exc_string=exc_string,
                                    execution=execution)
         status = job.get_status(refresh=False)
-        if status in (JobStatus.FAILED, JobStatus.STOPPED):
+        if status in (JobStatus.FAILED, JobStatus.STOPPED) and self._outcome_recorded != job.id:
             # Failures rq decides on (stuck in the intermediate list, refused, stopped, errors outside the
             # task's own handling) still reach the batches. No-op when the task recorded its outcome.
             lines = [ln for ln in (exc_string or "").strip().splitlines() if ln.strip()]

@@ -126,3 +126,25 @@ def test_finish_resent_after_a_lost_reply_writes_the_last_text_and_end_marker_on
     ledger._finish = script
     ledger.finish(result, result_ttl=60, stream_ttl=60)  # a new call, not a resend
     assert [e.type for e in read_all(redis_conn, stream)][-2:] == ["end", "end"]
+
+
+def test_a_failure_its_task_recorded_is_not_recorded_again(client):
+    """The task records its own failure (TaskFailed), then rq's bookkeeping runs. A producer may clear that
+    failed result in between (a resubmission re-runs the job): the worker must not then write a second,
+    spurious failure (worker_error) that the new run's waiters would get. Other errors are still recorded."""
+    from jobs.runtime import TaskFailed
+
+    bid = client.submit_batch([{"model": M, "prompt": f"Say {w}.", "custom_id": w, "params": {"max_tokens": 2}}
+                               for w in ("a", "b")])
+    ids = dict(client.batch_entries(bid))
+    w = LLMWorker(queue_names(M), model=M, connection=client.connection, name="outcome-test")
+    for exc in (TaskFailed(JobResult.failed(ids["a"], "invalid_request", "too long", model=M)),
+                RuntimeError("engine exploded")):
+        job, queue = w._pop_any()
+        execution = w.prepare_execution(job)
+        w.prepare_job_execution(job, remove_from_intermediate_queue=True)
+        w._finalize_failure(job, queue, execution, (type(exc), exc, None))
+        assert client.job_status(job.id) == "failed"
+    assert client.result(ids["a"]) is None  # its task's record was cleared; nothing spurious replaced it
+    assert client.result(ids["b"]).error.code == "worker_error"
+    assert "engine exploded" in client.result(ids["b"]).error.message

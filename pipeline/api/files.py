@@ -1,0 +1,169 @@
+"""FileStore: file bytes on disk under <data dir>/files, metadata in Redis (jobs.keys.api_file_key).
+
+Every write goes to <data dir>/tmp first, is fsynced, then renamed into place (and the directory
+fsynced), so a file is either whole or absent after a crash; its metadata is written only after the
+rename, so metadata never names a missing file. Produced files (a batch's output and error files)
+get ids derived from their batch, so finishing a batch again after a crash rewrites the same ids.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+import time
+import uuid
+from collections.abc import Iterable
+from pathlib import Path
+from typing import IO
+
+from redis import Redis
+
+from jobs import keys
+from pipeline.api.config import ServeConfig
+from pipeline.api.errors import APIError, not_found
+from pipeline.api.records import from_hash, page_ids, to_hash
+from pipeline.api.schemas import FileRecord
+
+_COPY_CHUNK = 1 << 20
+
+
+def new_file_id() -> str:
+    return "file-" + uuid.uuid4().hex[:24]
+
+
+def derived_file_id(*parts: str) -> str:
+    return "file-" + hashlib.sha256("\0".join(parts).encode()).hexdigest()[:24]
+
+
+class _LineCounter:
+    """Non-empty lines in a byte stream fed in chunks (a line may span chunks)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._open_line_has_text = False
+
+    def feed(self, chunk: bytes) -> None:
+        *complete, rest = chunk.split(b"\n")
+        for part in complete:
+            if self._open_line_has_text or part.strip():
+                self.count += 1
+            self._open_line_has_text = False
+        self._open_line_has_text = self._open_line_has_text or bool(rest.strip())
+
+    def total(self) -> int:
+        return self.count + self._open_line_has_text
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class FileStore:
+    def __init__(self, connection: Redis, config: ServeConfig):
+        self.connection = connection
+        self.config = config
+
+    def path(self, file_id: str) -> Path:
+        if not file_id.startswith("file-") or not file_id[5:].isalnum():
+            raise not_found("file", file_id)
+        return self.config.files_dir / file_id
+
+    # ------------------------------------------------------------ write
+    def _write_atomic(self, file_id: str, chunks: Iterable[bytes], *, max_bytes: int | None = None) -> tuple[int, int]:
+        """Write chunks to the file's final path atomically; returns (bytes, non-empty lines)."""
+        self.config.make_dirs()
+        fd, tmp = tempfile.mkstemp(prefix=f"{file_id}.", dir=self.config.tmp_dir)
+        size = 0
+        lines = _LineCounter()
+        try:
+            with os.fdopen(fd, "wb") as out:
+                for chunk in chunks:
+                    size += len(chunk)
+                    if max_bytes is not None and size > max_bytes:
+                        raise APIError(413, f"file is over the limit of {max_bytes:,} bytes", param="file",
+                                       code="file_too_large")
+                    lines.feed(chunk)
+                    out.write(chunk)
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(tmp, self.path(file_id))
+            _fsync_dir(self.config.files_dir)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        return size, lines.total()
+
+    def _register(self, record: FileRecord) -> FileRecord:
+        with self.connection.pipeline(transaction=True) as p:
+            p.hset(keys.api_file_key(record.id), mapping=to_hash(record.model_dump()))
+            # ordered to the microsecond: files made within one second still list newest first
+            p.zadd(keys.api_files_index_key(record.owner), {record.id: time.time()}, nx=True)
+            p.execute()
+        return record
+
+    def save_upload(self, stream: IO[bytes], *, filename: str, purpose: str, owner: str) -> FileRecord:
+        """Copy an uploaded file in (blocking: run in a thread). 413 over the size limit, 400 over the
+        request limit."""
+        file_id = new_file_id()
+
+        def chunks() -> Iterable[bytes]:
+            while chunk := stream.read(_COPY_CHUNK):
+                yield chunk
+
+        size, lines = self._write_atomic(file_id, chunks(), max_bytes=self.config.max_file_bytes)
+        if purpose == "batch" and lines > self.config.max_file_requests:
+            self.path(file_id).unlink(missing_ok=True)
+            raise APIError(400, f"the file has {lines:,} requests, over the limit of "
+                                f"{self.config.max_file_requests:,} per batch file", param="file",
+                           code="too_many_requests")
+        return self._register(FileRecord(id=file_id, bytes=size, created_at=int(time.time()), filename=filename,
+                                         purpose=purpose, owner=owner, requests=lines))
+
+    def put_bytes(self, file_id: str, data: bytes, *, filename: str, purpose: str, owner: str) -> FileRecord:
+        """A file the server produces (idempotent for a given id)."""
+        size, lines = self._write_atomic(file_id, [data])
+        return self._register(FileRecord(id=file_id, bytes=size, created_at=int(time.time()), filename=filename,
+                                         purpose=purpose, owner=owner, requests=lines))
+
+    # ------------------------------------------------------------ read
+    def get(self, file_id: str) -> FileRecord | None:
+        raw = self.connection.hgetall(keys.api_file_key(file_id))
+        return FileRecord.model_validate(from_hash(raw)) if raw else None
+
+    def get_owned(self, file_id: str, owner: str, *, param: str | None = None) -> FileRecord:
+        """The file, or 404 when it does not exist or belongs to another key (the same answer: no hint)."""
+        record = self.get(file_id)
+        if record is None or record.owner != owner:
+            raise not_found("file", file_id, param=param)
+        return record
+
+    def list(self, owner: str, *, purpose: str | None, after: str | None, limit: int,
+             newest_first: bool) -> tuple[list[FileRecord], bool]:
+        index = keys.api_files_index_key(owner)
+        out: list[FileRecord] = []
+        cursor = after
+        while True:
+            ids, more = page_ids(self.connection, index, after=cursor, limit=limit, newest_first=newest_first)
+            for fid in ids:
+                record = self.get(fid)
+                if record is None:
+                    self.connection.zrem(index, fid)
+                elif purpose is None or record.purpose == purpose:
+                    out.append(record)
+                    if len(out) == limit:
+                        return out, more or fid != ids[-1]
+            if not more or not ids:
+                return out, False
+            cursor = ids[-1]
+
+    # ------------------------------------------------------------ delete
+    def delete(self, record: FileRecord) -> None:
+        with self.connection.pipeline(transaction=True) as p:
+            p.delete(keys.api_file_key(record.id))
+            p.zrem(keys.api_files_index_key(record.owner), record.id)
+            p.execute()
+        self.path(record.id).unlink(missing_ok=True)
