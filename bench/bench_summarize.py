@@ -1,11 +1,11 @@
-"""Wall time and tokens for `rqllm summarize examples/` with 1 and 2 embedded workers.
+"""Wall time and tokens for `rqllm summarize examples/`: the default split, 1 and 2 embedded workers.
 
-    python bench/bench_summarize.py                       # examples/, 1 and 2 workers
+    python bench/bench_summarize.py                       # examples/: the default split, 1 and 2 workers
     python bench/bench_summarize.py --workers 1 2 4 --kv-budget 1024tok --max-summary-tokens 64
     python bench/bench_summarize.py --json bench-summarize.json
 
 Each run is a full `summarize()` in embedded mode: a private redis-server plus N worker processes
-(threads per worker = cores // N, the embedded default), so the wall time includes starting the
+(threads per worker = usable CPUs // N; "default": the split rqllm summarize picks by itself), so the wall time includes starting the
 workers and loading the model in each. "tok/s" is (tokens in + tokens out) / wall time;
 "compute s" sums the engine's prefill + decode time over all jobs (workers in parallel overlap).
 """
@@ -15,6 +15,7 @@ import argparse
 import io
 import json
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -25,7 +26,8 @@ sys.path.insert(0, str(ROOT))
 from pipeline.summarize import summarize  # noqa: E402
 
 
-def run_once(paths: list[str], *, workers: int, kv_budget: str, max_summary_tokens: int, model: str) -> dict:
+def run_once(paths: list[str], *, workers: int | None, kv_budget: str, max_summary_tokens: int, model: str) -> dict:
+    """workers None: the embedded default split (pipeline.embedded.choose_embedded_split)."""
     out, err = io.StringIO(), io.StringIO()
     t0 = time.perf_counter()
     report = summarize(paths, output=out, fmt="jsonl", model=model, workers=workers, kv_budget=kv_budget,
@@ -33,9 +35,11 @@ def run_once(paths: list[str], *, workers: int, kv_budget: str, max_summary_toke
     wall = time.perf_counter() - t0
     if report.failed:
         raise SystemExit(f"{report.failed} document(s) failed:\n{err.getvalue()}")
+    split = re.search(r"embedded: (\d+) worker\(s\) x (\d+) engine thread", err.getvalue())
     return {
-        "workers": workers,
-        "threads_per_worker": max(1, (os.cpu_count() or 1) // workers),
+        "split": "default" if workers is None else "given",
+        "workers": int(split.group(1)) if split else workers,
+        "threads_per_worker": int(split.group(2)) if split else 0,
         "documents": report.documents,
         "chunks": report.chunks,
         "jobs": sum(r["jobs"] for r in report.records),
@@ -53,7 +57,8 @@ def run_once(paths: list[str], *, workers: int, kv_budget: str, max_summary_toke
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("paths", nargs="*", default=[str(ROOT / "examples")])
-    ap.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--workers", nargs="+", default=["default", "1", "2"],
+                    help="worker counts to run, or 'default' for the embedded default split")
     ap.add_argument("--kv-budget", default="1024tok")
     ap.add_argument("--max-summary-tokens", type=int, default=64)
     ap.add_argument("--model", default="smollm2-135m")
@@ -64,15 +69,15 @@ def main() -> None:
     results = []
     for n in args.workers:
         print(f"summarising {', '.join(args.paths)} with {n} worker(s) ...", file=sys.stderr, flush=True)
-        results.append(run_once(args.paths, workers=n, kv_budget=args.kv_budget,
+        results.append(run_once(args.paths, workers=None if n == "default" else int(n), kv_budget=args.kv_budget,
                                 max_summary_tokens=args.max_summary_tokens, model=args.model))
 
     print(f"\nmodel {args.model}, KV budget {args.kv_budget}, summaries <= {args.max_summary_tokens} tokens, "
           f"{os.cpu_count()} cores")
-    print(f"{'workers':>7} {'threads':>7} {'docs':>4} {'chunks':>6} {'jobs':>4} {'tok in':>7} {'tok out':>7} "
+    print(f"{'split':>7} {'workers':>7} {'threads':>7} {'docs':>4} {'chunks':>6} {'jobs':>4} {'tok in':>7} {'tok out':>7} "
           f"{'wall s':>7} {'compute s':>9} {'tok/s':>7}")
     for r in results:
-        print(f"{r['workers']:>7} {r['threads_per_worker']:>7} {r['documents']:>4} {r['chunks']:>6} {r['jobs']:>4} "
+        print(f"{r['split']:>7} {r['workers']:>7} {r['threads_per_worker']:>7} {r['documents']:>4} {r['chunks']:>6} {r['jobs']:>4} "
               f"{r['tokens_in']:>7} {r['tokens_out']:>7} {r['wall_seconds']:>7.1f} {r['compute_seconds']:>9.1f} "
               f"{r['tokens_per_second']:>7.1f}   (prompt tokens reused from the KV cache: {r['prefix_hit_tokens']})")
     for r in results[:1]:

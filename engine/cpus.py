@@ -174,3 +174,35 @@ def choose_threads(requested: int | None = None, *, workers: int = 1, environ: M
         return ThreadChoice(cpus.count, cpus.reason)
     each = max(1, cpus.count // workers)
     return ThreadChoice(each, f"{cpus.reason}; shared by {workers} workers -> {each} each")
+
+
+@dataclass(frozen=True)
+class SplitChoice:
+    workers: int
+    threads: int
+    reason: str
+
+
+def choose_split(jobs: int, *, workers: int | None = None, threads: int | None = None,
+                 max_workers: int | None = None, environ: Mapping[str, str] | None = None,
+                 cpus: UsableCpus | None = None) -> SplitChoice:
+    """Workers x engine threads for an embedded run of `jobs` independent jobs on this process's CPUs.
+
+    Given `workers`, threads come from choose_threads. Otherwise one single-threaded worker per
+    usable CPU (or per `threads` CPUs when a thread count is set), no more workers than jobs (an idle
+    worker's CPU would be better used as a thread of a busy one) and than `max_workers` (memory: each
+    worker has its own KV cache). Measured on 2 cores (bench/bench_summarize.py, examples/): 2 x 1
+    summarised in 15.2 s, 1 x 2 in 17.6 s: decode gains little from a second thread of one job and
+    all of it from a second job; bench/bench_load.py's prefill-heavy set ran within 8 % either way.
+    """
+    if workers is not None:
+        choice = choose_threads(threads, workers=workers, environ=environ, cpus=cpus)
+        return SplitChoice(workers, choice.threads, choice.reason)
+    cpus = cpus or usable_cpus()
+    given = threads if threads is not None else threads_from_env(environ)
+    per = max(1, given or 1)
+    n = max(1, min(cpus.count // per or 1, jobs, max_workers or jobs))
+    if given is None and n < cpus.count:  # fewer jobs (or less memory) than CPUs: spare CPUs become threads
+        per = max(1, cpus.count // n)
+    limits = [f"{jobs} job(s)"] + ([f"memory for {max_workers} worker(s)"] if max_workers else [])
+    return SplitChoice(n, per, f"{cpus.reason}; one worker per {per} CPU(s), at most {', '.join(limits)}")

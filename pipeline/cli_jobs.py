@@ -100,8 +100,10 @@ def _gather_jobs(inputs: tuple[str, ...], *, model: str | None, literal: bool, r
 @click.option("--raw", is_flag=True, help="Prompts are raw completions (no chat template).")
 @click.option("--system", default=None, help="System message for prompt arguments / text files.")
 @click.option("--literal", is_flag=True, help="Treat every argument as prompt text, even if a file exists.")
-@click.option("--workers", type=int, default=1, show_default=True, help="Embedded mode: worker processes.")
-@click.option("--threads", type=int, default=None,
+@click.option("--workers", type=click.IntRange(1, 64), default=None,
+              help="Embedded mode: worker processes (default: one per usable CPU, at most one per job and as many "
+                   "as memory holds; the rest of the CPUs become threads).")
+@click.option("--threads", type=click.IntRange(1, 1024), default=None,
               help="Embedded mode: engine threads per worker (default: $RQLLM_THREADS, else usable CPUs / workers).")
 @click.option("--kv-budget", default=None, help="Embedded mode: KV budget per worker.")
 @click.option("--redis-url", envvar="REDIS_URL", default=None, help="Redis URL (default $REDIS_URL).")
@@ -154,13 +156,15 @@ def submit_command(inputs: tuple[str, ...], model: str | None, priority: str, ti
     if redis_url:
         run(Client(redis_url))
         return
-    from pipeline.embedded import embedded_cluster
+    from pipeline.embedded import choose_embedded_split, embedded_cluster
 
     models = {model_key(j.model) for j in jobs}
     if len(models) != 1:
         raise click.UsageError(f"embedded mode runs one model; these jobs name {', '.join(sorted(models))}")
-    with embedded_cluster(jobs[0].model, workers=workers, threads=threads, kv_budget=kv_budget,
-                          repack=not no_repack) as cluster:
+    split = choose_embedded_split(jobs[0].model, len(jobs), workers=workers, threads=threads, kv_budget=kv_budget,
+                                  repack=not no_repack)
+    with embedded_cluster(jobs[0].model, workers=split.workers, threads=split.threads, kv_budget=kv_budget,
+                          repack=not no_repack, split_reason=split.reason) as cluster:
         _echo_err(f"embedded cluster: redis {cluster.redis_url}, {cluster.split}")
         run(Client(cluster.redis_url), health=cluster.check)
 

@@ -22,8 +22,9 @@ from pipeline.summarize import (
 @click.option("--format", "fmt", type=click.Choice(["jsonl", "md"]), default="jsonl", show_default=True,
               help="jsonl: one line per document as it finishes; md: a Markdown report at the end.")
 @click.option("--model", "-m", default=DEFAULT_MODEL, show_default=True, help="Model name or .gguf path.")
-@click.option("--workers", "-w", type=click.IntRange(1, 64), default=1, show_default=True,
-              help="Worker processes to start when running embedded (no REDIS_URL).")
+@click.option("--workers", "-w", type=click.IntRange(1, 64), default=None,
+              help="Worker processes to start when running embedded (no REDIS_URL). Default: one per usable "
+                   "CPU, at most one per chunk and as many as memory holds; the rest of the CPUs become threads.")
 @click.option("--threads", type=click.IntRange(1, 1024), default=None,
               help="Engine threads per embedded worker (default: $RQLLM_THREADS, else the CPUs this process "
                    "may use, affinity mask and cgroup quota, / workers).")
@@ -44,7 +45,7 @@ from pipeline.summarize import (
               help="Submit to this Redis and follow (default $REDIS_URL); unset = embedded cluster.")
 @click.option("--no-repack", is_flag=True,
               help="Embedded workers compute on the GGUF's own layout (no repacked weight cache).")
-def summarize_command(paths: tuple[str, ...], output: str, fmt: str, model: str, workers: int, threads: int | None,
+def summarize_command(paths: tuple[str, ...], output: str, fmt: str, model: str, workers: int | None, threads: int | None,
                       template: str | None, kv_budget: str | None, max_summary_tokens: int, overlap_tokens: int,
                       chunk_tokens: int, max_bytes: int, redis_url: str | None, no_repack: bool) -> None:
     """Summarise text and Markdown files: PATHS are files, folders (recursive) or globs.

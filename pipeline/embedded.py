@@ -28,7 +28,7 @@ from pathlib import Path
 
 from redis import Redis
 
-from engine.cpus import choose_threads
+from engine.cpus import SplitChoice, choose_split, choose_threads
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
@@ -296,15 +296,24 @@ def stop_workers(workers: list[WorkerProcess], grace: float = 30.0) -> None:
         w.close()
 
 
+def choose_embedded_split(model: str, jobs: int, *, workers: int | None, threads: int | None,
+                          kv_budget: str | None, repack: bool = True) -> SplitChoice:
+    """engine.cpus.choose_split for `jobs` jobs of `model`, bounded by the workers memory holds."""
+    from pipeline.memory_guard import workers_that_fit
+
+    fit = None if workers is not None else workers_that_fit(model, kv_budget, repack=None if repack else False)
+    return choose_split(max(1, jobs), workers=workers, threads=threads, max_workers=fit)
+
+
 @contextlib.contextmanager
 def embedded_cluster(model: str, workers: int = 1, *, threads: int | None = None, kv_budget: str | None = None,
-                     keep_logs: bool = False, repack: bool = True) -> Iterator[Cluster]:
+                     keep_logs: bool = False, repack: bool = True, split_reason: str | None = None
+                     ) -> Iterator[Cluster]:
     """A private redis-server plus `workers` worker processes for `model`; everything stops on exit.
 
     `threads` defaults to RQLLM_THREADS, else to the CPUs this process may use (affinity mask and
     cgroup CPU quota, engine.cpus) divided among the workers, so they do not oversubscribe the CPU.
-    The CLI's default of one worker with every CPU is the split bench/bench_load.py measured best
-    (1 x 2 against 2 x 1 on 2 cores: each worker's threads scale, and one model copy is loaded).
+    The CLI picks `workers` x `threads` with choose_embedded_split when the user gave no --workers.
     `repack=False` starts them with --no-repack. With it on, the first worker to start writes the
     repacked weight cache while the others wait for it (engine.repack's lock) and then map it.
     """
@@ -315,7 +324,7 @@ def embedded_cluster(model: str, workers: int = 1, *, threads: int | None = None
     server = RedisServer().start()
     log_dir = tempfile.mkdtemp(prefix="rqllm-workers-")
     cluster = Cluster(server, model, log_dir, repack)
-    cluster.split = f"{workers} worker(s) x {threads} engine thread(s) ({choice.reason})"
+    cluster.split = f"{workers} worker(s) x {threads} engine thread(s) ({split_reason or choice.reason})"
     try:
         for _ in range(workers):
             cluster.start_worker(threads=threads, kv_budget=kv_budget)

@@ -156,6 +156,20 @@ def plan(model: str, kv_budget: str | int | None, repack: bool | None = None) ->
                       replaced, repacked)
 
 
+WORKER_OVERHEAD_BYTES = 150 * 2**20  # a worker's own memory besides its KV cache (bench_memory --pss: ~90 MB)
+
+
+def workers_that_fit(model: str, kv_budget: str | int | None, repack: bool | None = None) -> int | None:
+    """How many workers of `model` this machine's memory holds (the weights once, in the page cache;
+    each worker its KV cache and own memory), or None when that cannot be worked out."""
+    try:
+        p = plan(model, kv_budget, repack=repack)
+    except Exception:  # an unusable model is reported by the workers' own start-up check
+        return None
+    per_worker = p.kv_bytes + WORKER_OVERHEAD_BYTES
+    return max(1, (p.limit_bytes - p.weight_bytes) // per_worker)
+
+
 def check_worker_start(model: str, kv_budget: str | int | None, *, memory_check: bool = True,
                        repack: bool | None = None) -> MemoryPlan:
     """The start-up check; raises MemoryGuardError naming every number when the worker would not fit."""

@@ -788,7 +788,7 @@ class RunReport:
 
 
 def summarize(paths: Sequence[str], *, output: IO[str], fmt: str = "jsonl", model: str = DEFAULT_MODEL,
-              workers: int = 1, threads: int | None = None, template: str | None = None,
+              workers: int | None = None, threads: int | None = None, template: str | None = None,
               kv_budget: str | None = None, max_summary_tokens: int = DEFAULT_MAX_SUMMARY_TOKENS,
               overlap_tokens: int = DEFAULT_OVERLAP_TOKENS, chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
               max_bytes: int = DEFAULT_MAX_BYTES, redis_url: str | None = None, progress_stream: IO[str] | None = None,
@@ -872,16 +872,21 @@ def summarize(paths: Sequence[str], *, output: IO[str], fmt: str = "jsonl", mode
     if url:
         from pipeline.redis_conn import connect
 
-        if workers != 1 or threads:
+        if workers is not None or threads:
             err.write("note: --workers and --threads only apply without REDIS_URL; the workers are the ones "
                       "already serving that Redis\n")
         states = run(connect(url), None, True)
     else:
-        from pipeline.embedded import embedded_cluster
+        from pipeline.embedded import choose_embedded_split, embedded_cluster
         from pipeline.redis_conn import connect
 
-        with embedded_cluster(model, workers=workers, threads=threads, kv_budget=worker_kv_budget(model, budget_text),
-                              repack=repack) as cluster:
+        # map jobs, roughly (4 characters a token): enough to tell one worker's worth from several
+        jobs = sum(max(1, len(d.text) // 4 // max(1, budget.prompt_limit) + 1) for d in docs)
+        split = choose_embedded_split(model, jobs, workers=workers, threads=threads,
+                                      kv_budget=worker_kv_budget(model, budget_text), repack=repack)
+        with embedded_cluster(model, workers=split.workers, threads=split.threads,
+                              kv_budget=worker_kv_budget(model, budget_text), repack=repack,
+                              split_reason=split.reason) as cluster:
             err.write(f"embedded: {cluster.split}\n")
             states = run(connect(cluster.redis_url), cluster.check, False)
     wall = time.monotonic() - t0
