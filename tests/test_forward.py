@@ -203,10 +203,10 @@ def test_positions_beyond_capacity_are_refused(smollm2_path):
         model.forward([1] * (cap + 1), 0)
 
 
-def test_f16_kv_cache_holds_twice_the_tokens_and_is_the_default(smollm2_path, monkeypatch):
+def test_f16_kv_cache_holds_twice_the_tokens(smollm2_path, monkeypatch):
     from engine.kv_cache import KVCache
 
-    monkeypatch.delenv("RQLLM_KV_TYPE", raising=False)
+    monkeypatch.setenv("RQLLM_KV_TYPE", "f16")
     f16 = Model.load(smollm2_path, threads=1, kv_budget="4MiB")
     f32 = Model.load(smollm2_path, threads=1, kv_budget="4MiB", kv_type="f32")
     assert f16.kv.kv_type == "f16" and f16.kv.k[0].dtype == np.float16
@@ -214,13 +214,13 @@ def test_f16_kv_cache_holds_twice_the_tokens_and_is_the_default(smollm2_path, mo
     assert f16.capacity == 2 * f32.capacity  # SmolLM2 has no sliding-window layers
     # the planners that size chunks and check memory ask the same question
     assert KVCache.plan(4 << 20, f16.cfg.kv_dim, [None] * f16.cfg.n_layer, 10**6)[0] == f16.capacity
-    monkeypatch.setenv("RQLLM_KV_TYPE", "f32")
+    monkeypatch.delenv("RQLLM_KV_TYPE")  # the default: f32
     assert KVCache.plan(4 << 20, f16.cfg.kv_dim, [None] * f16.cfg.n_layer, 10**6)[0] == f32.capacity
 
 
 def test_f16_kv_cache_stays_close_to_f32(model_case):
-    """The f16 cache is really used (the logits differ from f32's) and changes them little (the
-    layer and llama.cpp greedy tests above run on it too)."""
+    """The f16 cache is really used (the logits differ from f32's) and changes them little; the
+    layer and llama.cpp greedy checks hold on it too (test_f16_kv_cache_keeps_the_reference_checks)."""
     name, path = model_case
     tokens = logits_fixture(name)["ids"]
     f16 = Model.load(path, threads=2, kv_budget="16MiB", kv_type="f16").forward_all(tokens)
@@ -239,3 +239,10 @@ def test_bad_kv_type_is_refused(smollm2_path, monkeypatch):
     monkeypatch.delenv("RQLLM_KV_TYPE")
     with pytest.raises(ValueError, match="kv type must be one of"):
         Model.load(smollm2_path, threads=1, kv_budget="4MiB", kv_type="q8")
+
+
+def test_f16_kv_cache_keeps_the_reference_checks(model_case, monkeypatch):
+    """The layer-by-layer and llama.cpp top-1 checks above, on an f16 cache."""
+    monkeypatch.setenv("RQLLM_KV_TYPE", "f16")
+    test_every_layer_matches_the_reference(model_case)
+    test_top1_matches_llamacpp(model_case)
