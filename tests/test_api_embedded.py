@@ -12,6 +12,7 @@ import psutil
 import pytest
 
 from tests.api_server import ServeProcess
+from tests.model_available import needs_model
 
 openai = pytest.importorskip("openai", reason="the openai client is in the test extras: pip install -e '.[test]'")
 
@@ -19,18 +20,7 @@ M = "smollm2-135m"
 KEY = "embedded-key-0123456789"
 
 
-def _engine_available() -> str | None:
-    try:
-        from engine.models import resolve
-
-        resolve(M, auto_pull=False)
-    except Exception as e:  # noqa: BLE001
-        return f"model {M} not available: {e}"
-    return None
-
-
-_why = _engine_available()
-pytestmark = pytest.mark.skipif(_why is not None, reason=_why or "")
+pytestmark = needs_model(M)
 
 
 def children(server: ServeProcess) -> list[psutil.Process]:

@@ -23,6 +23,7 @@ from pipeline.client import Client
 from pipeline.embedded import WorkerProcess, stop_workers, worker_command
 from tests.api_server import ROOT, ServeProcess
 from tests.conftest_redis import wait_for_workers
+from tests.model_available import needs_model
 from tests.redis_server import redis_server  # noqa: F401  (session fixture)
 
 openai = pytest.importorskip("openai", reason="the openai client is in the test extras: pip install -e '.[test]'")
@@ -34,18 +35,7 @@ QUESTIONS = ["Name a colour.", "Say hello.", "What is 2+2?", "Name a fruit.", "N
 LONG_PROMPT = "Count from 1 to 1000: 1, 2, 3, 4, 5,"  # the model keeps counting until max_tokens
 
 
-def _engine_available() -> str | None:
-    try:
-        from engine.models import resolve
-
-        resolve(M, auto_pull=False)
-    except Exception as e:  # noqa: BLE001
-        return f"model {M} not available: {e}"
-    return None
-
-
-_why = _engine_available()
-pytestmark = pytest.mark.skipif(_why is not None, reason=_why or "")
+pytestmark = needs_model(M)
 
 
 class Stack:

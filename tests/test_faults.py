@@ -30,23 +30,13 @@ from tests.conftest_redis import (  # noqa: F401
     spawn_worker,
     wait_for_workers,
 )
+from tests.model_available import needs_model
 
 M = "smollm2-135m"
 LONG_PROMPT = "Count from 1 to 1000: 1, 2, 3, 4, 5,"  # the model keeps counting until max_tokens
 
 
-def _engine_available() -> str | None:
-    try:
-        from engine.engine import Engine  # noqa: F401
-        from engine.models import resolve
-
-        resolve(M, auto_pull=False)
-    except Exception as e:  # noqa: BLE001
-        return f"engine or model {M} not available: {type(e).__name__}: {e}"
-    return None
-
-
-needs_engine = pytest.mark.skipif(_engine_available() is not None, reason=_engine_available() or "")
+needs_engine = needs_model(M)
 
 
 # ---------------------------------------------------------------- reaper, no engine

@@ -34,26 +34,13 @@ from tests.conftest_redis import (  # noqa: F401
     spawn_worker,
     wait_for_workers,
 )
+from tests.model_available import needs_model
 
 M = "smollm2-135m"
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _engine_available() -> str | None:
-    try:
-        from engine.engine import Engine  # noqa: F401
-        from engine.models import resolve
-    except Exception as e:  # noqa: BLE001
-        return f"engine not importable yet: {type(e).__name__}: {e}"
-    try:
-        resolve(M, auto_pull=False)
-    except Exception as e:  # noqa: BLE001
-        return f"model {M} not available: {e}"
-    return None
-
-
-_why = _engine_available()
-pytestmark = pytest.mark.skipif(_why is not None, reason=_why or "")
+pytestmark = needs_model(M)
 
 QUESTIONS = [
     "Name a colour.", "Say hello.", "What is 2+2?", "Name a fruit.", "Name an animal.", "Say goodbye.",
