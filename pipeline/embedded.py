@@ -319,7 +319,7 @@ def embedded_cluster(model: str, workers: int = 1, *, threads: int | None = None
     """
     if workers < 1:
         raise ValueError("workers must be >= 1")
-    choice = choose_threads(threads, workers=workers)
+    choice = choose_threads(requested=threads, workers=workers)
     threads = choice.threads
     server = RedisServer().start()
     log_dir = tempfile.mkdtemp(prefix="rqllm-workers-")
