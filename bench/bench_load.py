@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_engine import llama_bench_command, model_file, parse_llama_bench_json, prompt_tokens  # noqa: E402
-from engine.cpus import usable_cpus  # noqa: E402
+from engine.cpus import choose_split, usable_cpus  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -138,8 +138,14 @@ def main(model, jobs, prefill, decode, reps, llama_bench, worker):
         return
     cpus = usable_cpus()
     splits = splits_for(cpus.count)
+    default = choose_split(jobs, cpus=cpus, environ={})  # what rqllm summarize / submit --wait would start
+    splits = [Split(s.workers, s.threads, s.label + ("=default" if (s.workers, s.threads) == (default.workers,
+              default.threads) and s.adaptive else ""), s.adaptive) for s in splits]
+    if not any("default" in s.label for s in splits):
+        splits.insert(0, Split(default.workers, default.threads, "default"))
     print(f"{cpus.count} usable CPUs ({cpus.reason}); model {model}, {jobs} jobs of pp{prefill} + tg{decode}; "
-          f"splits {', '.join(s.name for s in splits)}", flush=True)
+          f"splits {', '.join(s.name for s in splits)}; the embedded default: {default.workers}x{default.threads}",
+          flush=True)
     ours: dict[str, list[dict]] = {s.name: [] for s in splits}
     theirs: dict[str, list[dict]] = {s.name: [] for s in splits if s.adaptive}
     for rep in range(reps):
@@ -158,11 +164,11 @@ def main(model, jobs, prefill, decode, reps, llama_bench, worker):
     best_pp = max(r["pp"] for r in med.values())
     best_tg = max(r["tg"] for r in med.values())
     print(f"\nmedians of {reps}; 'best/...' = this split against the best split of ours (1.00 = the best)")
-    print(f"{'split':>9} {'label':>5} {'wall s':>7} {'pp tok/s':>9} {'tg tok/s':>9} {'best/wall':>9} "
+    print(f"{'split':>9} {'label':>10} {'wall s':>7} {'pp tok/s':>9} {'tg tok/s':>9} {'best/wall':>9} "
           f"{'pp/best':>8} {'tg/best':>8}" + (f" {'llama pp':>9} {'llama tg':>9}" if llama_bench else ""))
     for s in splits:
         r = med[s.name]
-        line = (f"{s.name:>9} {s.label:>5} {r['wall']:7.2f} {r['pp']:9.0f} {r['tg']:9.1f} {best / r['wall']:9.2f} "
+        line = (f"{s.name:>9} {s.label:>10} {r['wall']:7.2f} {r['pp']:9.0f} {r['tg']:9.1f} {best / r['wall']:9.2f} "
                 f"{r['pp'] / best_pp:8.2f} {r['tg'] / best_tg:8.2f}")
         if llama_bench and s.name in theirs and theirs[s.name]:
             line += (f" {statistics.median(q['pp'] for q in theirs[s.name]):9.0f}"
