@@ -73,8 +73,11 @@ class DraftModel:
         self.model.forward(ids[start:], start)
         self.cache.wrote(ids, len(ids))
 
-    def proposer(self, seed: int | None) -> DraftModelProposer:
-        return DraftModelProposer(self, np.random.default_rng(seed))
+    def proposer(self, sampler: Sampler) -> DraftModelProposer:
+        """A proposer for one request sampled by `sampler`; its draws come from a stream spawned
+        from the sampler's (independent of it - the acceptance test's uniforms must not repeat
+        the draft's - and as reproducible as the seed)."""
+        return DraftModelProposer(self, sampler.rng.spawn(1)[0])
 
 
 class DraftModelProposer:

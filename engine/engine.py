@@ -257,7 +257,7 @@ class Engine:
             return None
         if mode == "prompt_lookup":
             return PromptLookup()
-        return self.draft.proposer(sampler.params.seed)
+        return self.draft.proposer(sampler)
 
     def _measure_costs(self, pos: int) -> None:
         """What passes of 1..MAX_DRAFT + 1 tokens cost (and a draft model's step), timed once, at
