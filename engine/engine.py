@@ -39,7 +39,7 @@ from engine.kv_cache import CachedTokens
 from engine.model import MAX_UBATCH, Model, ModelError
 from engine.params import Generation, SamplingParams, SpeculativeMode
 from engine.sampler import Sampler
-from engine.speculative import MAX_DRAFT, Decoder, DraftPolicy, Proposer, measure_pass_costs
+from engine.speculative import DEFAULT_PASS_COSTS, MAX_DRAFT, Decoder, DraftPolicy, Proposer, measure_pass_costs
 from engine.tokenizer import Tokenizer, TokenizerError
 
 if TYPE_CHECKING:
@@ -98,7 +98,7 @@ class Engine:
         self._cache = CachedTokens(MAX_UBATCH - 1 if self.model.cfg.sliding_window else None)
         self.draft = self._load_draft(draft, repack) if draft is not None else None
         self.speculative: SpeculativeMode = speculative
-        self._pass_costs: list[float] | None = None  # measured on first use (engine.speculative)
+        self.pass_costs = list(DEFAULT_PASS_COSTS)  # engine.speculative; set_speculation_costs() to change
         release_freed_heap()
 
     def _load_draft(self, draft: str | os.PathLike[str], repack: bool | None) -> DraftModel:
@@ -112,7 +112,11 @@ class Engine:
         if model.capacity < self.kv_capacity:
             raise EngineError(f"draft model {path.name} holds {model.capacity} positions (its context length), "
                               f"fewer than the target's KV capacity of {self.kv_capacity}; lower --kv-budget")
-        return DraftModel(model, models.model_name(draft))
+        draft_model = DraftModel(model, models.model_name(draft))
+        # Decode steps read the weights once each: their sizes give the cost of a guess (a fixed
+        # estimate; measure_speculation_costs() times it)
+        draft_model.cost_per_guess = model.gguf.size / self.model.gguf.size
+        return draft_model
 
     @cached_property
     def chat(self) -> ChatFormat:
@@ -200,11 +204,8 @@ class Engine:
         t1 = time.perf_counter()
 
         sampler = Sampler(params)
-        if mode != "off" and self._pass_costs is None:
-            logits = logits.copy()  # the model's logits array is reused by the passes timed here
-            self._measure_costs(len(ids))
         proposer = self._proposer(mode, sampler)
-        policy = None if proposer is None else DraftPolicy(self._pass_costs, proposer.cost_per_guess)
+        policy = None if proposer is None else DraftPolicy(self.pass_costs, proposer.cost_per_guess)
         decoder = Decoder(self.model, sampler, list(ids), logits, proposer, policy)
         stream = _TextStream(self.tokenizer, params.stop, on_text)
         out: list[int] = []
@@ -240,51 +241,45 @@ class Engine:
         )
 
     def set_speculation_costs(self, pass_costs: Sequence[float], draft_step: float | None = None) -> None:
-        """Use these costs instead of measuring them (tests, benchmarks, reproducible draft lengths):
-        pass_costs[n] = an n-token pass's time over a one-token pass, for n = 1..MAX_DRAFT + 1
-        (pass_costs[0] unused); draft_step = a draft-model step's time over a target step."""
-        if len(pass_costs) < MAX_DRAFT + 2 or any(c <= 0 for c in pass_costs[1:]):
+        """Draft lengths are chosen with these costs (tests, benchmarks, another machine): pass_costs[n]
+        = an n-token pass's time over a one-token pass, n = 1..MAX_DRAFT + 1 (pass_costs[0] unused);
+        draft_step = a draft-model step's time over a target step."""
+        if len(pass_costs) != MAX_DRAFT + 2 or any(not c > 0 for c in pass_costs[1:]):
             raise ValueError(f"pass_costs needs {MAX_DRAFT + 2} entries, positive from index 1")
-        self._pass_costs = list(pass_costs)
+        self.pass_costs = list(pass_costs)
         if draft_step is not None:
             if self.draft is None:
                 raise ValueError("no draft model loaded")
             self.draft.cost_per_guess = draft_step
 
+    def measure_speculation_costs(self, repeats: int = 5) -> tuple[list[float], float | None]:
+        """Time passes of 1..MAX_DRAFT + 1 tokens (and a draft-model step), best of `repeats`, and
+        use them. The passes run at positions 0.. with the prompt cache dropped."""
+        self.forget_cache()
+        costs = measure_pass_costs(self.model, 0, MAX_DRAFT + 1, repeats)
+        step = None
+        if self.draft is not None:
+            step = _best_step_time(self.draft.model, repeats * 2) / _best_step_time(self.model, repeats * 2)
+        self.forget_cache()
+        self.set_speculation_costs(costs, step)
+        return costs, step
+
     def _proposer(self, mode: SpeculativeMode, sampler: Sampler) -> Proposer | None:
-        """The guesser for a request; None: plain decoding (also while pass costs are unknown)."""
-        if mode == "off" or self._pass_costs is None:
+        """The guesser for a request; None: plain decoding."""
+        if mode == "off":
             return None
         if mode == "prompt_lookup":
             return PromptLookup()
         return self.draft.proposer(sampler)
 
-    def _measure_costs(self, pos: int) -> None:
-        """What passes of 1..MAX_DRAFT + 1 tokens cost (and a draft model's step), timed once, at
-        positions past the prompt (overwritten later, like rejected guesses). A request without
-        that much room decodes plainly and leaves the measurement to a later one."""
-        n = MAX_DRAFT + 1
-        if pos + n > self.kv_capacity:
-            return
-        self._pass_costs = measure_pass_costs(self.model, pos, n)
-        self._cache.wrote(self._cache.tokens, pos + n)
-        if self.draft is not None:
-            self.draft.cost_per_guess = self._draft_step_cost(pos)
 
-    def _draft_step_cost(self, pos: int) -> float:
-        """A draft model's one-token pass over the target's (best of 3 each)."""
-        draft = self.draft
-        timings = []
-        for model in (self.model, draft.model):
-            best = float("inf")
-            for _ in range(3):
-                t0 = time.perf_counter()
-                model.forward([0], pos)
-                best = min(best, time.perf_counter() - t0)
-            timings.append(best)
-        self._cache.wrote(self._cache.tokens, pos + 1)
-        draft.cache.wrote(draft.cache.tokens, pos + 1)
-        return timings[1] / timings[0]
+def _best_step_time(model: Model, repeats: int) -> float:
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        model.forward([0], 0)
+        best = min(best, time.perf_counter() - t0)
+    return best
 
 
 class _TextStream:

@@ -40,6 +40,13 @@ from engine.sampler import PENALTY_WINDOW, Sampler
 
 MAX_DRAFT = 15  # guesses per round; a round's pass (MAX_DRAFT + 1 tokens) must fit one MAX_UBATCH pass
 assert MAX_DRAFT + 1 <= MAX_UBATCH  # the sliding-window rings' slack covers one pass of rolled-back K/V
+# Time of a pass over n = 1..MAX_DRAFT + 1 tokens over a one-token pass: SmolLM2 and Gemma 3 on 2
+# threads (bench/bench_speculative.py --costs measures them; medians of interleaved runs). Fixed
+# rather than timed at start-up: timings on a shared machine swing by 5x, and fixed costs make the
+# draft lengths, and so a seeded sampled run, the same on every run. Passes of up to 2 tokens take
+# the decode kernels (one read of the weights); more take the prefill kernels' tiles of 4.
+DEFAULT_PASS_COSTS = (0.0, 1.0, 1.03, 1.42, 1.5, 1.55, 1.6, 1.85, 2.1, 2.15, 2.2, 2.45, 2.65, 2.8, 2.9, 3.05, 3.15)
+assert len(DEFAULT_PASS_COSTS) == MAX_DRAFT + 2
 
 
 class ForwardModel(Protocol):
@@ -126,9 +133,9 @@ class DraftPolicy:
             counts[1] = counts[1] * self.DECAY + (kept < guessed)
 
 
-def measure_pass_costs(model: ForwardModel, pos0: int, max_tokens: int, repeats: int = 3) -> list[float]:
+def measure_pass_costs(model: ForwardModel, pos0: int, max_tokens: int, repeats: int = 5) -> list[float]:
     """[_, t(1), t(2), ..., t(max_tokens)]: each pass's time (the best of `repeats`) over a one-token
-    pass, at positions pos0.. (their K/V is overwritten later, like a rejected guess's)."""
+    pass, at positions pos0.. (which it writes)."""
     tokens = [0] * max_tokens
     best = [float("inf")] * (max_tokens + 1)
     for _ in range(repeats):
