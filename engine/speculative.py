@@ -15,11 +15,15 @@ model's next-token distribution after d_i (d_0 = x). Guesses are kept while the 
   distributed exactly as the model's own sample.
 
 The first disagreement ends the round with the model's token in its place; if all k are kept, one
-more token comes from the last row. So a round yields accepted + 1 tokens for one pass. The K/V
-written for rejected guesses stays where it is: those positions are written again by the next
-round before any token reads them, and the sliding-window rings (engine.model.kv_layout) hold
-window + MAX_UBATCH - 1 positions, so a pass of up to MAX_UBATCH tokens never overwrites a key that
-a token after the rollback still needs.
+more token comes from the last row. So a round yields accepted + 1 tokens for one pass.
+
+Rolling back costs nothing: the K/V written for rejected guesses stays where it is, and those
+positions are written again by the next round before any token reads them. On a sliding-window
+layer (a ring of S slots, position p in slot p % S, window W) a pass at P..P+k overwrote the slots
+of positions up to P+k-S; the next token, at P+a+1 (a guesses kept), reads back to P+a+2-W. So the
+rollback is safe when k <= S - W + 1 + a, and the pass itself already needed k <= S - W (its first
+token reads back to P+1-W): kv_layout's S = W + MAX_UBATCH - 1 covers every round of up to
+MAX_UBATCH tokens. tests/test_speculative.py checks it bit for bit across a ring boundary.
 
 How many guesses per round (DraftPolicy): from the recent acceptance rate alpha, a round of k
 guesses yields 1 + alpha + ... + alpha^k tokens on average and costs a pass of k + 1 tokens plus k

@@ -100,3 +100,20 @@ def test_worker_with_a_draft_serves_every_mode(client, spawn_worker, smollm2_pat
     assert results["lookup"].accepted_tokens > 0
     log = open(w.log_path).read()
     assert "speculative decoding: draft by default, draft model" in log
+
+
+def test_worker_start_check_counts_the_draft_and_refuses_another_vocabulary(smollm2_path, gemma3_path, monkeypatch):
+    from pipeline import memory_guard
+
+    draft = str(requantized(smollm2_path, "Q4_0"))
+    with pytest.raises(memory_guard.MemoryGuardError, match="cannot draft for.*tokenizer.ggml.model"):
+        memory_guard.check_worker_start(str(smollm2_path), "32MiB", draft=str(gemma3_path))
+    alone = memory_guard.plan(str(smollm2_path), "32MiB")
+    with_draft = memory_guard.plan(draft, 1 << 50, max_context=alone.kv_tokens)
+    assert with_draft.kv_tokens == alone.kv_tokens  # the draft's cache holds as many tokens as the model's
+    # room for the model alone, not for the draft too: refused, naming the draft
+    monkeypatch.delenv(memory_guard.ENV_SKIP, raising=False)
+    monkeypatch.setattr(memory_guard, "memory_limit", lambda: (alone.needed_bytes + 1, "a test limit"))
+    memory_guard.check_worker_start(str(smollm2_path), "32MiB")
+    with pytest.raises(memory_guard.MemoryGuardError, match="with the draft model .*Q4_0"):
+        memory_guard.check_worker_start(str(smollm2_path), "32MiB", draft=draft)
