@@ -2,7 +2,7 @@
 
     python bench/bench_speculative.py                                  # both models, 3 runs
     python bench/bench_speculative.py --models smollm2-135m --runs 5 --draft smollm2-135m=/path/draft.gguf
-    python bench/bench_speculative.py --costs                          # also time passes of 1..16 tokens
+    python bench/bench_speculative.py --fixed-costs                    # DEFAULT_PASS_COSTS, not timed ones
     python bench/bench_speculative.py --summarize-runs 0 --json out.json
 
 Prompt sets (greedy, as the pipeline runs them):
@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 from engine.engine import Engine  # noqa: E402
 from engine.params import SamplingParams  # noqa: E402
-from engine.speculative import MAX_DRAFT, measure_pass_costs  # noqa: E402
+from engine.speculative import DEFAULT_PASS_COSTS, MAX_DRAFT  # noqa: E402
 
 OPEN_PROMPTS = [
     "Write a short story about a dragon who learns to bake bread.",
@@ -113,14 +113,6 @@ def run_set(eng: Engine, requests, modes: list[str], runs: int, label: str) -> d
     return result
 
 
-def pass_costs(eng: Engine, runs: int) -> list[float]:
-    """Median over `runs` interleaved measurements of each pass's cost (best of 3 within one)."""
-    eng.forget_cache()
-    samples = [measure_pass_costs(eng.model, 512, MAX_DRAFT + 1, repeats=3) for _ in range(runs)]
-    eng.forget_cache()
-    return [0.0] + [round(statistics.median(s[n] for s in samples), 3) for n in range(1, MAX_DRAFT + 2)]
-
-
 def summarize_wall(model: str, runs: int) -> dict:
     from pipeline.summarize import summarize
 
@@ -146,7 +138,6 @@ def summarize_wall(model: str, runs: int) -> dict:
             "wall_prompt_lookup_median": round(statistics.median(walls["prompt_lookup"]), 2),
             "walls": {k: [round(x, 2) for x in v] for k, v in walls.items()},
             "speedup_median": round(statistics.median(speed), 3),
-            "paired_speedup_median": round(statistics.median(pairs[m]), 3) if pairs[m] else None,
             "draft_tokens": draft, "accepted_tokens": accepted, "tokens_out": tokens_out}
 
 
@@ -157,7 +148,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--draft", action="append", default=[], metavar="MODEL=DRAFT",
                     help="also run speculative='draft' for MODEL with this draft model (repeatable)")
-    ap.add_argument("--costs", action="store_true", help="time passes of 1..16 tokens (medians of --runs)")
+    ap.add_argument("--fixed-costs", action="store_true",
+                    help="choose draft lengths with DEFAULT_PASS_COSTS instead of the engine's timed pass costs")
     ap.add_argument("--summarize-runs", type=int, default=3, help="summarise wall-time runs per mode (0: skip)")
     ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args()
@@ -170,10 +162,12 @@ def main() -> None:
         eng = Engine(model, threads=args.threads, kv_budget="256MiB", draft=drafts.get(model))
         modes = ["off", "prompt_lookup"] + (["draft"] if model in drafts else [])
         res: dict = {}
-        if args.costs:
-            res["pass_costs"] = pass_costs(eng, args.runs)
+        if args.fixed_costs:
+            eng.set_speculation_costs(DEFAULT_PASS_COSTS)
         res["summary"] = run_set(eng, summary_requests(model, eng.kv_capacity), modes, args.runs, "summary")
         res["open"] = run_set(eng, open_requests(), modes, args.runs, "open")
+        res["pass_costs"] = [round(c, 3) for c in eng.pass_costs]
+        res["draft_step_cost"] = round(eng.draft.cost_per_guess, 3) if eng.draft is not None else None
         if args.summarize_runs:
             res["summarize"] = summarize_wall(model, args.summarize_runs)
         results["models"][model] = res
@@ -192,8 +186,8 @@ def main() -> None:
                 print(f"{model:<14} {kind:<8} {mode:<14} {r['decode_tps_median']:>7.1f} {r['speedup_median']:>7.2f}x "
                       f"{r['paired_speedup_median']:>6.2f}x "
                       f"{r['accepted_tokens']:>6}/{r['draft_tokens']:<7} {rate:>5} {r['output_from_guesses']:>11.0%}")
-        if "pass_costs" in res:
-            print(f"{model}: pass cost of n = 1..{MAX_DRAFT + 1} tokens over 1: {res['pass_costs'][1:]}")
+        print(f"{model}: pass cost of n = 1..{MAX_DRAFT + 1} tokens over 1 ({'fixed' if args.fixed_costs else 'timed'})"
+              f": {res['pass_costs'][1:]}" + (f"; draft step {res['draft_step_cost']}" if res["draft_step_cost"] else ""))
         if "summarize" in res:
             s = res["summarize"]
             print(f"{model}: rqllm summarize examples/ (1 worker): off {s['wall_off_median']:.1f} s, prompt lookup "

@@ -23,9 +23,12 @@ Speculative decoding (engine.speculative): params.speculative, else the engine's
 default, picks how tokens are guessed - prompt lookup, or the draft model loaded with `draft` (same
 vocabulary, checked). Greedy output is plain greedy's token for token; sampled output has the same
 distribution. Generation.draft_tokens / accepted_tokens say how many guesses were checked / kept.
+The first speculative request times passes of 1..16 tokens past its prompt (~0.5 s for these models;
+not counted as its prefill or decode time); the costs steer every later request's draft lengths.
 """
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import time
@@ -45,6 +48,7 @@ from engine.tokenizer import Tokenizer, TokenizerError
 if TYPE_CHECKING:
     from engine.chat import ChatFormat
 
+log = logging.getLogger("rqllm.engine")
 MAX_PROMPT_CHARS = 4_000_000  # far beyond any KV budget here; refuse before tokenizing megabytes
 
 
@@ -98,7 +102,8 @@ class Engine:
         self._cache = CachedTokens(MAX_UBATCH - 1 if self.model.cfg.sliding_window else None)
         self.draft = self._load_draft(draft, repack) if draft is not None else None
         self.speculative: SpeculativeMode = speculative
-        self.pass_costs = list(DEFAULT_PASS_COSTS)  # engine.speculative; set_speculation_costs() to change
+        # engine.speculative: timed at the first speculative request; set_speculation_costs() to choose
+        self.pass_costs: list[float] | None = None
         release_freed_heap()
 
     def _load_draft(self, draft: str | os.PathLike[str], repack: bool | None) -> DraftModel:
@@ -113,8 +118,7 @@ class Engine:
             raise EngineError(f"draft model {path.name} holds {model.capacity} positions (its context length), "
                               f"fewer than the target's KV capacity of {self.kv_capacity}; lower --kv-budget")
         draft_model = DraftModel(model, models.model_name(draft))
-        # Decode steps read the weights once each: their sizes give the cost of a guess (a fixed
-        # estimate; measure_speculation_costs() times it)
+        # Decode steps read the weights once each: until timed, the files' sizes give a guess's cost
         draft_model.cost_per_guess = model.gguf.size / self.model.gguf.size
         return draft_model
 
@@ -204,8 +208,13 @@ class Engine:
         t1 = time.perf_counter()
 
         sampler = Sampler(params)
+        costs = None if mode == "off" else self.pass_costs
+        if mode != "off" and costs is None:
+            logits = logits.copy()  # the model's logits array is reused by the passes timed here
+            costs = self._time_passes(len(ids))
+        t_decode = time.perf_counter()  # the timing of passes above is neither prefill nor decode
         proposer = self._proposer(mode, sampler)
-        policy = None if proposer is None else DraftPolicy(self.pass_costs, proposer.cost_per_guess)
+        policy = None if proposer is None else DraftPolicy(costs, proposer.cost_per_guess)
         decoder = Decoder(self.model, sampler, list(ids), logits, proposer, policy)
         stream = _TextStream(self.tokenizer, params.stop, on_text)
         out: list[int] = []
@@ -228,7 +237,7 @@ class Engine:
             self._cache.wrote(decoder.context[:decoder.kv_tokens], decoder.kv_end)
         text = stream.finish()
         t2 = time.perf_counter()
-        prefill_s, decode_s = t1 - t0, t2 - t1
+        prefill_s, decode_s = t1 - t0, t2 - t_decode
         n_prefill = len(ids) - start
         n_decoded = decided - 1  # the first token comes from the prefill's logits
         return Generation(
@@ -252,17 +261,22 @@ class Engine:
                 raise ValueError("no draft model loaded")
             self.draft.cost_per_guess = draft_step
 
-    def measure_speculation_costs(self, repeats: int = 5) -> tuple[list[float], float | None]:
-        """Time passes of 1..MAX_DRAFT + 1 tokens (and a draft-model step), best of `repeats`, and
-        use them. The passes run at positions 0.. with the prompt cache dropped."""
-        self.forget_cache()
-        costs = measure_pass_costs(self.model, 0, MAX_DRAFT + 1, repeats)
-        step = None
+    def _time_passes(self, pos: int) -> list[float]:
+        """Time passes of 1..MAX_DRAFT + 1 tokens (and a draft-model step) at positions pos.. past the
+        prompt (written again later, like rejected guesses) and keep the costs for every request.
+        Without that much room: DEFAULT_PASS_COSTS for this request, timing left to a later one."""
+        n = MAX_DRAFT + 1
+        if pos + n > self.kv_capacity:
+            return list(DEFAULT_PASS_COSTS)
+        draft = self.draft.model if self.draft is not None else None
+        costs, step = measure_pass_costs(self.model, pos, draft=draft)
+        self._cache.wrote(self._cache.tokens, pos + n)
         if self.draft is not None:
-            step = _best_step_time(self.draft.model, repeats * 2) / _best_step_time(self.model, repeats * 2)
-        self.forget_cache()
+            self.draft.cache.wrote(self.draft.cache.tokens, pos + 1)
         self.set_speculation_costs(costs, step)
-        return costs, step
+        log.info("speculative decoding: pass costs over a one-token pass %s%s", [round(c, 2) for c in costs[1:]],
+                 f"; draft step {step:.2f}" if step is not None else "")
+        return costs
 
     def _proposer(self, mode: SpeculativeMode, sampler: Sampler) -> Proposer | None:
         """The guesser for a request; None: plain decoding."""
@@ -271,15 +285,6 @@ class Engine:
         if mode == "prompt_lookup":
             return PromptLookup()
         return self.draft.proposer(sampler)
-
-
-def _best_step_time(model: Model, repeats: int) -> float:
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        model.forward([0], 0)
-        best = min(best, time.perf_counter() - t0)
-    return best
 
 
 class _TextStream:

@@ -32,6 +32,7 @@ guessing does not pay.
 """
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -44,12 +45,12 @@ from engine.sampler import PENALTY_WINDOW, Sampler
 
 MAX_DRAFT = 15  # guesses per round; a round's pass (MAX_DRAFT + 1 tokens) must fit one MAX_UBATCH pass
 assert MAX_DRAFT + 1 <= MAX_UBATCH  # the sliding-window rings' slack covers one pass of rolled-back K/V
-# Time of a pass over n = 1..MAX_DRAFT + 1 tokens over a one-token pass: SmolLM2 and Gemma 3 on 2
-# threads (bench/bench_speculative.py --costs measures them; medians of interleaved runs). Fixed
-# rather than timed at start-up: timings on a shared machine swing by 5x, and fixed costs make the
-# draft lengths, and so a seeded sampled run, the same on every run. Passes of up to 2 tokens take
-# the decode kernels (one read of the weights); more take the prefill kernels' tiles of 4.
-DEFAULT_PASS_COSTS = (0.0, 1.0, 1.03, 1.42, 1.5, 1.55, 1.6, 1.85, 2.1, 2.15, 2.2, 2.45, 2.65, 2.8, 2.9, 3.05, 3.15)
+# Time of a pass over n = 1..MAX_DRAFT + 1 tokens over a one-token pass, for a request that finds no
+# room in the KV cache to time them (Engine times them at its first speculative request): SmolLM2
+# on 2 threads, 500 tokens in. Passes of up to 2 tokens take the decode kernels (one read of the
+# weights), more take the prefill kernels' tiles of 4 tokens.
+DEFAULT_PASS_COSTS = (0.0, 1.0, 1.2, 1.6, 1.7, 1.85, 1.95, 2.4, 2.6, 2.75, 2.9, 3.05, 3.2, 3.45, 3.65, 3.85, 4.05)
+TIMED_SIZES = (2, 3, 4, 5, 6, 8, 10, 12, 16)  # pass sizes timed; the others cost what the next larger one does
 assert len(DEFAULT_PASS_COSTS) == MAX_DRAFT + 2
 
 
@@ -137,24 +138,37 @@ class DraftPolicy:
             counts[1] = counts[1] * self.DECAY + (kept < guessed)
 
 
-def measure_pass_costs(model: ForwardModel, pos0: int, max_tokens: int, repeats: int = 5) -> list[float]:
-    """[_, t(1), t(2), ..., t(max_tokens)]: each pass's time (the best of `repeats`) over a one-token
-    pass, at positions pos0.. (which it writes)."""
-    tokens = [0] * max_tokens
-    best = [float("inf")] * (max_tokens + 1)
+def measure_pass_costs(model: ForwardModel, pos0: int, repeats: int = 5,
+                       draft: ForwardModel | None = None) -> tuple[list[float], float | None]:
+    """The cost of passes of n = 1..MAX_DRAFT + 1 tokens over a one-token pass, at positions pos0..
+    (which it writes), and of a draft model's one-token pass over the model's.
+
+    Each is the median over `repeats` of the ratio of a pass to a one-token pass timed right before
+    it: other load on a shared machine comes in bursts longer than a pair, which shift both times.
+    Sizes not timed (TIMED_SIZES) take the next larger size's cost, and a pass never costs less than
+    a smaller one (a burst inside a pair cannot make the larger one cheaper)."""
+    clock = time.perf_counter
+    sizes = [n for n in TIMED_SIZES if n <= MAX_DRAFT + 1]
+    ratios: dict[int, list[float]] = {n: [] for n in sizes}
+    steps: list[float] = []
     for _ in range(repeats):
-        for n in range(1, max_tokens + 1):
-            t0 = time.perf_counter()
-            if n == 1:
-                model.forward(tokens[:1], pos0)
-            else:
-                model.forward_all(tokens[:n], pos0)
-            best[n] = min(best[n], time.perf_counter() - t0)
-    # A pass over more tokens never costs less: a smaller one that measured more was interrupted
-    # (the machine is shared), so each takes the least of its own and every larger pass's time.
-    for n in range(max_tokens - 1, 0, -1):
-        best[n] = min(best[n], best[n + 1])
-    return [0.0] + [best[n] / best[1] for n in range(1, max_tokens + 1)]
+        for n in sizes:
+            t0 = clock()
+            model.forward([0], pos0)
+            t1 = clock()
+            model.forward_all([0] * n, pos0)
+            ratios[n].append((clock() - t1) / (t1 - t0))
+        if draft is not None:
+            t0 = clock()
+            model.forward([0], pos0)
+            t1 = clock()
+            draft.forward([0], pos0)
+            steps.append((clock() - t1) / (t1 - t0))
+    timed = {n: statistics.median(r) for n, r in ratios.items()}
+    costs = [0.0, 1.0]
+    for n in range(2, MAX_DRAFT + 2):
+        costs.append(max(costs[-1], timed[min(m for m in sizes if m >= n)]))
+    return costs, statistics.median(steps) if steps else None
 
 
 def verify(sampler: Sampler, rows: np.ndarray, draft: Draft, context: list[int]) -> tuple[int, int]:
