@@ -45,8 +45,9 @@ from pipeline.summarize import (
               help="Submit to this Redis and follow (default $REDIS_URL); unset = embedded cluster.")
 @click.option("--no-repack", is_flag=True,
               help="Embedded workers compute on the GGUF's own layout (no repacked weight cache).")
-@click.option("--speculative", type=click.Choice(["prompt_lookup", "off"]), default=DEFAULT_SPECULATIVE,
-              show_default=True, help="How map and reduce jobs guess tokens ahead (the summaries are the same).")
+@click.option("--speculative", type=click.Choice(["prompt_lookup", "draft", "off"]), default=DEFAULT_SPECULATIVE,
+              show_default=True, help="How map and reduce jobs guess tokens ahead (the summaries are the same; "
+                                      "draft: the workers' --draft model).")
 def summarize_command(paths: tuple[str, ...], output: str, fmt: str, model: str, workers: int, threads: int | None,
                       template: str | None, kv_budget: str | None, max_summary_tokens: int, overlap_tokens: int,
                       chunk_tokens: int, max_bytes: int, redis_url: str | None, no_repack: bool,
