@@ -96,7 +96,10 @@ class DraftPolicy:
     pass_cost[n] is the time of an n-token pass over a one-token pass (pass_cost[0] unused)."""
 
     DECAY = 0.9  # per round with guesses: about the last ten rounds count
-    PROBE_EVERY = 32  # rounds without guesses before one guess is tried again (the rate may have changed)
+    # Rounds without guesses before one guess is tried again (the rate may have changed); doubled
+    # after each try that does not bring guessing back (a draft model catching up costs a pass).
+    PROBE_EVERY = 32
+    PROBE_MAX = 1024
 
     def __init__(self, pass_cost: Sequence[float], cost_per_guess: float = 0.0, max_draft: int = MAX_DRAFT):
         if len(pass_cost) < 2:
@@ -105,7 +108,8 @@ class DraftPolicy:
         self.cost_per_guess = cost_per_guess
         self.max_draft = min(max_draft, len(self.pass_cost) - 2, MAX_DRAFT)
         self._counts: dict[int, list[float]] = {}  # kind -> [kept, rejected] (decayed)
-        self._idle: dict[int, int] = {}
+        self._idle: dict[int, int] = {}  # kind -> rounds without guesses since the last guess
+        self._gap: dict[int, int] = {}  # kind -> rounds without guesses before the next try
 
     def alpha(self, kind: int = 0) -> float:
         kept, rejected = self._counts.get(kind, (1.0, 1.0))
@@ -124,12 +128,19 @@ class DraftPolicy:
             gain = self.expected_speedup(k, kind)
             if gain > best:
                 best_k, best = k, gain
-        if best_k == 0 and limit > 0:
-            idle = self._idle.get(kind, 0) + 1
-            self._idle[kind] = 0 if idle >= self.PROBE_EVERY else idle
-            return 1 if idle >= self.PROBE_EVERY else 0
+        if best_k > 0 or limit <= 0:
+            self._idle[kind] = 0
+            if best_k > 0:
+                self._gap[kind] = self.PROBE_EVERY
+            return best_k
+        idle = self._idle.get(kind, 0) + 1
+        gap = self._gap.get(kind, self.PROBE_EVERY)
+        if idle < gap:
+            self._idle[kind] = idle
+            return 0
         self._idle[kind] = 0
-        return best_k
+        self._gap[kind] = min(2 * gap, self.PROBE_MAX)
+        return 1
 
     def record(self, guessed: int, kept: int, kind: int = 0) -> None:
         if guessed:
