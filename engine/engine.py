@@ -23,8 +23,9 @@ Speculative decoding (engine.speculative): params.speculative, else the engine's
 default, picks how tokens are guessed - prompt lookup, or the draft model loaded with `draft` (same
 vocabulary, checked). Greedy output is plain greedy's token for token; sampled output has the same
 distribution. Generation.draft_tokens / accepted_tokens say how many guesses were checked / kept.
-The first speculative request times passes of 1..16 tokens past its prompt (~0.5 s for these models;
-not counted as its prefill or decode time); the costs steer every later request's draft lengths.
+The first speculative requests time passes of 1..16 tokens past their prompts (engine.speculative.
+PassTimer; ~0.1 s each for these models, counted as neither prefill nor decode time); the costs steer
+the draft lengths.
 """
 from __future__ import annotations
 
@@ -42,7 +43,7 @@ from engine.kv_cache import CachedTokens
 from engine.model import MAX_UBATCH, Model, ModelError
 from engine.params import Generation, SamplingParams, SpeculativeMode
 from engine.sampler import Sampler
-from engine.speculative import DEFAULT_PASS_COSTS, MAX_DRAFT, Decoder, DraftPolicy, Proposer, measure_pass_costs
+from engine.speculative import DEFAULT_PASS_COSTS, MAX_DRAFT, Decoder, DraftPolicy, PassTimer, Proposer
 from engine.tokenizer import Tokenizer, TokenizerError
 
 if TYPE_CHECKING:
@@ -102,8 +103,9 @@ class Engine:
         self._cache = CachedTokens(MAX_UBATCH - 1 if self.model.cfg.sliding_window else None)
         self.draft = self._load_draft(draft, repack) if draft is not None else None
         self.speculative: SpeculativeMode = speculative
-        # engine.speculative: timed at the first speculative request; set_speculation_costs() to choose
-        self.pass_costs: list[float] | None = None
+        # engine.speculative: timed at the first speculative requests, or set_speculation_costs()
+        self._timer = PassTimer()
+        self._fixed_costs: list[float] | None = None
         release_freed_heap()
 
     def _load_draft(self, draft: str | os.PathLike[str], repack: bool | None) -> DraftModel:
@@ -208,13 +210,12 @@ class Engine:
         t1 = time.perf_counter()
 
         sampler = Sampler(params)
-        costs = None if mode == "off" else self.pass_costs
-        if mode != "off" and costs is None:
+        if mode != "off" and self._fixed_costs is None and not self._timer.done:
             logits = logits.copy()  # the model's logits array is reused by the passes timed here
-            costs = self._time_passes(len(ids))
+            self._time_passes(len(ids))
         t_decode = time.perf_counter()  # the timing of passes above is neither prefill nor decode
         proposer = self._proposer(mode, sampler)
-        policy = None if proposer is None else DraftPolicy(costs, proposer.cost_per_guess)
+        policy = None if proposer is None else DraftPolicy(self.pass_costs, proposer.cost_per_guess)
         decoder = Decoder(self.model, sampler, list(ids), logits, proposer, policy)
         stream = _TextStream(self.tokenizer, params.stop, on_text)
         out: list[int] = []
@@ -249,34 +250,39 @@ class Engine:
             prefix_hit_tokens=start, draft_tokens=decoder.draft_tokens, accepted_tokens=decoder.accepted_tokens,
         )
 
+    @property
+    def pass_costs(self) -> list[float]:
+        """What a pass of n = 1..MAX_DRAFT + 1 tokens costs over a one-token pass, as speculative
+        decoding's draft lengths assume it (index 0 unused)."""
+        return self._fixed_costs or self._timer.costs() or list(DEFAULT_PASS_COSTS)
+
     def set_speculation_costs(self, pass_costs: Sequence[float], draft_step: float | None = None) -> None:
-        """Draft lengths are chosen with these costs (tests, benchmarks, another machine): pass_costs[n]
+        """Choose draft lengths with these costs instead of timed ones (tests, benchmarks): pass_costs[n]
         = an n-token pass's time over a one-token pass, n = 1..MAX_DRAFT + 1 (pass_costs[0] unused);
         draft_step = a draft-model step's time over a target step."""
         if len(pass_costs) != MAX_DRAFT + 2 or any(not c > 0 for c in pass_costs[1:]):
             raise ValueError(f"pass_costs needs {MAX_DRAFT + 2} entries, positive from index 1")
-        self.pass_costs = list(pass_costs)
+        self._fixed_costs = list(pass_costs)
         if draft_step is not None:
             if self.draft is None:
                 raise ValueError("no draft model loaded")
             self.draft.cost_per_guess = draft_step
 
-    def _time_passes(self, pos: int) -> list[float]:
-        """Time passes of 1..MAX_DRAFT + 1 tokens (and a draft-model step) at positions pos.. past the
-        prompt (written again later, like rejected guesses) and keep the costs for every request.
-        Without that much room: DEFAULT_PASS_COSTS for this request, timing left to a later one."""
+    def _time_passes(self, pos: int) -> None:
+        """One PassTimer timing at positions pos.. past the prompt (written again later, like rejected
+        guesses); a request without that much room leaves it to a later one."""
         n = MAX_DRAFT + 1
         if pos + n > self.kv_capacity:
-            return list(DEFAULT_PASS_COSTS)
-        draft = self.draft.model if self.draft is not None else None
-        costs, step = measure_pass_costs(self.model, pos, draft=draft)
+            return
+        self._timer.time_once(self.model, pos, self.draft.model if self.draft is not None else None)
         self._cache.wrote(self._cache.tokens, pos + n)
         if self.draft is not None:
             self.draft.cache.wrote(self.draft.cache.tokens, pos + 1)
-        self.set_speculation_costs(costs, step)
-        log.info("speculative decoding: pass costs over a one-token pass %s%s", [round(c, 2) for c in costs[1:]],
-                 f"; draft step {step:.2f}" if step is not None else "")
-        return costs
+            self.draft.cost_per_guess = self._timer.draft_step()
+        if self._timer.done:
+            log.info("speculative decoding: pass costs over a one-token pass %s%s",
+                     [round(c, 2) for c in self.pass_costs[1:]],
+                     f"; draft step {self.draft.cost_per_guess:.2f}" if self.draft is not None else "")
 
     def _proposer(self, mode: SpeculativeMode, sampler: Sampler) -> Proposer | None:
         """The guesser for a request; None: plain decoding."""

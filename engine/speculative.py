@@ -45,9 +45,8 @@ from engine.sampler import PENALTY_WINDOW, Sampler
 
 MAX_DRAFT = 15  # guesses per round; a round's pass (MAX_DRAFT + 1 tokens) must fit one MAX_UBATCH pass
 assert MAX_DRAFT + 1 <= MAX_UBATCH  # the sliding-window rings' slack covers one pass of rolled-back K/V
-# Time of a pass over n = 1..MAX_DRAFT + 1 tokens over a one-token pass, for a request that finds no
-# room in the KV cache to time them (Engine times them at its first speculative request): SmolLM2
-# on 2 threads, 500 tokens in. Passes of up to 2 tokens take the decode kernels (one read of the
+# Time of a pass over n = 1..MAX_DRAFT + 1 tokens over a one-token pass, until PassTimer has timed
+# them (an engine times them at its first speculative requests): SmolLM2 on 2 threads, 500 tokens in. Passes of up to 2 tokens take the decode kernels (one read of the
 # weights), more take the prefill kernels' tiles of 4 tokens.
 DEFAULT_PASS_COSTS = (0.0, 1.0, 1.2, 1.6, 1.7, 1.85, 1.95, 2.4, 2.6, 2.75, 2.9, 3.05, 3.2, 3.45, 3.65, 3.85, 4.05)
 TIMED_SIZES = (2, 3, 4, 5, 6, 8, 10, 12, 16)  # pass sizes timed; the others cost what the next larger one does
@@ -149,37 +148,54 @@ class DraftPolicy:
             counts[1] = counts[1] * self.DECAY + (kept < guessed)
 
 
-def measure_pass_costs(model: ForwardModel, pos0: int, repeats: int = 5,
-                       draft: ForwardModel | None = None) -> tuple[list[float], float | None]:
-    """The cost of passes of n = 1..MAX_DRAFT + 1 tokens over a one-token pass, at positions pos0..
-    (which it writes), and of a draft model's one-token pass over the model's.
+class PassTimer:
+    """The cost of passes of n = 1..MAX_DRAFT + 1 tokens over a one-token pass, and of a draft model's
+    one-token pass over the model's, from timings spread over the first REPEATS speculative requests.
 
-    Each is the median over `repeats` of the ratio of a pass to a one-token pass timed right before
-    it: other load on a shared machine comes in bursts longer than a pair, which shift both times.
-    Sizes not timed (TIMED_SIZES) take the next larger size's cost, and a pass never costs less than
-    a smaller one (a burst inside a pair cannot make the larger one cheaper)."""
-    clock = time.perf_counter
-    sizes = [n for n in TIMED_SIZES if n <= MAX_DRAFT + 1]
-    ratios: dict[int, list[float]] = {n: [] for n in sizes}
-    steps: list[float] = []
-    for _ in range(repeats):
-        for n in sizes:
+    Each timing is the ratio of a pass to a one-token pass timed right before it, and a cost is the
+    median over requests: other load on a shared machine comes in bursts that shift both passes of a
+    pair alike, and one burst, even a long one, spoils one request's timings only. Sizes not timed
+    (TIMED_SIZES) take the next larger size's cost, and a pass never costs less than a smaller one."""
+
+    REPEATS = 7
+
+    def __init__(self) -> None:
+        self.sizes = [n for n in TIMED_SIZES if n <= MAX_DRAFT + 1]
+        self.ratios: dict[int, list[float]] = {n: [] for n in self.sizes}
+        self.steps: list[float] = []
+
+    @property
+    def done(self) -> bool:
+        return len(self.ratios[self.sizes[0]]) >= self.REPEATS
+
+    def time_once(self, model: ForwardModel, pos0: int, draft: ForwardModel | None = None) -> None:
+        """One timing of every size (and of a draft step), at positions pos0.. (which it writes)."""
+        clock = time.perf_counter
+        for n in self.sizes:
             t0 = clock()
             model.forward([0], pos0)
             t1 = clock()
             model.forward_all([0] * n, pos0)
-            ratios[n].append((clock() - t1) / (t1 - t0))
+            self.ratios[n].append((clock() - t1) / (t1 - t0))
         if draft is not None:
             t0 = clock()
             model.forward([0], pos0)
             t1 = clock()
             draft.forward([0], pos0)
-            steps.append((clock() - t1) / (t1 - t0))
-    timed = {n: statistics.median(r) for n, r in ratios.items()}
-    costs = [0.0, 1.0]
-    for n in range(2, MAX_DRAFT + 2):
-        costs.append(max(costs[-1], timed[min(m for m in sizes if m >= n)]))
-    return costs, statistics.median(steps) if steps else None
+            self.steps.append((clock() - t1) / (t1 - t0))
+
+    def costs(self) -> list[float] | None:
+        """[_, 1, cost(2), ..., cost(MAX_DRAFT + 1)], or None before any timing."""
+        if not self.ratios[self.sizes[0]]:
+            return None
+        timed = {n: statistics.median(r) for n, r in self.ratios.items()}
+        costs = [0.0, 1.0]
+        for n in range(2, MAX_DRAFT + 2):
+            costs.append(max(costs[-1], timed[min(m for m in self.sizes if m >= n)]))
+        return costs
+
+    def draft_step(self) -> float | None:
+        return statistics.median(self.steps) if self.steps else None
 
 
 def verify(sampler: Sampler, rows: np.ndarray, draft: Draft, context: list[int]) -> tuple[int, int]:

@@ -238,14 +238,17 @@ def test_draft_mode_needs_a_draft_model(smollm2_path):
         eng.generate(prompt="Hi", params=SamplingParams(max_tokens=2, speculative="draft"))
 
 
-def test_pass_costs_are_timed_at_the_first_speculative_request(smollm2_path):
+def test_pass_costs_are_timed_over_the_first_speculative_requests(smollm2_path):
+    from engine.speculative import DEFAULT_PASS_COSTS, PassTimer
+
     eng = Engine(str(smollm2_path), threads=2, kv_budget="16MiB", speculative="prompt_lookup")
-    plain = eng.generate(prompt="Count: 1, 2, 3, 4, 5,", params=SamplingParams(max_tokens=24, speculative="off"))
-    assert eng.pass_costs is None
-    spec = eng.generate(prompt="Count: 1, 2, 3, 4, 5,", params=SamplingParams(max_tokens=24))  # engine default
-    assert spec.ids == plain.ids  # the passes timed after the prompt changed nothing
-    costs = eng.pass_costs
-    assert costs is not None and len(costs) == MAX_DRAFT + 2 and costs[1] == 1.0
-    assert all(a <= b for a, b in zip(costs[1:], costs[2:])), costs  # a longer pass never costs less
-    again = eng.generate(prompt="Count: 1, 2, 3, 4, 5,", params=SamplingParams(max_tokens=24))
-    assert again.ids == plain.ids and eng.pass_costs is costs  # timed once
+    prompt = "Count: 1, 2, 3, 4, 5,"
+    plain = eng.generate(prompt=prompt, params=SamplingParams(max_tokens=24, speculative="off"))
+    assert eng.pass_costs == list(DEFAULT_PASS_COSTS)  # nothing timed by a plain request
+    for i in range(PassTimer.REPEATS + 1):
+        spec = eng.generate(prompt=prompt, params=SamplingParams(max_tokens=24))  # the engine's default mode
+        assert spec.ids == plain.ids  # the passes timed past the prompt changed nothing
+        costs = eng.pass_costs
+        assert len(costs) == MAX_DRAFT + 2 and costs[1] == 1.0 and costs != list(DEFAULT_PASS_COSTS)
+        assert all(a <= b for a, b in zip(costs[1:], costs[2:])), costs  # a longer pass never costs less
+    assert eng._timer.done and len(eng._timer.ratios[2]) == PassTimer.REPEATS  # then no more timing
