@@ -129,7 +129,7 @@ class DraftPolicy:
             gain = self.expected_speedup(k, kind)
             if gain > best:
                 best_k, best = k, gain
-        if best_k > 0 or limit <= 0:
+        if best_k > 0 or limit <= 0 or not self._could_pay(limit):
             self._idle[kind] = 0
             if best_k > 0:
                 self._gap[kind] = self.PROBE_EVERY
@@ -142,6 +142,12 @@ class DraftPolicy:
         self._idle[kind] = 0
         self._gap[kind] = min(2 * gap, self.PROBE_MAX)
         return 1
+
+    def _could_pay(self, limit: int) -> bool:
+        """Whether guessing could beat plain decoding even if every guess were kept (a draft model
+        as costly as the model never can: then it is not even tried)."""
+        return any((k + 1) / (self.pass_cost[k + 1] / self.pass_cost[1] + k * self.cost_per_guess) > 1.0
+                   for k in range(1, min(limit, self.max_draft) + 1))
 
     def record(self, guessed: int, kept: int, kind: int = 0) -> None:
         if guessed:
