@@ -26,6 +26,7 @@ class PromptLookup:
 
     cost_per_guess = 0.0  # a dictionary lookup
     free = True
+    prior_alpha = 0.5
 
     def __init__(self, max_ngram: int = 4, min_ngram: int = 1):
         if not 1 <= min_ngram <= max_ngram:
@@ -88,6 +89,10 @@ class DraftModelProposer:
         self.rng = rng
         self.cost_per_guess = draft.cost_per_guess
         self.free = False
+        # A model with the same vocabulary agrees with it most of the time (a Q4_0 requantisation of
+        # Gemma 3: 93-99 % of guesses kept): start there rather than at 1/2, where a costly draft
+        # would not be used at all until its occasional tries, each making it catch up, proved it.
+        self.prior_alpha = 0.8
 
     def propose(self, context: list[int], k: int, sampler: Sampler) -> Draft:
         model, cache = self.draft.model, self.draft.cache

@@ -215,7 +215,8 @@ class Engine:
             self._time_passes(len(ids))
         t_decode = time.perf_counter()  # the timing of passes above is neither prefill nor decode
         proposer = self._proposer(mode, sampler)
-        policy = None if proposer is None else DraftPolicy(self.pass_costs, proposer.cost_per_guess)
+        policy = None if proposer is None else DraftPolicy(self.pass_costs, proposer.cost_per_guess,
+                                                           prior_alpha=proposer.prior_alpha)
         decoder = Decoder(self.model, sampler, list(ids), logits, proposer, policy)
         stream = _TextStream(self.tokenizer, params.stop, on_text)
         out: list[int] = []

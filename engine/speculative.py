@@ -85,6 +85,7 @@ class Proposer(Protocol):
 
     cost_per_guess: float  # time of one guess / time of the model's one-token pass
     free: bool  # guessing costs nothing: propose as many as allowed, then choose how many to check
+    prior_alpha: float  # the acceptance rate assumed before any guess was checked
 
     def propose(self, context: list[int], k: int, sampler: Sampler) -> Draft: ...
 
@@ -93,7 +94,8 @@ class DraftPolicy:
     """Guesses per round from the recent acceptance rate and the cost of passes.
 
     alpha (per kind of guess) is the decayed maximum-likelihood estimate of the chance that a guess
-    is kept given the ones before it were: kept guesses / (kept + first rejections), from 1/2.
+    is kept given the ones before it were: kept guesses / (kept + first rejections), starting from
+    prior_alpha (worth two guesses).
     pass_cost[n] is the time of an n-token pass over a one-token pass (pass_cost[0] unused)."""
 
     DECAY = 0.9  # per round with guesses: about the last ten rounds count
@@ -102,18 +104,20 @@ class DraftPolicy:
     PROBE_EVERY = 32
     PROBE_MAX = 1024
 
-    def __init__(self, pass_cost: Sequence[float], cost_per_guess: float = 0.0, max_draft: int = MAX_DRAFT):
+    def __init__(self, pass_cost: Sequence[float], cost_per_guess: float = 0.0, max_draft: int = MAX_DRAFT,
+                 prior_alpha: float = 0.5):
         if len(pass_cost) < 2:
             raise ValueError("pass_cost needs the cost of 1-token passes at least")
         self.pass_cost = list(pass_cost)
         self.cost_per_guess = cost_per_guess
         self.max_draft = min(max_draft, len(self.pass_cost) - 2, MAX_DRAFT)
+        self._prior = (2.0 * prior_alpha, 2.0 * (1.0 - prior_alpha))
         self._counts: dict[int, list[float]] = {}  # kind -> [kept, rejected] (decayed)
         self._idle: dict[int, int] = {}  # kind -> rounds without guesses since the last guess
         self._gap: dict[int, int] = {}  # kind -> rounds without guesses before the next try
 
     def alpha(self, kind: int = 0) -> float:
-        kept, rejected = self._counts.get(kind, (1.0, 1.0))
+        kept, rejected = self._counts.get(kind, self._prior)
         return kept / (kept + rejected)
 
     def expected_speedup(self, k: int, kind: int = 0) -> float:
@@ -151,7 +155,7 @@ class DraftPolicy:
 
     def record(self, guessed: int, kept: int, kind: int = 0) -> None:
         if guessed:
-            counts = self._counts.setdefault(kind, [1.0, 1.0])
+            counts = self._counts.setdefault(kind, list(self._prior))
             counts[0] = counts[0] * self.DECAY + kept
             counts[1] = counts[1] * self.DECAY + (kept < guessed)
 

@@ -66,3 +66,13 @@ def test_prompt_lookup_never_matches_the_suffix_with_itself():
     lookup = PromptLookup()
     assert lookup.propose([1, 2, 3, 4], 4).tokens == []
     assert lookup.propose([1, 2, 3, 4, 1, 2], 4).tokens == [3, 4, 1, 2]  # runs on into the text it copies
+
+
+def test_the_prior_acceptance_rate_decides_the_first_rounds():
+    gemma_like = [0.0, 1.0, 1.05] + [1.5] * (MAX_DRAFT - 1)
+    assert DraftPolicy(gemma_like, cost_per_guess=0.68, prior_alpha=0.5).draft_length(MAX_DRAFT) == 0
+    optimistic = DraftPolicy(gemma_like, cost_per_guess=0.68, prior_alpha=0.8)
+    assert optimistic.draft_length(MAX_DRAFT) == 1
+    for _ in range(10):
+        optimistic.record(1, 0)  # a draft that never agrees is dropped after a few rounds
+    assert optimistic.draft_length(MAX_DRAFT) == 0
