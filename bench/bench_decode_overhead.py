@@ -46,7 +46,7 @@ PROMPT = [{"role": "user", "content": "Write a long story about a lighthouse kee
 
 def forward_only(eng: Engine, prompt_ids: list[int], out_ids: list[int]) -> tuple[float, int]:
     """Seconds and forwards for the decode of out_ids after prompt_ids, compiled forward only."""
-    eng._cached = []  # the engine's prefix cache is about to be overwritten
+    eng.forget_cache()  # the engine's prefix cache is about to be overwritten
     eng.model.forward(prompt_ids, 0)
     n = len(out_ids) - 1  # the engine does not forward its last sampled token
     pos = len(prompt_ids)
@@ -86,7 +86,7 @@ class ForwardClock:
 
 
 def engine_path(eng: Engine, params: SamplingParams) -> tuple[float, int, list[int], list[int], float]:
-    eng._cached = []  # no prefix reuse: every run does the same work
+    eng.forget_cache()  # no prefix reuse: every run does the same work
     with ForwardClock(eng) as fc:
         gen = eng.generate(messages=PROMPT, params=params)
     return gen.decode_seconds, len(gen.ids) - 1, gen.prompt_ids, gen.ids, gen.decode_seconds - fc.seconds
@@ -96,7 +96,7 @@ def worker_path(eng: Engine, params: SamplingParams, connection, run: int) -> tu
     from jobs.runtime import TaskOptions, WorkerContext, run_generation, set_context
     from jobs.schemas import validate_job
 
-    eng._cached = []
+    eng.forget_cache()
     set_context(WorkerContext(engine=eng, connection=connection, worker_name="bench-decode"))
     try:
         job = validate_job({"model": "bench", "messages": PROMPT, "params": params.model_dump(),

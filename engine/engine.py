@@ -2,7 +2,8 @@
 
 Contract (used by jobs/ and pipeline/):
 
-    eng = Engine("smollm2-135m" | "/path/model.gguf", threads=None, kv_budget="256MiB", repack=None)
+    eng = Engine("smollm2-135m" | "/path/model.gguf", threads=None, kv_budget="256MiB", repack=None,
+                 draft=None | "model", speculative="off" | "prompt_lookup" | "draft")
     eng.model_name          # str, e.g. "smollm2-135m" or the file stem
     eng.kv_capacity         # tokens the KV budget holds
     eng.tokenizer.encode(text) -> list[int]; eng.tokenizer.decode(ids) -> str
@@ -17,9 +18,18 @@ Contract (used by jobs/ and pipeline/):
 
 Consecutive requests that share a prompt prefix reuse its KV entries instead of recomputing them
 (summarisation chunks share their instructions); Generation.prefix_hit_tokens says how many.
+
+Speculative decoding (engine.speculative): params.speculative, else the engine's `speculative`
+default, picks how tokens are guessed - prompt lookup, or the draft model loaded with `draft` (same
+vocabulary, checked). Greedy output is plain greedy's token for token; sampled output has the same
+distribution. Generation.draft_tokens / accepted_tokens say how many guesses were checked / kept.
+The first speculative requests time passes of 1..16 tokens past their prompts (engine.speculative.
+PassTimer; ~0.1 s each for these models, counted as neither prefill nor decode time); the costs steer
+the draft lengths.
 """
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import time
@@ -28,14 +38,18 @@ from functools import cached_property
 from typing import TYPE_CHECKING
 
 from engine import models
+from engine.drafting import DraftModel, PromptLookup, VocabularyMismatch, check_same_vocabulary
+from engine.kv_cache import CachedTokens
 from engine.model import MAX_UBATCH, Model, ModelError
-from engine.params import Generation, SamplingParams
+from engine.params import Generation, SamplingParams, SpeculativeMode
 from engine.sampler import Sampler
+from engine.speculative import DEFAULT_PASS_COSTS, MAX_DRAFT, Decoder, DraftPolicy, PassTimer, Proposer
 from engine.tokenizer import Tokenizer, TokenizerError
 
 if TYPE_CHECKING:
     from engine.chat import ChatFormat
 
+log = logging.getLogger("rqllm.engine")
 MAX_PROMPT_CHARS = 4_000_000  # far beyond any KV budget here; refuse before tokenizing megabytes
 
 
@@ -65,8 +79,14 @@ class EngineInterrupted(RuntimeError):
 class Engine:
     def __init__(self, model: str | os.PathLike[str], *, threads: int | None = None,
                  kv_budget: str | int = "256MiB", max_context: int | None = None, repack: bool | None = None,
-                 repack_progress: Callable[[int, int], None] | None = None):
-        """repack / repack_progress: Model.load's (the repacked weight cache, engine.repack)."""
+                 repack_progress: Callable[[int, int], None] | None = None, draft: str | os.PathLike[str] | None = None,
+                 speculative: SpeculativeMode = "off"):
+        """repack / repack_progress: Model.load's (the repacked weight cache, engine.repack).
+        draft: a draft model for speculative decoding (a smaller GGUF with the same vocabulary); its
+        KV cache holds as many positions as the target's. speculative: the mode for requests that do
+        not choose one ("draft" needs `draft`)."""
+        if speculative == "draft" and draft is None:
+            raise EngineError("speculative='draft' needs a draft model (draft=MODEL, --draft MODEL)")
         try:
             path = models.resolve(model)
             self.model = Model.load(path, threads=threads, kv_budget=kv_budget, max_context=max_context,
@@ -79,8 +99,30 @@ class Engine:
             self.tokenizer = Tokenizer.from_gguf(self.model.gguf)
         except TokenizerError as exc:
             raise EngineError(str(exc)) from None
-        self._cached: list[int] = []  # tokens whose K/V sit in the cache at positions 0..
+        # tokens whose K/V sit in the cache at positions 0..
+        self._cache = CachedTokens(MAX_UBATCH - 1 if self.model.cfg.sliding_window else None)
+        self.draft = self._load_draft(draft, repack) if draft is not None else None
+        self.speculative: SpeculativeMode = speculative
+        # engine.speculative: timed at the first speculative requests, or set_speculation_costs()
+        self._timer = PassTimer()
+        self._fixed_costs: list[float] | None = None
         release_freed_heap()
+
+    def _load_draft(self, draft: str | os.PathLike[str], repack: bool | None) -> DraftModel:
+        try:
+            path = models.resolve(draft)
+            model = Model.load(path, threads=self.model.threads, kv_budget=1 << 40, max_context=self.kv_capacity,
+                               repack=repack)
+            check_same_vocabulary(self.model.gguf, model.gguf)
+        except (ModelError, models.ModelError, VocabularyMismatch) as exc:
+            raise EngineError(f"draft model: {exc}") from None
+        if model.capacity < self.kv_capacity:
+            raise EngineError(f"draft model {path.name} holds {model.capacity} positions (its context length), "
+                              f"fewer than the target's KV capacity of {self.kv_capacity}; lower --kv-budget")
+        draft_model = DraftModel(model, models.model_name(draft))
+        # Decode steps read the weights once each: until timed, the files' sizes give a guess's cost
+        draft_model.cost_per_guess = model.gguf.size / self.model.gguf.size
+        return draft_model
 
     @cached_property
     def chat(self) -> ChatFormat:
@@ -98,6 +140,12 @@ class Engine:
     @property
     def threads(self) -> int:
         return self.model.threads
+
+    def forget_cache(self) -> None:
+        """Reuse no prompt prefix in the next request (benchmarks that must repeat the same work)."""
+        self._cache.begin(0)
+        if self.draft is not None:
+            self.draft.cache.begin(0)
 
     def render_chat(self, messages: Sequence[dict]) -> str:
         try:
@@ -147,64 +195,103 @@ class Engine:
             raise EngineError(f"prompt ids must be in [0, {vocab})")
         self.check_fits(len(ids), params.max_tokens)
 
+        mode = params.speculative or self.speculative
+        if mode == "draft" and self.draft is None:
+            raise EngineError("speculative decoding with a draft model was asked for, but this engine has no "
+                              "draft model (start it with --draft MODEL)")
+
         t0 = time.perf_counter()
-        start = self._reusable_prefix(ids)
-        self._cached = self._cached[:start]  # what follows is about to be overwritten
+        start = self._cache.reusable(ids)
+        self._cache.begin(start)  # what follows is about to be overwritten
         logits = self.model.forward(ids[start:], start)
-        self._cached = list(ids)
+        self._cache.wrote(ids, len(ids))
+        if mode == "draft":
+            self.draft.prefill(ids)  # here, so that decode time counts decoding only
         t1 = time.perf_counter()
 
         sampler = Sampler(params)
-        penalized = params.repetition_penalty != 1.0
+        if mode != "off" and self._fixed_costs is None and not self._timer.done:
+            logits = logits.copy()  # the model's logits array is reused by the passes timed here
+            self._time_passes(len(ids))
+        t_decode = time.perf_counter()  # the timing of passes above is neither prefill nor decode
+        proposer = self._proposer(mode, sampler)
+        policy = None if proposer is None else DraftPolicy(self.pass_costs, proposer.cost_per_guess,
+                                                           prior_alpha=proposer.prior_alpha)
+        decoder = Decoder(self.model, sampler, list(ids), logits, proposer, policy)
         stream = _TextStream(self.tokenizer, params.stop, on_text)
         out: list[int] = []
         finish = "length"
-        n_decoded = 0
-        for i in range(params.max_tokens):
-            if should_stop is not None and should_stop():
-                raise EngineInterrupted(f"stopped after {len(out)} tokens")
-            # the recent tokens matter only to the repetition penalty: no per-token list copy otherwise
-            token = sampler.sample(logits, ids + out if penalized else out)
-            if token in self.tokenizer.eos_ids:
-                finish = "stop"
-                break
-            out.append(token)
-            if stream.push(token):
-                finish = "stop"
-                break
-            if i + 1 < params.max_tokens:
-                logits = self.model.forward([token], len(ids) + len(out) - 1)
-                self._cached.append(token)
-                n_decoded += 1
+        decided = 0  # tokens decided, EOS included
+        try:
+            while finish == "length" and len(out) < params.max_tokens:
+                if should_stop is not None and should_stop():
+                    raise EngineInterrupted(f"stopped after {len(out)} tokens")
+                for token in decoder.step(params.max_tokens - len(out)):
+                    decided += 1
+                    if token in self.tokenizer.eos_ids:
+                        finish = "stop"
+                        break
+                    out.append(token)
+                    if stream.push(token):
+                        finish = "stop"
+                        break
+        finally:
+            self._cache.wrote(decoder.context[:decoder.kv_tokens], decoder.kv_end)
         text = stream.finish()
         t2 = time.perf_counter()
-        prefill_s, decode_s = t1 - t0, t2 - t1
+        prefill_s, decode_s = t1 - t0, t2 - t_decode
         n_prefill = len(ids) - start
+        n_decoded = decided - 1  # the first token comes from the prefill's logits
         return Generation(
             text=text, prompt_ids=ids, ids=out, finish_reason=finish,
             prompt_tokens=len(ids), completion_tokens=len(out),
             prefill_seconds=prefill_s, decode_seconds=decode_s,
             prefill_tps=n_prefill / prefill_s if prefill_s > 0 else 0.0,
-            decode_tps=n_decoded / decode_s if decode_s > 0 and n_decoded else 0.0,
-            prefix_hit_tokens=start,
+            decode_tps=n_decoded / decode_s if decode_s > 0 and n_decoded > 0 else 0.0,
+            prefix_hit_tokens=start, draft_tokens=decoder.draft_tokens, accepted_tokens=decoder.accepted_tokens,
         )
 
-    def _reusable_prefix(self, ids: list[int]) -> int:
-        """How many leading prompt tokens already sit in the KV cache (at least one token is always
-        recomputed, to get its logits)."""
-        n = 0
-        for a, b in zip(self._cached, ids):
-            if a != b:
-                break
-            n += 1
-        n = min(n, len(ids) - 1)
-        cfg = self.model.cfg
-        if n and cfg.sliding_window:
-            # A sliding-window layer's ring holds only the last window + MAX_UBATCH - 1 positions of
-            # the cached sequence; reuse only if every key the new tokens need is still there.
-            if n < len(self._cached) - MAX_UBATCH + 1:
-                return 0
-        return n
+    @property
+    def pass_costs(self) -> list[float]:
+        """What a pass of n = 1..MAX_DRAFT + 1 tokens costs over a one-token pass, as speculative
+        decoding's draft lengths assume it (index 0 unused)."""
+        return self._fixed_costs or self._timer.costs() or list(DEFAULT_PASS_COSTS)
+
+    def set_speculation_costs(self, pass_costs: Sequence[float], draft_step: float | None = None) -> None:
+        """Choose draft lengths with these costs instead of timed ones (tests, benchmarks): pass_costs[n]
+        = an n-token pass's time over a one-token pass, n = 1..MAX_DRAFT + 1 (pass_costs[0] unused);
+        draft_step = a draft-model step's time over a target step."""
+        if len(pass_costs) != MAX_DRAFT + 2 or any(not c > 0 for c in pass_costs[1:]):
+            raise ValueError(f"pass_costs needs {MAX_DRAFT + 2} entries, positive from index 1")
+        self._fixed_costs = list(pass_costs)
+        if draft_step is not None:
+            if self.draft is None:
+                raise ValueError("no draft model loaded")
+            self.draft.cost_per_guess = draft_step
+
+    def _time_passes(self, pos: int) -> None:
+        """One PassTimer timing at positions pos.. past the prompt (written again later, like rejected
+        guesses); a request without that much room leaves it to a later one."""
+        n = MAX_DRAFT + 1
+        if pos + n > self.kv_capacity:
+            return
+        self._timer.time_once(self.model, pos, self.draft.model if self.draft is not None else None)
+        self._cache.wrote(self._cache.tokens, pos + n)
+        if self.draft is not None:
+            self.draft.cache.wrote(self.draft.cache.tokens, pos + 1)
+            self.draft.cost_per_guess = self._timer.draft_step()
+        if self._timer.done:
+            log.info("speculative decoding: pass costs over a one-token pass %s%s",
+                     [round(c, 2) for c in self.pass_costs[1:]],
+                     f"; draft step {self.draft.cost_per_guess:.2f}" if self.draft is not None else "")
+
+    def _proposer(self, mode: SpeculativeMode, sampler: Sampler) -> Proposer | None:
+        """The guesser for a request; None: plain decoding."""
+        if mode == "off":
+            return None
+        if mode == "prompt_lookup":
+            return PromptLookup()
+        return self.draft.proposer(sampler)
 
 
 class _TextStream:

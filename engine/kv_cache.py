@@ -101,3 +101,46 @@ class KVCache:
             v.append(np.zeros((slots, kv_dim), dtype=KV_TYPES[name]))
         assert len(k) == n_layer
         return cls(capacity=cap, k=k, v=v, kv_type=name)
+
+
+class CachedTokens:
+    """Which tokens' K/V sit in a model's cache at positions 0.., so that a new sequence sharing a
+    prefix with them reuses that prefix instead of computing it again.
+
+    ring_slack: for models with sliding-window layers, how many positions past the window their
+    rings hold (MAX_UBATCH - 1: engine.model.kv_layout); None when every layer keeps every position.
+    A ring slot holds the latest position written to it, so reusing n tokens is safe only when no
+    position at or past n + ring_slack + 1 has been written since the ones the new tokens read.
+    `top` is the end of all positions written since the cache last started from position 0: a
+    sequence that reused a prefix and ended sooner leaves the longer one's later positions in the
+    rings, and speculative decoding writes past the tokens it keeps."""
+
+    def __init__(self, ring_slack: int | None):
+        self.ring_slack = ring_slack
+        self.tokens: list[int] = []
+        self.top = 0
+
+    def reusable(self, ids: list[int]) -> int:
+        """How many leading ids already sit in the cache (at most len(ids) - 1: the last one is always
+        computed again, for its logits)."""
+        n = 0
+        for a, b in zip(self.tokens, ids):
+            if a != b:
+                break
+            n += 1
+        n = min(n, len(ids) - 1)
+        if n and self.ring_slack is not None and n < self.top - self.ring_slack:
+            return 0
+        return max(n, 0)
+
+    def begin(self, start: int) -> None:
+        """A sequence is about to be written from position `start` (the tokens before it are reused)."""
+        del self.tokens[start:]
+        if start == 0:
+            self.top = 0
+
+    def wrote(self, tokens: list[int], end: int) -> None:
+        """Positions up to end - 1 have been written since begin(); `tokens` (a prefix of what was
+        written) have the K/V of this sequence."""
+        self.tokens = list(tokens)
+        self.top = max(self.top, end)

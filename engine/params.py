@@ -6,6 +6,10 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 MAX_TOKENS_LIMIT = 1 << 20
+# How the next tokens are guessed before the model checks them (engine.speculative):
+# "prompt_lookup" continues a match of the last tokens in the prompt and text so far, "draft" asks
+# the engine's draft model, "off" decodes one token per pass. None: the engine's default.
+SpeculativeMode = Literal["off", "prompt_lookup", "draft"]
 
 
 class SamplingParams(BaseModel):
@@ -21,6 +25,9 @@ class SamplingParams(BaseModel):
     repetition_penalty: float = Field(1.0, gt=0.0, le=10.0)
     seed: int | None = Field(None, ge=0, le=2**63 - 1)
     stop: list[str] = Field(default_factory=list, max_length=16)
+    speculative: SpeculativeMode | None = Field(
+        None, description="off | prompt_lookup | draft; None: the engine's default. Greedy output is the "
+                          "same either way; sampled output follows the same distribution")
 
     @field_validator("stop")
     @classmethod
@@ -47,3 +54,5 @@ class Generation(BaseModel):
     prefill_tps: float
     decode_tps: float
     prefix_hit_tokens: int = 0
+    draft_tokens: int = 0  # tokens proposed by speculative decoding and checked by the model
+    accepted_tokens: int = 0  # of those, the ones the model agreed with (kept)

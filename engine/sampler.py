@@ -17,15 +17,34 @@ class Sampler:
         self.params = params
         self.rng = np.random.default_rng(params.seed)
 
+    @property
+    def greedy(self) -> bool:
+        return self.params.temperature == 0.0
+
     def sample(self, logits: np.ndarray, recent: list[int]) -> int:
+        logits = self.penalized(logits, recent)
+        if self.greedy:
+            return int(np.argmax(logits))
+        ids, probs = self._distribution(logits)
+        return int(ids[self.rng.choice(len(ids), p=probs)])
+
+    def penalized(self, logits: np.ndarray, recent: list[int]) -> np.ndarray:
+        """The logits after the repetition penalty over `recent` (the same array when there is none)."""
         p = self.params
         if p.repetition_penalty != 1.0 and recent:
-            logits = apply_repetition_penalty(logits, recent[-PENALTY_WINDOW:], p.repetition_penalty)
-        if p.temperature == 0.0:
-            return int(np.argmax(logits))
-        return self._sample_stochastic(logits, p)
+            return apply_repetition_penalty(logits, recent[-PENALTY_WINDOW:], p.repetition_penalty)
+        return logits
 
-    def _sample_stochastic(self, logits: np.ndarray, p: SamplingParams) -> int:
+    def distribution(self, logits: np.ndarray, recent: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        """(token ids, their probabilities) that sample() draws from; greedy: the argmax, probability 1.
+        Speculative sampling (engine.speculative) accepts or corrects draft tokens against it."""
+        logits = self.penalized(logits, recent)
+        if self.greedy:
+            return np.array([int(np.argmax(logits))]), np.ones(1)
+        return self._distribution(logits)
+
+    def _distribution(self, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        p = self.params
         n = logits.shape[0]
         if 0 < p.top_k < n:
             candidates = np.argpartition(logits, n - p.top_k)[n - p.top_k:]
@@ -41,8 +60,7 @@ class Sampler:
             ids, probs = ids[keep], probs[keep]
         if p.top_p < 1.0:
             ids, probs = _nucleus(ids, probs, p.top_p)
-        probs = probs / probs.sum()
-        return int(ids[self.rng.choice(len(ids), p=probs)])
+        return ids, probs / probs.sum()
 
 
 def apply_repetition_penalty(logits: np.ndarray, recent: list[int], penalty: float) -> np.ndarray:

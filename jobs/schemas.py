@@ -7,7 +7,8 @@ Job ids are derived from the content (model + prompt/messages + sampling params 
 same request submitted twice maps to the same rq job and its finished result is found instead of
 recomputed. One exception: a *sampled* request (temperature > 0) without a seed is not reproducible,
 so its custom_id is mixed into the hash: two such lines in one file give two independent samples,
-while resubmitting the same file still finds them.
+while resubmitting the same file still finds them. params.speculative counts only for sampled jobs
+that set it (greedy output is the same with or without speculative decoding).
 """
 from __future__ import annotations
 
@@ -166,10 +167,15 @@ class GenerationJob(BaseModel):
 
     def content_key(self) -> dict[str, Any]:
         """What the id hashes: everything that can change the generated text."""
+        params = self.params.model_dump(mode="json")
+        # How tokens are guessed changes nothing in greedy output, and nothing when left to the
+        # worker: the id (and a finished result) is shared then; a sampled run's draws differ.
+        if params.get("speculative") is None or self.params.temperature == 0:
+            params.pop("speculative", None)
         key: dict[str, Any] = {
             "v": ID_VERSION,
             "model": model_key(self.model),
-            "params": self.params.model_dump(mode="json"),
+            "params": params,
         }
         if self.messages is not None:
             key["messages"] = [m.model_dump(mode="json", exclude_none=True) for m in self.messages]
@@ -211,6 +217,8 @@ class JobResult(BaseModel):
     prefill_seconds: float = 0.0
     decode_seconds: float = 0.0
     prefix_hit_tokens: int = 0
+    draft_tokens: int = 0  # speculative decoding: guesses checked / kept (engine.params.Generation)
+    accepted_tokens: int = 0
     worker: str | None = None
     attempt: int = 1
     started_at: float | None = None
@@ -231,6 +239,8 @@ class JobResult(BaseModel):
             prefill_seconds=gen.prefill_seconds,
             decode_seconds=gen.decode_seconds,
             prefix_hit_tokens=gen.prefix_hit_tokens,
+            draft_tokens=gen.draft_tokens,
+            accepted_tokens=gen.accepted_tokens,
             **kw,
         )
 

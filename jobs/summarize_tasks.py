@@ -12,7 +12,7 @@ jobs.runtime.run_generation, so they stream tokens and record a JobResult like a
 
 Each returns a plain JSON dict (rq's JSONSerializer stores it as the job's return value):
     {"summary", "finish_reason", "prompt_tokens", "completion_tokens", "seconds",
-     "prefix_hit_tokens", "inputs", "generation_id", "worker"}
+     "prefix_hit_tokens", "draft_tokens", "accepted_tokens", "inputs", "generation_id", "worker"}
 """
 from __future__ import annotations
 
@@ -83,6 +83,8 @@ def _run(gjob: GenerationJob, options: dict[str, Any] | None, inputs: int,
         "completion_tokens": result.completion_tokens,
         "seconds": round(result.prefill_seconds + result.decode_seconds, 4),
         "prefix_hit_tokens": result.prefix_hit_tokens,
+        "draft_tokens": result.draft_tokens,
+        "accepted_tokens": result.accepted_tokens,
         "inputs": inputs,
         "generation_id": result.job_id,
         "worker": result.worker,

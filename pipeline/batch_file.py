@@ -2,7 +2,8 @@
 
 Input line: {"custom_id": "...", "method": "POST", "url": "/v1/chat/completions" | "/v1/completions",
              "body": {"model": ..., "messages": [...] | "prompt": ..., "max_tokens": ..., "temperature": ...,
-                      "top_p": ..., "seed": ..., "stop": ...}}
+                      "top_p": ..., "seed": ..., "stop": ...,
+                      "speculative": "off" | "prompt_lookup" | "draft" (rqllm's; default: the worker's)}}
 Output line: {"id": "batch_req_...", "custom_id": ..., "response": {"status_code": 200, "request_id": ...,
               "body": <chat.completion | text_completion>} | null, "error": {"code", "message"} | null}
 Output order is completion order; custom_id is the key.
@@ -31,8 +32,9 @@ from jobs.schemas import (
 
 DEFAULT_MODEL = "smollm2-135m"
 
-# body fields mapped onto SamplingParams (top_k/min_p/repetition_penalty as vLLM accepts them)
-_PARAM_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "seed")
+# body fields mapped onto SamplingParams (top_k/min_p/repetition_penalty as vLLM accepts them;
+# speculative is rqllm's own)
+_PARAM_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "seed", "speculative")
 # accepted only with a value that changes nothing
 _NEUTRAL = {
     "n": (1,),
@@ -193,7 +195,8 @@ def response_body(result: JobResult) -> dict[str, Any]:
     created = int(result.ended_at)
     extra = {"job_id": result.job_id, "worker": result.worker, "attempt": result.attempt,
              "prefill_seconds": result.prefill_seconds, "decode_seconds": result.decode_seconds,
-             "prefix_hit_tokens": result.prefix_hit_tokens}
+             "prefix_hit_tokens": result.prefix_hit_tokens, "draft_tokens": result.draft_tokens,
+             "accepted_tokens": result.accepted_tokens}
     if result.endpoint == ENDPOINT_CHAT:
         return {
             "id": f"chatcmpl-{result.job_id}",

@@ -135,6 +135,23 @@ def models_list() -> None:
             click.echo(f"{name:<14} {'-':>12}  not cached ({known.description}); rqllm models pull {name}")
 
 
+def speculation_options(fn):
+    """--prompt-lookup and --draft MODEL: speculative decoding (engine.speculative)."""
+    fn = click.option("--draft", "draft", default=None, metavar="MODEL",
+                      help="Guess tokens with this smaller model (same vocabulary as the model; a known name "
+                           "or a .gguf path); the model checks the guesses, so greedy output is unchanged.")(fn)
+    fn = click.option("--prompt-lookup", "prompt_lookup", is_flag=True,
+                      help="Guess tokens by matching the last few against the prompt and the text so far; "
+                           "greedy output is unchanged.")(fn)
+    return fn
+
+
+def speculation_mode(prompt_lookup: bool, draft: str | None) -> str:
+    """The speculative mode the flags ask for: prompt lookup over a draft model when both are given
+    (the draft stays available to jobs that ask for it)."""
+    return "prompt_lookup" if prompt_lookup else "draft" if draft else "off"
+
+
 def engine_options(fn):
     fn = click.option("--threads", type=click.IntRange(1, 1024), default=None,
                       help="Compute threads (default: $RQLLM_THREADS, else the CPUs this process may use: "
@@ -144,13 +161,14 @@ def engine_options(fn):
     return kv_type_option(fn)
 
 
-def _load_engine(model: str, threads: int | None, kv_budget: str, no_repack: bool = False):
+def _load_engine(model: str, threads: int | None, kv_budget: str, no_repack: bool = False,
+                 draft: str | None = None):
     from engine.engine import Engine, EngineError
 
     try:
         with _ByteProgress("repacking weights (first load of this model)") as progress:
             return Engine(model, threads=threads, kv_budget=kv_budget, repack=False if no_repack else None,
-                          repack_progress=progress)
+                          repack_progress=progress, draft=draft)
     except (EngineError, ValueError) as exc:
         raise click.ClickException(str(exc)) from None
 
@@ -172,20 +190,25 @@ def _load_engine(model: str, threads: int | None, kv_budget: str, no_repack: boo
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of streaming text.")
 @engine_options
 @no_repack_option
+@speculation_options
 def generate_cmd(model: str, prompt: str, chat: bool, system: str | None, max_tokens: int, temperature: float,
                  top_k: int, top_p: float, min_p: float, repetition_penalty: float, seed: int | None,
-                 stop: tuple[str, ...], as_json: bool, threads: int | None, kv_budget: str, no_repack: bool) -> None:
+                 stop: tuple[str, ...], as_json: bool, threads: int | None, kv_budget: str, no_repack: bool,
+                 prompt_lookup: bool, draft: str | None) -> None:
     """Generate text from PROMPT with MODEL (a known name or a .gguf path)."""
     from pydantic import ValidationError
 
     from engine.engine import EngineError
 
+    if prompt_lookup and draft:
+        raise click.UsageError("give --prompt-lookup or --draft MODEL, not both")
     try:
         params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                                min_p=min_p, repetition_penalty=repetition_penalty, seed=seed, stop=list(stop))
+                                min_p=min_p, repetition_penalty=repetition_penalty, seed=seed, stop=list(stop),
+                                speculative=speculation_mode(prompt_lookup, draft))
     except ValidationError as exc:
         raise click.ClickException(_pydantic_message(exc)) from None
-    eng = _load_engine(model, threads, kv_budget, no_repack)
+    eng = _load_engine(model, threads, kv_budget, no_repack, draft)
     messages = None
     if chat:
         messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
@@ -203,12 +226,14 @@ def generate_cmd(model: str, prompt: str, chat: bool, system: str | None, max_to
         click.echo(json.dumps({
             "prompt_ids": gen.prompt_ids, "ids": gen.ids, "text": gen.text, "finish_reason": gen.finish_reason,
             "prefill_tps": round(gen.prefill_tps, 2), "decode_tps": round(gen.decode_tps, 2),
+            "draft_tokens": gen.draft_tokens, "accepted_tokens": gen.accepted_tokens,
         }, ensure_ascii=False))
     else:
         sys.stdout.write("\n")
+        guesses = f" | guesses kept: {gen.accepted_tokens}/{gen.draft_tokens}" if params.speculative != "off" else ""
         click.echo(f"prefill: {gen.prompt_tokens} tokens, {gen.prefill_tps:.1f} tok/s | decode: "
-                   f"{gen.completion_tokens} tokens, {gen.decode_tps:.1f} tok/s | finish: {gen.finish_reason}",
-                   err=True)
+                   f"{gen.completion_tokens} tokens, {gen.decode_tps:.1f} tok/s | finish: {gen.finish_reason}"
+                   f"{guesses}", err=True)
 
 
 @_command

@@ -11,6 +11,7 @@ from pipeline.summarize import (
     DEFAULT_MAX_SUMMARY_TOKENS,
     DEFAULT_MODEL,
     DEFAULT_OVERLAP_TOKENS,
+    DEFAULT_SPECULATIVE,
     SummarizeError,
 )
 
@@ -45,9 +46,13 @@ from pipeline.summarize import (
               help="Submit to this Redis and follow (default $REDIS_URL); unset = embedded cluster.")
 @click.option("--no-repack", is_flag=True,
               help="Embedded workers compute on the GGUF's own layout (no repacked weight cache).")
+@click.option("--speculative", type=click.Choice(["prompt_lookup", "draft", "off"]), default=DEFAULT_SPECULATIVE,
+              show_default=True, help="How map and reduce jobs guess tokens ahead (the summaries are the same; "
+                                      "draft: the workers' --draft model).")
 def summarize_command(paths: tuple[str, ...], output: str, fmt: str, model: str, workers: int | None, threads: int | None,
                       template: str | None, kv_budget: str | None, max_summary_tokens: int, overlap_tokens: int,
-                      chunk_tokens: int, max_bytes: int, redis_url: str | None, no_repack: bool) -> None:
+                      chunk_tokens: int, max_bytes: int, redis_url: str | None, no_repack: bool,
+                      speculative: str) -> None:
     """Summarise text and Markdown files: PATHS are files, folders (recursive) or globs.
 
     Each document is split into chunks that fit the workers' KV budget, each chunk is summarised
@@ -62,7 +67,7 @@ def summarize_command(paths: tuple[str, ...], output: str, fmt: str, model: str,
         report = summarize(list(paths), output=stream, fmt=fmt, model=model, workers=workers, threads=threads,
                            template=template, kv_budget=kv_budget, max_summary_tokens=max_summary_tokens,
                            overlap_tokens=overlap_tokens, chunk_tokens=chunk_tokens, max_bytes=max_bytes, redis_url=redis_url or None,
-                           repack=not no_repack)
+                           repack=not no_repack, speculative=speculative)
     except SummarizeError as e:
         raise click.ClickException(str(e)) from None
     finally:

@@ -117,9 +117,11 @@ def memory_limit() -> tuple[int, str]:
     return limit, source
 
 
-def plan(model: str, kv_budget: str | int | None, repack: bool | None = None) -> MemoryPlan:
+def plan(model: str, kv_budget: str | int | None, repack: bool | None = None,
+         max_context: int | None = None) -> MemoryPlan:
     """Read the model's header and work out what the worker will need; MemoryGuardError when the file
-    or the budget cannot be used. repack as for Model.load (None: the default decision)."""
+    or the budget cannot be used. repack as for Model.load (None: the default decision); max_context
+    caps the KV cache's tokens (a draft model's: the target's)."""
     from engine import models, repack as repack_cache
     from engine.gguf_file import GGUFError, GGUFFile
     from engine.model import Config, ModelError, Weights, kv_layout
@@ -147,7 +149,7 @@ def plan(model: str, kv_budget: str | int | None, repack: bool | None = None) ->
     except (GGUFError, ModelError) as e:
         raise MemoryGuardError(f"cannot use the model: {e}") from None
     try:
-        layout = kv_layout(cfg, kv_budget or DEFAULT_KV_BUDGET)
+        layout = kv_layout(cfg, kv_budget or DEFAULT_KV_BUDGET, max_context)
         tokens, kv_bytes = KVCache.plan(layout[0], layout[2], layout[3], layout[4])
     except ValueError as e:
         raise MemoryGuardError(f"--kv-budget: {e}") from None
@@ -171,17 +173,39 @@ def workers_that_fit(model: str, kv_budget: str | int | None, repack: bool | Non
 
 
 def check_worker_start(model: str, kv_budget: str | int | None, *, memory_check: bool = True,
-                       repack: bool | None = None) -> MemoryPlan:
-    """The start-up check; raises MemoryGuardError naming every number when the worker would not fit."""
+                       repack: bool | None = None, draft: str | None = None) -> MemoryPlan:
+    """The start-up check; raises MemoryGuardError naming every number when the worker would not fit.
+    draft: a draft model (--draft) loaded too, with a KV cache of as many tokens as the model's; its
+    vocabulary must be the model's."""
     p = plan(model, kv_budget, repack)
+    d = None
+    if draft is not None:
+        d = plan(draft, 1 << 50, repack, max_context=p.kv_tokens)  # the budget never binds: the tokens do
+        _check_draft_vocabulary(p.model_path, d.model_path)
     skip = not memory_check or os.environ.get(ENV_SKIP, "").strip() not in ("", "0")
-    if not skip and not p.fits:
+    needed = p.needed_bytes + (d.needed_bytes if d is not None else 0)
+    if not skip and needed > p.limit_bytes:
+        both = p.describe() if d is None else (
+            f"{p.describe()}; with the draft model {d.model_path.name} ({format_bytes(d.weight_bytes)} + KV cache "
+            f"{format_bytes(d.kv_bytes)}) {format_bytes(needed)} in all")
         raise MemoryGuardError(
-            f"not starting the worker: {p.describe()}. Lower --kv-budget, use a smaller model, give the "
+            f"not starting the worker: {both}. Lower --kv-budget, use a smaller model, give the "
             f"process more memory, or pass --no-memory-check (or {ENV_SKIP}=1) to start anyway.")
-    if p.tensor_error is not None:
-        raise MemoryGuardError(f"cannot use the model: {p.tensor_error}")
+    for what, q in (("the model", p), ("the draft model", d)):
+        if q is not None and q.tensor_error is not None:
+            raise MemoryGuardError(f"cannot use {what}: {q.tensor_error}")
     return p
+
+
+def _check_draft_vocabulary(model: Path, draft: Path) -> None:
+    from engine.drafting import VocabularyMismatch, check_same_vocabulary
+    from engine.gguf_file import GGUFFile
+
+    with GGUFFile(model, index_cache=True) as target, GGUFFile(draft, index_cache=True) as small:
+        try:
+            check_same_vocabulary(target, small)
+        except VocabularyMismatch as e:
+            raise MemoryGuardError(str(e)) from None
 
 
 def no_memory_check_option(fn):

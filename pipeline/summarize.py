@@ -42,6 +42,9 @@ DEFAULT_KV_BUDGET = "256MiB"  # the worker's default (engine.Engine)
 DEFAULT_MAX_SUMMARY_TOKENS = 160
 DEFAULT_MAX_BYTES = 4 * 1024 * 1024
 DEFAULT_OVERLAP_TOKENS = 32
+# Map and reduce jobs guess tokens by prompt lookup: summaries copy phrases from their input, and
+# greedy output is the same either way (bench/bench_speculative.py measures the gain).
+DEFAULT_SPECULATIVE = "prompt_lookup"
 # Most document tokens per chunk, whatever the KV budget allows: small instruct models summarise a
 # page far better than a whole report, attention cost grows with the square of the prompt, and more
 # chunks spread a document's map jobs across workers.
@@ -478,8 +481,9 @@ def plan_document(index: int, doc: Document, *, run_id: str, model: str, meter: 
 # ------------------------------------------------------------------------------------ submission
 
 def submit_plans(connection: Any, plans: Sequence[DocPlan], *, model: str, templates: Templates, budget: Budget,
-                 priority: str = "default", seed: int | None = None) -> None:
-    """Enqueue every map job, then the reduce jobs (deferred until their inputs finish)."""
+                 priority: str = "default", seed: int | None = None, speculative: str = DEFAULT_SPECULATIVE) -> None:
+    """Enqueue every map job, then the reduce jobs (deferred until their inputs finish).
+    speculative: the jobs' params.speculative (engine.params.SpeculativeMode)."""
     from rq import Queue, Retry
     from rq.job import Dependency
 
@@ -491,7 +495,8 @@ def submit_plans(connection: Any, plans: Sequence[DocPlan], *, model: str, templ
     queue = Queue(queue_name(model, priority), connection=connection, serializer=SERIALIZER)
     options = TaskOptions(result_ttl=RESULT_TTL, stream_ttl=3600).model_dump()
     words = words_for(budget.max_summary_tokens)
-    params = {"max_tokens": budget.max_summary_tokens, "temperature": 0.0, "repetition_penalty": 1.1}
+    params = {"max_tokens": budget.max_summary_tokens, "temperature": 0.0, "repetition_penalty": 1.1,
+              "speculative": speculative}
     if seed is not None:
         params["seed"] = seed
     spec_base = templates.reduce_spec(model, words)
@@ -555,6 +560,8 @@ class DocState:
             "tokens_in": sum(r.get("prompt_tokens", 0) for r in self.results.values()),
             "tokens_out": sum(r.get("completion_tokens", 0) for r in self.results.values()),
             "prefix_hit_tokens": sum(r.get("prefix_hit_tokens", 0) for r in self.results.values()),
+            "draft_tokens": sum(r.get("draft_tokens", 0) for r in self.results.values()),
+            "accepted_tokens": sum(r.get("accepted_tokens", 0) for r in self.results.values()),
             "seconds": round((self.ended_at or time.time()) - self.submitted_at, 3),
             "compute_seconds": round(sum(r.get("seconds", 0.0) for r in self.results.values()), 3),
             "model": model,
@@ -792,9 +799,10 @@ def summarize(paths: Sequence[str], *, output: IO[str], fmt: str = "jsonl", mode
               kv_budget: str | None = None, max_summary_tokens: int = DEFAULT_MAX_SUMMARY_TOKENS,
               overlap_tokens: int = DEFAULT_OVERLAP_TOKENS, chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
               max_bytes: int = DEFAULT_MAX_BYTES, redis_url: str | None = None, progress_stream: IO[str] | None = None,
-              meter: PromptMeter | None = None, repack: bool = True) -> RunReport:
+              meter: PromptMeter | None = None, repack: bool = True,
+              speculative: str = DEFAULT_SPECULATIVE) -> RunReport:
     """Summarise every readable document under `paths`; see the module docstring. repack=False: the
-    embedded workers run with --no-repack."""
+    embedded workers run with --no-repack. speculative: how the jobs guess tokens ("off": plain)."""
     err = progress_stream if progress_stream is not None else sys.stderr
     t0 = time.monotonic()
     templates = Templates.load(template)
@@ -830,7 +838,8 @@ def summarize(paths: Sequence[str], *, output: IO[str], fmt: str = "jsonl", mode
         for i, d in enumerate(docs):
             plan = plan_document(i, d, run_id=run_id, model=model, meter=meter, templates=templates,
                                  budget=budget, fan_in=fan_in)
-            submit_plans(connection, [plan], model=model, templates=templates, budget=budget)
+            submit_plans(connection, [plan], model=model, templates=templates, budget=budget,
+                         speculative=speculative)
             states.append(DocState(plan, time.time()))
             progress.total_chunks += len(plan.chunks)
         progress.update(0, 0, force=True)

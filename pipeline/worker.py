@@ -70,7 +70,7 @@ from jobs.allowlist import check_job
 from jobs.runtime import JobInterrupted, RedisUnavailable, TaskFailed
 from jobs.schemas import model_key, queue_names
 from jobs.tasks import record_rq_failure
-from pipeline.cli_engine import kv_type_option, no_repack_option
+from pipeline.cli_engine import kv_type_option, no_repack_option, speculation_mode, speculation_options
 from pipeline.memory_guard import check_worker_start, no_memory_check_option
 from pipeline.redis_conn import REDIS_DOWN_ERRORS, SERIALIZER, connect, wait_for_redis
 
@@ -574,15 +574,24 @@ def default_worker_name(model: str) -> str:
     return f"{model_key(model)}.{socket.gethostname()}.{os.getpid()}"
 
 
-def load_engine(model: str, threads: int | None, kv_budget: str | None, repack: bool | None = None) -> Any:
+def load_engine(model: str, threads: int | None, kv_budget: str | None, repack: bool | None = None,
+                draft: str | None = None, speculative: str = "off") -> Any:
+    """draft / speculative: engine.Engine's (a draft model; the mode for jobs that do not choose one)."""
     from engine import repack as repack_cache
     from engine.engine import Engine
 
-    kw: dict[str, Any] = {"threads": threads, "repack": repack,
+    kw: dict[str, Any] = {"threads": threads, "repack": repack, "draft": draft, "speculative": speculative,
                           "repack_progress": repack_cache.LogProgress(model, logger=log_repack)}
     if kv_budget:
         kw["kv_budget"] = kv_budget
     return Engine(model, **kw)
+
+
+def speculation_line(engine: Any) -> str:
+    """The start-up line's word on speculative decoding: the jobs' default mode and the draft model."""
+    draft = getattr(engine, "draft", None)
+    mode = getattr(engine, "speculative", "off")
+    return f"{mode} by default" + (f", draft model {draft.name}" if draft is not None else "")
 
 
 def weight_layout(engine: Any) -> str:
@@ -596,11 +605,13 @@ def run_worker(model: str, *, redis_url: str | None = None, threads: int | Threa
                max_jobs: int | None = None, heartbeat_interval: int = DEFAULT_HEARTBEAT_INTERVAL,
                maintenance_interval: int = DEFAULT_MAINTENANCE_INTERVAL,
                heartbeat_grace: int = DEFAULT_HEARTBEAT_GRACE, engine: Any = None,
-               logging_level: str = "INFO", flush_interval: float = 0.05, repack: bool | None = None) -> bool:
+               logging_level: str = "INFO", flush_interval: float = 0.05, repack: bool | None = None,
+               draft: str | None = None, speculative: str = "off") -> bool:
     """Load the engine once, then work the model's high/default/low queues. Returns whether any job ran.
 
     `threads`: an explicit count (--threads), a choice already made, or None for engine.cpus to choose.
-    `repack`: the repacked weight cache (engine.repack): None = the default, False = --no-repack."""
+    `repack`: the repacked weight cache (engine.repack): None = the default, False = --no-repack.
+    `draft`, `speculative`: speculative decoding's draft model and default mode (--draft, --prompt-lookup)."""
     connection = connect(redis_url)
     connection.ping()
     name = name or default_worker_name(model)
@@ -612,7 +623,7 @@ def run_worker(model: str, *, redis_url: str | None = None, threads: int | Threa
     t0 = time.monotonic()
     if engine is None:
         choice = threads if isinstance(threads, ThreadChoice) else choose_threads(threads)
-        engine = load_engine(model, choice.threads, kv_budget, repack=repack)
+        engine = load_engine(model, choice.threads, kv_budget, repack=repack, draft=draft, speculative=speculative)
     else:
         choice = ThreadChoice(getattr(engine, "threads", 0), "the engine passed in")
     worker = LLMWorker(queue_names(model), model=model, name=name, connection=connection,
@@ -622,9 +633,9 @@ def run_worker(model: str, *, redis_url: str | None = None, threads: int | Threa
         engine=engine, connection=connection, worker_name=worker.name,
         force_stop=worker.should_stop_generating, flush_interval=flush_interval,
     ))
-    worker.log.info("Worker %s: model %s loaded in %.1f s; %d engine threads (%s); queues %s; weights: %s",
-                    worker.name, model, time.monotonic() - t0, choice.threads, choice.reason,
-                    ", ".join(worker.queue_names()), weight_layout(engine))
+    worker.log.info("Worker %s: model %s loaded in %.1f s; %d engine threads (%s); queues %s; weights: %s; "
+                    "speculative decoding: %s", worker.name, model, time.monotonic() - t0, choice.threads,
+                    choice.reason, ", ".join(worker.queue_names()), weight_layout(engine), speculation_line(engine))
     worked = False
     try:
         while True:
@@ -672,20 +683,26 @@ def run_worker(model: str, *, redis_url: str | None = None, threads: int | Threa
 @no_memory_check_option
 @no_repack_option
 @kv_type_option
+@speculation_options
 def worker_command(model: str, threads: int | None, kv_budget: str | None, burst: bool, name: str | None,
                    redis_url: str | None, max_jobs: int | None, heartbeat_interval: int, heartbeat_grace: int,
-                   maintenance_interval: int, log_level: str, no_repack: bool) -> None:
-    """Run one worker process for MODEL: load the engine once, generate queued jobs one at a time."""
+                   maintenance_interval: int, log_level: str, no_repack: bool, prompt_lookup: bool,
+                   draft: str | None) -> None:
+    """Run one worker process for MODEL: load the engine once, generate queued jobs one at a time.
+
+    --prompt-lookup / --draft MODEL: jobs that leave params.speculative unset decode speculatively
+    (with both, prompt lookup is the default and jobs may ask for the draft model)."""
     try:
         thread_choice = choose_threads(threads)
     except ThreadSettingError as e:
         raise click.UsageError(str(e)) from None
     repack = False if no_repack else None
     # a bad model file or not enough memory: say so before loading
-    check_worker_start(model, kv_budget, repack=repack)
+    check_worker_start(model, kv_budget, repack=repack, draft=draft)
     run_worker(model, redis_url=redis_url, threads=thread_choice, kv_budget=kv_budget, burst=burst, name=name,
                max_jobs=max_jobs, heartbeat_interval=heartbeat_interval, heartbeat_grace=heartbeat_grace,
-               maintenance_interval=maintenance_interval, logging_level=log_level.upper(), repack=repack)
+               maintenance_interval=maintenance_interval, logging_level=log_level.upper(), repack=repack,
+               draft=draft, speculative=speculation_mode(prompt_lookup, draft))
 
 
 if __name__ == "__main__":

@@ -90,6 +90,8 @@ def test_summarize_folder_embedded(engine_ready, corpus, tmp_path):
     assert long["jobs"] > long["chunks"]
     # The map prompts share their instructions: the worker reused cached prompt prefixes.
     assert sum(r["prefix_hit_tokens"] for r in records) > 0
+    # Map and reduce jobs decode with prompt lookup by default; the records count the guesses.
+    assert 0 < sum(r["accepted_tokens"] for r in records) <= sum(r["draft_tokens"] for r in records)
 
     err = proc.stderr
     assert "documents 3/3" in err, err[-2000:]
