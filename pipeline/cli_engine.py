@@ -8,7 +8,7 @@ import sys
 import click
 
 from engine import models
-from engine.kv_cache import ENV_KV_TYPE, KV_TYPES
+from engine.kv_cache import DEFAULT_KV_TYPE, ENV_KV_TYPE, KV_TYPES
 from engine.params import SamplingParams
 
 COMMANDS: list[click.Command] = []
@@ -118,8 +118,8 @@ def kv_type_option(fn):
     """--kv-type f16|f32: the KV cache's entry type (sets RQLLM_KV_TYPE for this process and its children)."""
     return click.option("--kv-type", type=click.Choice(sorted(KV_TYPES)), default=None, expose_value=False,
                         callback=_set_kv_type, is_eager=True,
-                        help=f"KV cache entries (default f32, ${ENV_KV_TYPE}): f16 holds twice the tokens "
-                             "in the same --kv-budget; decode up to 15 % slower.")(fn)
+                        help=f"KV cache entries (default {DEFAULT_KV_TYPE}, ${ENV_KV_TYPE}): f16 holds twice "
+                             "the tokens of f32 in the same --kv-budget.")(fn)
 
 
 @models_group.command("list")
