@@ -11,26 +11,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from rq import get_current_job
 
-from jobs.ledger import DEFAULT_STREAM_MAXLEN, Ledger
-from jobs.schemas import GenerationJob, JobResult
+from jobs.ledger import Ledger
+from jobs.outcomes import attempt_number, job_timeout, mark_final, record_failure, retries_left
+from jobs.redis_conn import REDIS_DOWN_ERRORS
+from jobs.schemas import GenerationJob, JobResult, TaskOptions
+from jobs.streams import DEFAULT_STREAM_MAXLEN, TokenStreamWriter
 
 if TYPE_CHECKING:
     from redis import Redis
-
-DEFAULT_RESULT_TTL = 7 * 24 * 3600
-DEFAULT_STREAM_TTL = 24 * 3600
-
-
-class TaskOptions(BaseModel):
-    """Per-submission options carried next to the job (not part of its content id)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    result_ttl: int = Field(DEFAULT_RESULT_TTL, ge=1)
-    stream_ttl: int = Field(DEFAULT_STREAM_TTL, ge=1)
-
 
 class JobInterrupted(Exception):
     """The worker was told to stop right away (second SIGTERM/SIGINT); the job goes back to its queue."""
@@ -83,6 +73,17 @@ def get_context() -> WorkerContext:
     return _context
 
 
+def run_current_job(job: GenerationJob, options: TaskOptions) -> JobResult:
+    """run_generation() for the rq job being worked: its attempt number, timeout and retry rules."""
+    rq_job = get_current_job()
+    try:
+        return run_generation(job, options, attempt=attempt_number(rq_job), timeout=job_timeout(rq_job),
+                              retryable=lambda: retries_left(rq_job))
+    except TaskFailed:
+        mark_final(rq_job)  # recorded as final (e.g. a request the engine refuses)
+        raise
+
+
 def run_generation(job: GenerationJob, options: TaskOptions, *, attempt: int = 1,
                    timeout: float | None = None, retryable: Callable[[], bool] = lambda: False) -> JobResult:
     """Generate one job with the worker's engine, streaming its text and recording its outcome.
@@ -92,8 +93,6 @@ def run_generation(job: GenerationJob, options: TaskOptions, *, attempt: int = 1
     TaskFailed after recording a final failure, or the original exception unrecorded when `retryable()`
     says rq will run the job again.
     """
-    from pipeline.redis_conn import REDIS_DOWN_ERRORS
-
     try:
         return _run_generation(job, options, attempt=attempt, timeout=timeout, retryable=retryable)
     except REDIS_DOWN_ERRORS as e:
@@ -103,9 +102,7 @@ def run_generation(job: GenerationJob, options: TaskOptions, *, attempt: int = 1
 
 def _run_generation(job: GenerationJob, options: TaskOptions, *, attempt: int, timeout: float | None,
                     retryable: Callable[[], bool]) -> JobResult:
-    from engine.engine import EngineError, EngineInterrupted
-    from pipeline.redis_conn import REDIS_DOWN_ERRORS
-    from pipeline.streams import TokenStreamWriter
+    from engine.engine import EngineError, EngineInterrupted  # the engine loads only in a worker
 
     ctx = get_context()
     writer = TokenStreamWriter(ctx.connection, job.id, ttl=options.stream_ttl, maxlen=ctx.stream_maxlen,
@@ -128,9 +125,8 @@ def _run_generation(job: GenerationJob, options: TaskOptions, *, attempt: int, t
                   started_at=started)
 
     def fail(code: str, message: str) -> TaskFailed:
-        result = JobResult.failed(job.id, code, message, **common)
-        ctx.ledger.finish(result, result_ttl=options.result_ttl, stream_ttl=options.stream_ttl,
-                          last_text=writer.take(), stream_maxlen=ctx.stream_maxlen)
+        result, _ = record_failure(ctx.ledger, job.id, code, message, options=options, only_if_absent=False,
+                                   last_text=writer.take(), stream_maxlen=ctx.stream_maxlen, **common)
         return TaskFailed(result)
 
     try:

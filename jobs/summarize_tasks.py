@@ -22,8 +22,8 @@ from typing import Any
 from rq import get_current_job
 from rq.job import Job
 
-from jobs.runtime import TaskFailed, TaskOptions, get_context, run_generation
-from jobs.schemas import GenerationJob, JobResult
+from jobs.runtime import get_context, run_current_job
+from jobs.schemas import GenerationJob, JobResult, TaskOptions
 
 __all__ = ["summarize_chunk", "reduce_summaries"]
 
@@ -43,12 +43,6 @@ def tidy_summary(text: str, finish_reason: str | None) -> str:
     return out.strip()
 
 
-def _attempt_and_timeout(rq_job: Any) -> tuple[int, float | None]:
-    attempt = 1 + int(getattr(rq_job, "number_of_retries", 0) or 0) if rq_job is not None else 1
-    timeout = float(rq_job.timeout) if rq_job is not None and rq_job.timeout and rq_job.timeout > 0 else None
-    return attempt, timeout
-
-
 def part_label_pattern(part: str) -> re.Pattern[str] | None:
     """A regex for the label the reduce template puts before each summary ("Part {n}: ").
 
@@ -62,19 +56,7 @@ def part_label_pattern(part: str) -> re.Pattern[str] | None:
 
 def _run(gjob: GenerationJob, options: dict[str, Any] | None, inputs: int,
          labels: re.Pattern[str] | None = None) -> dict[str, Any]:
-    rq_job = get_current_job()
-    opts = TaskOptions.model_validate(options or {})
-    attempt, timeout = _attempt_and_timeout(rq_job)
-
-    def retryable() -> bool:
-        return bool(rq_job is not None and rq_job.retries_left and rq_job.retries_left > 0)
-
-    try:
-        result: JobResult = run_generation(gjob, opts, attempt=attempt, timeout=timeout, retryable=retryable)
-    except TaskFailed:
-        if rq_job is not None:
-            rq_job.retries_left = 0  # recorded as final (e.g. a prompt the engine refuses)
-        raise
+    result: JobResult = run_current_job(gjob, TaskOptions.model_validate(options or {}))
     text = labels.sub("", result.text) if labels is not None else result.text
     return {
         "summary": tidy_summary(text, result.finish_reason),

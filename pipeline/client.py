@@ -19,14 +19,16 @@ from typing import Any
 from pydantic import BaseModel
 from redis import Redis
 from rq import Callback, Queue, Retry
-from rq.job import Job, JobStatus
+from rq.job import Job
 
 from jobs import keys
-from jobs.ledger import Ledger, dumps
-from jobs.runtime import DEFAULT_RESULT_TTL, DEFAULT_STREAM_TTL, TaskOptions
+from jobs.keys import dumps
+from jobs.ledger import Ledger
+from jobs.outcomes import record_failure, record_rq_failure
+from jobs.schemas import DEFAULT_RESULT_TTL, DEFAULT_STREAM_TTL, TaskOptions
 from jobs.schemas import PRIORITIES, GenerationJob, InvalidJob, JobResult, model_key, queue_name, validate_job
-from pipeline.redis_conn import SERIALIZER, connect
-from pipeline.streams import StreamEntry, read_stream
+from jobs.redis_conn import SERIALIZER, connect
+from jobs.streams import StreamEntry, append_entry, read_stream
 
 TASK_GENERATE = "jobs.tasks.generate"
 TASK_ON_FAILURE = "jobs.tasks.on_failure"
@@ -176,7 +178,7 @@ class Client:
                 p.rpush(ekey, *entries[i:i + _CHUNK])
             p.expire(ekey, ttl)
             evkey = keys.batch_events_key(batch_id)
-            p.xadd(evkey, {"d": dumps({"type": "created", "total": len(unique)})})
+            append_entry(p, evkey, {"type": "created", "total": len(unique)})
             p.expire(evkey, ttl)
             p.zadd(keys.BATCHES_INDEX, {batch_id: created})
             p.execute()
@@ -297,7 +299,6 @@ class Client:
     def reconcile(self, batch_id: str, pending: Iterable[str] | None = None, grace: float = 1.0) -> int:
         """Record failures for pending jobs of a batch that can no longer end by themselves (the rq job
         was deleted, expired, canceled or failed without an outcome recorded). Returns how many."""
-        from jobs.tasks import record_failure, record_rq_failure
 
         if pending is None:
             ids = sorted({jid for _, jid in self.batch_entries(batch_id)})
@@ -326,8 +327,8 @@ class Client:
             if has or st in ACTIVE_STATUSES:
                 continue
             if st is None:
-                told = record_failure(self.connection, j, "lost",
-                                      "the job is no longer in Redis (deleted or expired) and has no result")
+                _, told = record_failure(self.ledger, j, "lost",
+                                         "the job is no longer in Redis (deleted or expired) and has no result")
             else:
                 try:
                     rq_job = Job.fetch(j, connection=self.connection, serializer=SERIALIZER)
@@ -340,7 +341,7 @@ class Client:
                 if rq_job is not None:
                     told = record_rq_failure(self.connection, rq_job, code, message)
                 else:
-                    told = record_failure(self.connection, j, code, message)
+                    _, told = record_failure(self.ledger, j, code, message)
             fixed += told >= 0
         return fixed
 
@@ -357,7 +358,7 @@ class Client:
 
     def queues(self) -> list[Queue]:
         qs = Queue.all(connection=self.connection, serializer=SERIALIZER)
-        return sorted((q for q in qs if q.name.startswith("rqllm:")), key=lambda q: q.name)
+        return sorted((q for q in qs if q.name.startswith(keys.QUEUE_NAME_PREFIX)), key=lambda q: q.name)
 
     def workers(self) -> list[dict[str, Any]]:
         from rq import SimpleWorker
@@ -385,6 +386,3 @@ class Client:
     def ping(self) -> bool:
         return bool(self.connection.ping())
 
-
-def job_statuses() -> list[str]:
-    return [s.value for s in JobStatus]

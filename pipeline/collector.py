@@ -8,10 +8,10 @@ custom_id twice and never misses one.
 
 A job that can no longer end by itself (its rq job deleted, canceled, failed outside a worker) is
 found by a periodic reconciliation and recorded failed, so the collector cannot wait forever. The
-collector also runs the workers' reaper (pipeline.worker.Reaper) on the batch's queues every few
+collector also runs the workers' reaper (pipeline.recovery.Reaper) on the batch's queues every few
 seconds, so a job whose worker was killed is retried even when every other worker is busy.
 
-Redis going away: the connection retries with backoff (pipeline.redis_conn); an outage longer than
+Redis going away: the connection retries with backoff (jobs.redis_conn); an outage longer than
 that is waited out here, then the collector goes on from the last event it saw.
 """
 from __future__ import annotations
@@ -28,7 +28,7 @@ from typing import IO, Any
 from jobs.schemas import JobResult, queue_names
 from pipeline.batch_file import dump_line, output_line
 from pipeline.client import Client
-from pipeline.redis_conn import REDIS_DOWN_ERRORS, wait_for_redis
+from jobs.redis_conn import REDIS_DOWN_ERRORS, wait_for_redis
 
 
 @dataclass
@@ -111,7 +111,7 @@ class Collector:
     health: Callable[[], None] | None = None
     on_line: Callable[[dict[str, Any]], None] | None = None
     reap: bool = True  # also run the dead-worker reaper on the batch's queues
-    reaper: Any = None  # a pipeline.worker.Reaper to use (default: one for the batch's models)
+    reaper: Any = None  # a pipeline.recovery.Reaper to use (default: one for the batch's models)
     _job_cids: dict[str, list[str]] = field(default_factory=dict, init=False)
 
     def run(self, timeout: float | None = None) -> CollectSummary:
@@ -171,7 +171,7 @@ class Collector:
 
         reaper = self.reaper
         if reaper is None and self.reap:
-            from pipeline.worker import Reaper
+            from pipeline.recovery import Reaper
 
             qnames = [q for m in status.models for q in queue_names(m)]
             reaper = Reaper(self.client.connection, qnames, name=f"collector {self.batch_id}")

@@ -32,13 +32,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from engine.defaults import DEFAULT_KV_BUDGET, DEFAULT_MODEL
 from pipeline.chunking import Chunk, ChunkingError, chunk_text
 
 TASK_MAP = "jobs.summarize_tasks.summarize_chunk"
 TASK_REDUCE = "jobs.summarize_tasks.reduce_summaries"
 DEFAULT_TEMPLATE = Path(__file__).resolve().parent / "templates" / "summarize.toml"
-DEFAULT_MODEL = "smollm2-135m"
-DEFAULT_KV_BUDGET = "256MiB"  # the worker's default (engine.Engine)
 DEFAULT_MAX_SUMMARY_TOKENS = 160
 DEFAULT_MAX_BYTES = 4 * 1024 * 1024
 DEFAULT_OVERLAP_TOKENS = 32
@@ -257,7 +256,7 @@ class PromptMeter:
         adding another."""
         from engine.chat import ChatFormat
         from engine.gguf_file import GGUFFile
-        from engine.models import resolve
+        from engine.registry import resolve
         from engine.tokenizer import Tokenizer
 
         gguf = GGUFFile(resolve(model))
@@ -273,7 +272,7 @@ _TOKENS_RE = re.compile(r"(\d+)\s*(?:t|tok|toks|token|tokens)", re.I)
 def _kv_layout(model: str) -> tuple[Any, list[int | None]]:
     from engine.gguf_file import GGUFFile
     from engine.model import MAX_UBATCH, Config
-    from engine.models import resolve
+    from engine.registry import resolve
 
     cfg = Config.from_gguf(GGUFFile(resolve(model)))
     local = [cfg.sliding_window + MAX_UBATCH - 1 if cfg.layer_is_local(il) else None for il in range(cfg.n_layer)]
@@ -488,9 +487,9 @@ def submit_plans(connection: Any, plans: Sequence[DocPlan], *, model: str, templ
     from rq.job import Dependency
 
     from jobs import keys
-    from jobs.runtime import TaskOptions
+    from jobs.schemas import TaskOptions
     from jobs.schemas import GenerationJob, model_key, queue_name
-    from pipeline.redis_conn import SERIALIZER
+    from jobs.redis_conn import SERIALIZER
 
     queue = Queue(queue_name(model, priority), connection=connection, serializer=SERIALIZER)
     options = TaskOptions(result_ttl=RESULT_TTL, stream_ttl=3600).model_dump()
@@ -633,7 +632,7 @@ def follow(connection: Any, states: Sequence[DocState], *, on_done: Callable[[Do
     """Poll the jobs of unfinished documents until every document has a summary or an error."""
     from rq.job import Job
 
-    from pipeline.redis_conn import SERIALIZER
+    from jobs.redis_conn import SERIALIZER
 
     pending = [s for s in states if not s.done]
     last_change = time.monotonic()
@@ -694,7 +693,7 @@ def follow(connection: Any, states: Sequence[DocState], *, on_done: Callable[[Do
 def _job_error(connection: Any, job_id: str, status: str | None) -> str:
     from rq.job import Job
 
-    from pipeline.redis_conn import SERIALIZER
+    from jobs.redis_conn import SERIALIZER
 
     if status is None:
         return f"job {job_id} disappeared from Redis (deleted or expired) before it finished"
@@ -713,7 +712,7 @@ def _cancel_rest(connection: Any, state: DocState) -> None:
     """A document that failed: stop its other jobs (its deferred reduces would wait forever)."""
     from rq.job import Job
 
-    from pipeline.redis_conn import SERIALIZER
+    from jobs.redis_conn import SERIALIZER
 
     for j in state.plan.job_ids:
         if j in state.results:
@@ -875,11 +874,11 @@ def summarize(paths: Sequence[str], *, output: IO[str], fmt: str = "jsonl", mode
 
     url = redis_url
     if url is None:
-        from pipeline.redis_conn import redis_url_from_env
+        from jobs.redis_conn import redis_url_from_env
 
         url = redis_url_from_env()
     if url:
-        from pipeline.redis_conn import connect
+        from jobs.redis_conn import connect
 
         if workers is not None or threads:
             err.write("note: --workers and --threads only apply without REDIS_URL; the workers are the ones "
@@ -887,7 +886,7 @@ def summarize(paths: Sequence[str], *, output: IO[str], fmt: str = "jsonl", mode
         states = run(connect(url), None, True)
     else:
         from pipeline.embedded import choose_embedded_split, embedded_cluster
-        from pipeline.redis_conn import connect
+        from jobs.redis_conn import connect
 
         # map jobs, roughly (4 characters a token): enough to tell one worker's worth from several
         jobs = sum(max(1, len(d.text) // 4 // max(1, budget.prompt_limit) + 1) for d in docs)
@@ -915,7 +914,7 @@ def summarize(paths: Sequence[str], *, output: IO[str], fmt: str = "jsonl", mode
 def _count_workers(connection: Any, mkey: str) -> int:
     from rq import SimpleWorker
 
-    from pipeline.redis_conn import SERIALIZER
+    from jobs.redis_conn import SERIALIZER
 
     from jobs.schemas import model_key
 
