@@ -265,6 +265,23 @@ def kv_layout(cfg: Config, kv_budget: str | int, max_context: int | None = None
 
 
 @dataclass(frozen=True)
+class KVPlan:
+    budget_bytes: int
+    tokens: int  # the cache's capacity
+    kv_bytes: int  # what its arrays take
+    max_tokens: int  # the model's (or max_context's) context length: more is never allocated
+
+
+def kv_plan(cfg: Config, kv_budget: str | int, max_context: int | None = None,
+            kv_type_name: str | None = None) -> KVPlan:
+    """The KV cache a Model.load of this model makes under `kv_budget`, worked out without allocating
+    it: the one KV arithmetic that the memory guard and the summariser's planner ask."""
+    budget, _, kv_dim, local, limit = kv_layout(cfg, kv_budget, max_context)
+    tokens, kv_bytes = KVCache.plan(budget, kv_dim, local, limit, kv_type_name)
+    return KVPlan(budget, tokens, kv_bytes, limit)
+
+
+@dataclass(frozen=True)
 class WeightLayout:
     """Which layout the matmuls run on: a repacked cache (its path) or the GGUF's own, and why."""
 

@@ -74,38 +74,43 @@ def get_context() -> WorkerContext:
 
 
 def run_current_job(job: GenerationJob, options: TaskOptions) -> JobResult:
-    """run_generation() for the rq job being worked: its attempt number, timeout and retry rules."""
+    """run_generation() for the rq job being worked: its attempt number, timeout and retry rules, and
+    its outcome recorded under the rq job id (what batches wait for; a summariser's map job runs a
+    GenerationJob whose content id is not its rq id)."""
     rq_job = get_current_job()
     try:
         return run_generation(job, options, attempt=attempt_number(rq_job), timeout=job_timeout(rq_job),
-                              retryable=lambda: retries_left(rq_job))
+                              retryable=lambda: retries_left(rq_job),
+                              record_as=rq_job.id if rq_job is not None else None)
     except TaskFailed:
         mark_final(rq_job)  # recorded as final (e.g. a request the engine refuses)
         raise
 
 
 def run_generation(job: GenerationJob, options: TaskOptions, *, attempt: int = 1,
-                   timeout: float | None = None, retryable: Callable[[], bool] = lambda: False) -> JobResult:
+                   timeout: float | None = None, retryable: Callable[[], bool] = lambda: False,
+                   record_as: str | None = None) -> JobResult:
     """Generate one job with the worker's engine, streaming its text and recording its outcome.
 
     Returns the done JobResult. Raises JobInterrupted on a forced stop (nothing recorded: the job will
     run again), RedisUnavailable when Redis stayed away (nothing recorded: the job goes back on its queue),
     TaskFailed after recording a final failure, or the original exception unrecorded when `retryable()`
-    says rq will run the job again.
+    says rq will run the job again. record_as: the id the stream and outcome go under (default job.id).
     """
     try:
-        return _run_generation(job, options, attempt=attempt, timeout=timeout, retryable=retryable)
+        return _run_generation(job, options, attempt=attempt, timeout=timeout, retryable=retryable,
+                               job_id=record_as or job.id)
     except REDIS_DOWN_ERRORS as e:
         # Not a job failure: recording one would end the job for its batches while the outage is the cause.
         raise RedisUnavailable(f"{type(e).__name__}: {e}") from e
 
 
 def _run_generation(job: GenerationJob, options: TaskOptions, *, attempt: int, timeout: float | None,
-                    retryable: Callable[[], bool]) -> JobResult:
+                    retryable: Callable[[], bool], job_id: str) -> JobResult:
     from engine.engine import EngineError, EngineInterrupted  # the engine loads only in a worker
 
     ctx = get_context()
-    writer = TokenStreamWriter(ctx.connection, job.id, ttl=options.stream_ttl, maxlen=ctx.stream_maxlen,
+    writer = TokenStreamWriter(ctx.connection, job_id, ttl=options.stream_ttl, maxlen=ctx.stream_maxlen,
                                interval=ctx.flush_interval)
     started = time.time()
     attempt = writer.start(attempt, ctx.worker_name)  # counts runs lost with a dead worker too
@@ -125,7 +130,7 @@ def _run_generation(job: GenerationJob, options: TaskOptions, *, attempt: int, t
                   started_at=started)
 
     def fail(code: str, message: str) -> TaskFailed:
-        result, _ = record_failure(ctx.ledger, job.id, code, message, options=options, only_if_absent=False,
+        result, _ = record_failure(ctx.ledger, job_id, code, message, options=options, only_if_absent=False,
                                    last_text=writer.take(), stream_maxlen=ctx.stream_maxlen, **common)
         return TaskFailed(result)
 
@@ -145,7 +150,7 @@ def _run_generation(job: GenerationJob, options: TaskOptions, *, attempt: int, t
                 raise JobTimeout(message) from None
             raise fail("timeout", message) from None
         writer.mark({"type": "interrupted"})
-        raise JobInterrupted(job.id) from None
+        raise JobInterrupted(job_id) from None
     except EngineError as e:
         # A bad request fails the same way every time: no retry.
         raise fail("invalid_request", str(e)) from None
@@ -157,7 +162,7 @@ def _run_generation(job: GenerationJob, options: TaskOptions, *, attempt: int, t
             raise
         raise fail("worker_error", f"{type(e).__name__}: {e}") from None
 
-    result = JobResult.from_generation(job, gen, **common)
+    result = JobResult.from_generation(job, gen, job_id=job_id, **common)
     ctx.ledger.finish(result, result_ttl=options.result_ttl, stream_ttl=options.stream_ttl,
                       last_text=writer.take(), stream_maxlen=ctx.stream_maxlen)
     ctx.stats["jobs"] += 1

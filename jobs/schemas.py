@@ -241,10 +241,10 @@ class JobResult(BaseModel):
 
     @classmethod
     def from_generation(cls, job: GenerationJob, gen: Generation, **kw: Any) -> JobResult:
+        kw.setdefault("job_id", job.id)
         kw.setdefault("model", job.model)
         kw.setdefault("endpoint", job.endpoint)
         return cls(
-            job_id=job.id,
             status="done",
             text=gen.text,
             finish_reason=gen.finish_reason,

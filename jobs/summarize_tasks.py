@@ -1,7 +1,8 @@
 """rq task functions for `rqllm summarize`: map (one chunk) and reduce (combine partial summaries).
 
 Both run inside an rqllm worker (jobs.runtime.get_context() gives the engine) and go through
-jobs.runtime.run_generation, so they stream tokens and record a JobResult like any other job.
+jobs.runtime.run_current_job, so they stream tokens and record a JobResult in the ledger under their rq
+job id, like any other job of a batch (the producer follows them through the batch's events).
 
 * summarize_chunk(job, options): `job` is a GenerationJob payload whose messages are the map
   prompt around one chunk (built and token-counted by the producer, pipeline.summarize).
@@ -25,7 +26,7 @@ from rq.job import Job
 from jobs.runtime import get_context, run_current_job
 from jobs.schemas import GenerationJob, JobResult, TaskOptions
 
-__all__ = ["summarize_chunk", "reduce_summaries"]
+__all__ = ["summarize_chunk", "reduce_summaries"]  # the tasks; the rest are helpers, not runnable by name
 
 # A lead-in label on the first line: "Summary:", "Here is a short summary of the text:", "The summary is:".
 _LABEL = re.compile(r"^\s*(?:\*\*)?[^\n:]{0,40}?\bsummary\b[^\n:]{0,40}?(?:\*\*)?\s*:(?:\*\*)?\s*", re.I)
@@ -57,6 +58,12 @@ def part_label_pattern(part: str) -> re.Pattern[str] | None:
 def _run(gjob: GenerationJob, options: dict[str, Any] | None, inputs: int,
          labels: re.Pattern[str] | None = None) -> dict[str, Any]:
     result: JobResult = run_current_job(gjob, TaskOptions.model_validate(options or {}))
+    return summary_record(result, inputs=inputs, labels=labels)
+
+
+def summary_record(result: JobResult, *, inputs: int, labels: re.Pattern[str] | None = None) -> dict[str, Any]:
+    """What a map or reduce job returns, from its recorded outcome: the producer rebuilds the same
+    record from the ledger's JobResult (pipeline.summarize.follow), so it needs no rq return value."""
     text = labels.sub("", result.text) if labels is not None else result.text
     return {
         "summary": tidy_summary(text, result.finish_reason),
