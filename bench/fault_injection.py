@@ -7,7 +7,7 @@ running SmolLM2-135M with 1 thread each, `rqllm collect` as a subprocess):
 
 1. starts redis-server (appendonly yes, appendfsync everysec, as deploy's compose file) on a fixed
    port, 3 workers, submits `--jobs` short chat jobs (default submit options: no --retries; a job
-   whose worker dies gets the worker-loss retries of pipeline.worker) and starts the collector;
+   whose worker dies gets the worker-loss retries of pipeline.recovery) and starts the collector;
 2. as the batch progresses, injects in a shuffled order: a worker SIGKILLed mid-job three times (a
    replacement is started each time), Redis restarted once (SIGTERM = shutdown with AOF fsync, same
    port and data dir, down for `--redis-down` s), the collector SIGKILLed once and started again;

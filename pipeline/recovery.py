@@ -10,7 +10,7 @@ every collector, so a batch recovers even when all workers are busy with long jo
   10-minute maintenance interval. A job lost with its worker gets up to WORKER_LOSS_RETRIES extra runs
   (through rq's retries_left, so `--retries` stays for errors), at the front of its queue, then is
   recorded failed (worker_lost, by jobs.tasks.on_failure) - a job that kills every worker is bounded;
-* recovery of job ids a dead worker had popped but not yet registered (pipeline.worker's dequeue
+* recovery of job ids a dead worker had popped but not yet registered (pipeline.dequeue
   leaves a short-lived "popped" mark; an id in an intermediate list without one goes back);
 * right after a Redis restart every entry looks overdue (nobody could beat): the reaper waits one
   heartbeat TTL before treating any as dead.

@@ -6,6 +6,9 @@ prompt is the template around a chunk, so chunks are sized with the model's toke
 fully rendered chat prompt: tokens(prompt) + max_summary_tokens <= capacity. A reduce prompt holds
 up to `fan_in` partial summaries, each at most max_summary_tokens long; fan_in follows from the same
 inequality. More partial summaries than fan_in are reduced in levels (a tree), planned at submission.
+
+The engine modules (GGUF reader, tokenizer, model config) are imported inside the functions that
+need them: every `rqllm` command imports this package, and only a run should pay for them.
 """
 from __future__ import annotations
 
