@@ -34,3 +34,19 @@ def test_jobs_imports_nothing_from_pipeline():
 
 def test_engine_imports_neither_jobs_nor_pipeline():
     assert _upward_imports("engine", ("jobs", "pipeline")) == []
+
+
+def test_failures_are_recorded_in_one_place():
+    """jobs.outcomes.record_failure is the only code that builds a failed JobResult for the ledger."""
+    builders = []
+    for package in ("jobs", "pipeline"):
+        for path in sorted((ROOT / package).rglob("*.py")):
+            if "JobResult.failed(" in path.read_text(encoding="utf-8"):
+                builders.append(str(path.relative_to(ROOT)))
+    assert builders == ["jobs/outcomes.py"]
+
+
+def test_pipeline_modules_stay_small():
+    long = {str(p.relative_to(ROOT)): n for p in sorted((ROOT / "pipeline").rglob("*.py"))
+            if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_PIPELINE_MODULE_LINES}
+    assert long == {}
