@@ -47,12 +47,6 @@ cdef extern from "forward.h":
                      int n_head_kv, int hd, int slots, int window, float scale, int tokens, int heads,
                      int n_threads) nogil
 
-LAYER_FIELDS = ("attn_norm", "wq", "wk", "wv", "wo", "bq", "bk", "bv", "attn_q_norm", "attn_k_norm",
-                "post_attn_norm", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down", "post_ffw_norm")
-CONFIG_FIELDS = ("arch", "n_layer", "n_embd", "n_ff", "n_head", "n_head_kv", "head_dim", "n_vocab",
-                 "norm_eps", "rope_base", "rope_base_local", "rope_neox", "sliding_window", "swa_pattern",
-                 "embd_scale", "attn_scale", "ffn_gelu", "max_ubatch", "n_threads")
-
 
 cdef rq_tensor _tensor(object spec):
     """spec: None or (type, address, rows, cols[, address of the R16 copy or 0])."""
