@@ -425,9 +425,11 @@ def test_the_gguf_weight_pages_are_not_touched_when_the_cache_is_used(smollm2_pa
         names = set(Weights(g, Config.from_gguf(g)).matmul_names())
         rest = g.data_offset + sum(t.nbytes for n, t in g.tensors.items() if n not in names)
         size = g.size
-    # The header (vocabulary), norms, 68 embedding rows; the kernel maps up to 64 KiB around each
-    # page touched (fault-around), hence the slack. The matmul weights are ~95% of the file.
-    assert gguf_rss <= rest + (8 << 20), (gguf_rss, rest, size)
+    # The header (vocabulary), norms, 68 embedding rows; the kernel maps more than the page touched
+    # (fault-around: 64 KiB; and since 6.16 ext4's large page-cache folios, up to 2 MiB around a
+    # norm: 10.8 MB here on 6.18), hence the slack. The matmul weights are ~95% of the file: a pass
+    # reading them from the GGUF would map them all.
+    assert gguf_rss <= rest + max(8 << 20, size * 15 // 100), (gguf_rss, rest, size)
     assert gguf_rss < 0.25 * size
     cache_size = Path(probe["cache"]).stat().st_size
     assert cache_rss >= 0.9 * cache_size, (cache_rss, cache_size)
