@@ -8,6 +8,7 @@ Contract (used by jobs/ and pipeline/):
     eng.kv_capacity         # tokens the KV budget holds
     eng.tokenizer.encode(text) -> list[int]; eng.tokenizer.decode(ids) -> str
     eng.render_chat(messages: list[dict]) -> str          # chat template applied, generation prompt added
+    eng.chat_capability.can_chat / .describe(name)        # False: a base model (warn at chat requests)
     gen = eng.generate(prompt=str | None, messages=list[dict] | None, params=SamplingParams(),
                        on_text=callable(str) | None, should_stop=callable() -> bool | None) -> Generation
         # on_text receives UTF-8-safe text pieces as they are produced; their concatenation == gen.text
@@ -40,6 +41,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING
 
 from engine import models
+from engine.chat_capability import ChatCapability, chat_capability
 from engine.drafting import DraftModel, PromptLookup, VocabularyMismatch, check_same_vocabulary
 from engine.kv_cache import CachedTokens
 from engine.model import MAX_UBATCH, Model, ModelError
@@ -135,6 +137,11 @@ class Engine:
         from engine.chat import ChatFormat
 
         return ChatFormat.from_gguf(self.model.gguf, self.tokenizer)
+
+    @cached_property
+    def chat_capability(self) -> ChatCapability:
+        """Whether the model can follow chat prompts (engine.chat_capability): callers warn when not."""
+        return chat_capability(self.model.gguf.metadata, self.path)
 
     @property
     def kv_capacity(self) -> int:
