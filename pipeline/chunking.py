@@ -1,4 +1,5 @@
-"""Split a document into chunks that fit a worker's KV budget, measured in the model's own tokens.
+"""Split a document into chunks that fit a worker's KV budget, measured in the model's own tokens,
+following the document's structure.
 
 A chunk is sent to the model wrapped in the map prompt, and the model then writes up to
 ``max_summary_tokens`` more tokens into the same KV cache. So what has to fit is
@@ -9,10 +10,27 @@ The caller states that through ``measure`` (text -> tokens it will cost once wra
 ``limit`` (the most ``measure`` may return). Without ``measure`` the bare chunk is counted with
 ``tokenizer.encode``.
 
-Boundaries are chosen, in order of preference, at paragraph ends (a blank line), sentence ends
-(``.``, ``!``, ``?`` and friends, then whitespace), word ends (whitespace), and only as a last
-resort inside a word (a single "word" longer than the whole budget: a URL, a base64 blob).
-Consecutive chunks overlap by a few tokens of context, cut on a sentence or word start.
+Boundaries, in order of preference: section starts (a Markdown heading - ``#`` or underlined - or
+a plain-text heading line: ALL CAPS, "3. Title", Title Case, standing alone), paragraph ends (a
+blank line; a fenced code block's start and end), sentence ends (engine.sentences: ``.!?…`` then
+whitespace, CJK ``。！？``; list items count as sentences), and only when one sentence is longer
+than the chunk, word ends (whitespace, CJK ``，、；``) and, last, a cut inside a word (a URL, a
+base64 blob). A chunk ends at the strongest boundary that keeps at least ``min_fill`` of the text
+that would fit, else at the furthest sentence end. Inside a fenced code block (```` ``` ```` or
+``~~~``) the only boundaries are its line ends, used only when the block alone is over the chunk.
+A heading is never left as the last line of a chunk.
+
+Consecutive chunks overlap by whole sentences of the previous chunk's tail (at most
+``overlap_tokens``; none when no whole sentence fits, and none across a section start).
+Each chunk carries its section path: the titles of the headings it sits under.
+
+Compared with LangChain's RecursiveCharacterTextSplitter (separators tried in order, pieces merged
+up to the size, overlap from whatever pieces end the previous chunk - words when a sentence did
+not fit; its Markdown separators split at headings and fences but the headings travel with no
+chunk) and LlamaIndex's SentenceSplitter (paragraphs, then sentences, then clause punctuation,
+then words, overlap of trailing pieces in tokens; section paths only from its separate Markdown
+parser): here the sizes are the model's tokens of the wrapped prompt, headings are the strongest
+cut, code blocks stay whole, and the overlap is never a partial sentence.
 
 Everything is a pure function of (text, tokenizer, limits): the same input always gives the same
 chunks, which keeps the map jobs' prompts identical across runs (and cache-friendly).
@@ -20,10 +38,13 @@ chunks, which keeps the map jobs' prompts identical across runs (and cache-frien
 from __future__ import annotations
 
 import bisect
+import math
 import re
 import unicodedata
 from dataclasses import dataclass
 from typing import Callable, Protocol, Sequence
+
+from engine.sentences import sentence_ends
 
 
 class TokenizerLike(Protocol):
@@ -43,40 +64,220 @@ class Chunk:
     end: int
     text: str
     tokens: int  # what `measure` said for this chunk (prompt-wrapped tokens when measure wraps)
+    section_path: tuple[str, ...] = ()  # titles of the headings the chunk's start sits under, outermost first
+
+
+@dataclass(frozen=True)
+class Heading:
+    start: int  # offset of the heading's first line
+    body: int  # offset of the first text after it (after an underline and blank lines)
+    level: int  # 1 = outermost
+    title: str
 
 
 # Boundary strengths. A boundary is a char offset where a chunk may end (and the next begin).
-WORD, SENTENCE, PARAGRAPH = 1, 2, 3
+WORD, SENTENCE, PARAGRAPH, SECTION = 1, 2, 3, 4
 
 _PARAGRAPH_RE = re.compile(r"\n[ \t]*\n\s*")
-# A sentence ends at . ! ? … (possibly doubled, possibly followed by closing quotes/brackets),
-# then whitespace. "e.g. foo" will also count, which is harmless: it is still a fine place to cut.
-_SENTENCE_RE = re.compile(r"(?<=[.!?\u2026])[\"'\u201d\u2019)\]]*\s+")
 _WORD_RE = re.compile(r"\s+")
-# Markdown headings and list items start a new block even without a blank line before them.
+# Clause marks of scripts written without spaces: word-level cuts for a CJK sentence over the chunk.
+_CJK_CLAUSE_RE = re.compile(r"[\uff0c\u3001\uff1b\uff1a]")
+# List items (and headings) start a new block even without a blank line before them.
 _BLOCK_START_RE = re.compile(r"\n(?=[ \t]*(?:#{1,6}\s|[-*+]\s|\d+[.)]\s))")
+_FENCE_RE = re.compile(r"^[ \t]{0,3}(`{3,}|~{3,})", re.M)
+_ATX_RE = re.compile(r"^[ \t]{0,3}(#{1,6})[ \t]+(.+?)[ \t]*#*[ \t]*$", re.M)
+_UNDERLINE_RE = re.compile(r"^[ \t]{0,3}([=\-~^*+#])\1{2,}[ \t]*$")
+_NUMBERED_RE = re.compile(r"^(\d{1,3}(?:\.\d{1,3})*)[.)]?[ \t]+(\S.*)$")
+_LIST_RE = re.compile(r"^[ \t]*(?:[-*+•][ \t]|\d{1,3}[.)][ \t])")
+_SMALL_WORDS = frozenset("a an and as at by for from in into of on or the to with".split())
+MAX_HEADING_CHARS = 80
 
 
-def boundaries(text: str) -> tuple[list[int], list[int]]:
+def code_blocks(text: str) -> list[tuple[int, int]]:
+    """(start, end) of each fenced code block: from its opening fence line to the end of its
+    closing fence line. A fence never closed is not taken as one (a stray ``` in plain text would
+    otherwise swallow the rest of the document)."""
+    blocks: list[tuple[int, int]] = []
+    opening: re.Match[str] | None = None
+    for m in _FENCE_RE.finditer(text):
+        if opening is None:
+            opening = m
+        elif m.group(1)[0] == opening.group(1)[0] and len(m.group(1)) >= len(opening.group(1)) \
+                and not text[m.end():_line_end(text, m.end())].strip():
+            blocks.append((opening.start(), _line_end(text, m.end())))
+            opening = None
+    return blocks
+
+
+def _line_end(text: str, pos: int) -> int:
+    nl = text.find("\n", pos)
+    return len(text) if nl < 0 else nl
+
+
+def _block_at(blocks: list[tuple[int, int]], pos: int) -> tuple[int, int] | None:
+    """The code block whose span [start, end] holds offset pos."""
+    i = bisect.bisect_right(blocks, (pos, math.inf)) - 1
+    return blocks[i] if i >= 0 and blocks[i][0] <= pos <= blocks[i][1] else None
+
+
+def _inside(blocks: list[tuple[int, int]], pos: int) -> bool:
+    """Whether offset pos is strictly inside a code block (its start and its end excluded)."""
+    block = _block_at(blocks, pos)
+    return block is not None and block[0] < pos < block[1]
+
+
+def _in_block(blocks: list[tuple[int, int]], pos: int) -> bool:
+    return _block_at(blocks, pos) is not None
+
+
+def outline(text: str, blocks: list[tuple[int, int]] | None = None) -> list[Heading]:
+    """The document's headings in order: Markdown ATX (``## Title``) and underlined ones (Setext
+    ``===``/``---``, reStructuredText ``~~~`` and friends), and plain-text heading lines that stand
+    alone between blank lines: ALL CAPS (level 1), Title Case or numbered ("3. Definitions",
+    level 2, "3.1 Scope" level 3). Nothing inside code blocks."""
+    blocks = code_blocks(text) if blocks is None else blocks
+    lines = text.split("\n")
+    starts = [0]
+    for line in lines[:-1]:
+        starts.append(starts[-1] + len(line) + 1)
+    headings: list[Heading] = []
+    underline_levels: dict[str, int] = {"=": 1, "-": 2}
+
+    def blank(i: int) -> bool:
+        return i < 0 or i >= len(lines) or not lines[i].strip()
+
+    def body_after(i: int) -> int:
+        j = i + 1
+        while j < len(lines) and not lines[j].strip():
+            j += 1
+        return starts[j] if j < len(lines) else len(text)
+
+    skip_to = -1
+    for i, line in enumerate(lines):
+        if i <= skip_to or _in_block(blocks, starts[i]):
+            continue
+        stripped = line.strip()
+        if not stripped:
+            continue
+        atx = _ATX_RE.match(line)
+        if atx:
+            headings.append(Heading(starts[i], body_after(i), len(atx.group(1)), atx.group(2).strip()))
+            continue
+        if len(stripped) > MAX_HEADING_CHARS or not any(c.isalpha() for c in stripped):
+            continue
+        nxt = lines[i + 1] if i + 1 < len(lines) else ""
+        under = _UNDERLINE_RE.match(nxt)
+        if under and blank(i - 1) and not (line.lstrip()[:1] in "-*+•" and line.lstrip()[1:2].isspace()):
+            char = under.group(1)
+            level = underline_levels.setdefault(char, max(underline_levels.values()) + 1)
+            headings.append(Heading(starts[i], body_after(i + 1), level, stripped))
+            skip_to = i + 1
+            continue
+        if blank(i - 1) and blank(i + 1):
+            level = _plain_heading_level(stripped, lines, i)
+            if level:
+                headings.append(Heading(starts[i], body_after(i), level, stripped.rstrip(".:")))
+        elif blank(i - 1) and _is_caps_title(stripped):  # a title block: "GNU GENERAL PUBLIC LICENSE\n Version 3"
+            headings.append(Heading(starts[i], body_after(i), 1, stripped))
+    return headings
+
+
+def _plain_heading_level(line: str, lines: list[str], i: int) -> int:
+    """The level of a plain-text heading line standing alone, 0 when it does not look like one."""
+    if line[-1] in ",;" or (line[0] in "-*+•" and line[1:2].isspace()):
+        return 0
+    words = line.split()
+    if len(words) > 10:
+        return 0
+    if _is_caps_title(line):
+        return 1
+    numbered = _NUMBERED_RE.match(line)
+    if numbered:
+        # "1. Install it" in a loose list is an item, not a heading: its neighbours are items too
+        def neighbour(step: int) -> str:
+            j = i + step
+            while 0 <= j < len(lines) and not lines[j].strip():
+                j += step
+            return lines[j].strip() if 0 <= j < len(lines) else ""
+
+        title = numbered.group(2)
+        if (len(words) <= 8 and title[:1].isupper() and not _NUMBERED_RE.match(neighbour(1))
+                and not _NUMBERED_RE.match(neighbour(-1))):
+            return 2 + numbered.group(1).count(".")
+        return 0
+    if line[-1] in ".!?:" or len(words) > 8:
+        return 0
+    if all(w[:1].isupper() or not w[:1].isalpha() or w.lower() in _SMALL_WORDS for w in words) \
+            and words[0][:1].isupper():
+        return 2
+    return 0
+
+
+def _is_caps_title(line: str) -> bool:
+    letters = [c for c in line if c.isalpha()]
+    return (len(letters) >= 3 and all(c.isupper() for c in letters) and len(line.split()) <= 10
+            and line[-1] not in ".,;:")
+
+
+def section_paths(headings: list[Heading]) -> list[tuple[str, ...]]:
+    """The path (outer titles, then its own) of each heading."""
+    stack: list[Heading] = []
+    paths = []
+    for h in headings:
+        while stack and stack[-1].level >= h.level:
+            stack.pop()
+        stack.append(h)
+        paths.append(tuple(x.title for x in stack))
+    return paths
+
+
+def section_path_at(headings: list[Heading], paths: list[tuple[str, ...]], pos: int) -> tuple[str, ...]:
+    """The section path in force at offset pos (a heading starting at pos counts)."""
+    i = bisect.bisect_right([h.start for h in headings], pos) - 1
+    return paths[i] if i >= 0 else ()
+
+
+def boundaries(text: str, blocks: list[tuple[int, int]] | None = None,
+               headings: list[Heading] | None = None) -> tuple[list[int], list[int]]:
     """Sorted candidate cut offsets and their strengths.
 
     An offset is the position right after the whitespace that follows the boundary, so a chunk
     text[a:b] ends with whatever whitespace closed it and the next starts on a word.
     """
+    blocks = code_blocks(text) if blocks is None else blocks
+    headings = outline(text, blocks) if headings is None else headings
     strength: dict[int, int] = {}
 
     def mark(pos: int, level: int) -> None:
-        if 0 < pos < len(text) and strength.get(pos, 0) < level:
+        if 0 < pos < len(text) and strength.get(pos, 0) < level and not _inside(blocks, pos):
             strength[pos] = level
 
     for m in _WORD_RE.finditer(text):
         mark(m.end(), WORD)
-    for m in _SENTENCE_RE.finditer(text):
-        mark(m.end(), SENTENCE)
+    for m in _CJK_CLAUSE_RE.finditer(text):
+        mark(m.end(), WORD)
+    for end in sentence_ends(text):
+        ws = _WORD_RE.match(text, end)
+        mark(ws.end() if ws else end, SENTENCE)
     for m in _BLOCK_START_RE.finditer(text):
         mark(m.end(), SENTENCE)
     for m in _PARAGRAPH_RE.finditer(text):
         mark(m.end(), PARAGRAPH)
+    for a, b in blocks:
+        # a block is cut at its own line ends only when it alone is over the chunk
+        nl = text.find("\n", a)
+        while 0 <= nl < b - 1:
+            strength[nl + 1] = WORD
+            nl = text.find("\n", nl + 1)
+        ws = _WORD_RE.match(text, b)
+        mark(a, PARAGRAPH)
+        mark(ws.end() if ws else b, PARAGRAPH)
+    for h in headings:
+        if 0 < h.start < len(text):
+            strength[h.start] = SECTION
+    for h in headings:  # never end a chunk with a heading (nor between a heading and its subheading)
+        for pos in [p for p in strength if h.start < p <= h.body]:
+            del strength[pos]
     positions = sorted(strength)
     return positions, [strength[p] for p in positions]
 
@@ -92,9 +293,9 @@ def chunk_text(
 ) -> list[Chunk]:
     """Split ``text`` into chunks whose ``measure`` is at most ``limit``.
 
-    overlap_tokens: how much of the previous chunk's tail (in bare tokens) the next chunk repeats.
-        Kept below a quarter of the limit so chunks always make progress.
-    min_fill: a chunk may end at a stronger boundary (paragraph over sentence over word) only if
+    overlap_tokens: at most this much of the previous chunk's tail (in bare tokens, whole sentences)
+        starts the next chunk. Kept below a quarter of the limit so chunks always make progress.
+    min_fill: a chunk may end at a stronger boundary (section over paragraph over sentence) only if
         that keeps at least this share of the text that would fit; otherwise a weaker boundary
         further on is used. Stops a paragraph break early in the window from making tiny chunks.
     """
@@ -121,7 +322,11 @@ def chunk_text(
             cache[key] = measure(text[a:b].strip())
         return cache[key]
 
-    positions, levels = boundaries(text)
+    blocks = code_blocks(text)
+    headings = outline(text, blocks)
+    paths = section_paths(headings)
+    positions, levels = boundaries(text, blocks, headings)
+    strength = dict(zip(positions, levels))
     n = len(text)
     positions.append(n)
     levels.append(PARAGRAPH)
@@ -142,10 +347,13 @@ def chunk_text(
                 start += 1
             end = _furthest_fit(text, start, positions, levels, cost, limit, min_fill, start)
         chunk_str = text[start:end].strip()
-        chunks.append(Chunk(len(chunks), start, end, chunk_str, cost(start, end)))
+        chunks.append(Chunk(len(chunks), start, end, chunk_str, cost(start, end),
+                            section_path_at(headings, paths, start)))
         if end >= n:
             break
-        nxt = _overlap_start(text, start, end, positions, levels, count, overlap_cap)
+        # No overlap into a new section: its chunk starts at its heading.
+        cap = 0 if strength.get(end) == SECTION else overlap_cap
+        nxt = _overlap_start(text, start, end, positions, levels, count, cap)
         # Skip whitespace so the next chunk starts on a character.
         while nxt < n and text[nxt].isspace():
             nxt += 1
@@ -184,12 +392,19 @@ def _furthest_fit(text, start, positions, levels, cost, limit, min_fill, min_end
         return furthest
     # Prefer the strongest boundary that still keeps min_fill of the text that fits.
     floor = max(start + (furthest - start) * min_fill, min_end + 1)
-    for level in (PARAGRAPH, SENTENCE):
+    for level in (SECTION, PARAGRAPH, SENTENCE):
         for i in range(best, -1, -1):
             if cand[i] < floor:
                 break
             if levels[lo_idx + i] >= level and cost(start, cand[i]) <= limit:
                 return cand[i]
+    # Else the furthest sentence end, however short the chunk: a word-level cut only for a
+    # sentence (or code block) longer than the chunk.
+    for i in range(best, -1, -1):
+        if cand[i] <= min_end:
+            break
+        if levels[lo_idx + i] >= SENTENCE and cost(start, cand[i]) <= limit:
+            return cand[i]
     return furthest
 
 
@@ -222,6 +437,10 @@ def _overlap_start(text, start, end, positions, levels, count, overlap_cap) -> i
     hi_idx = bisect.bisect_left(positions, end)
     window = positions[lo_idx:hi_idx]
     window_levels = levels[lo_idx:hi_idx]
+    # Not back over a section start: the overlap stays in the section the next chunk continues.
+    sections = [i for i, level in enumerate(window_levels) if level >= SECTION]
+    if sections:
+        window, window_levels = window[sections[-1]:], window_levels[sections[-1]:]
     if not window:
         return end
     # Tail cost shrinks as p grows; binary search the first p with count(text[p:end]) <= cap.
@@ -234,12 +453,9 @@ def _overlap_start(text, start, end, positions, levels, count, overlap_cap) -> i
             lo = mid + 1
     if first is None:
         return end
-    # Prefer starting the overlap on a sentence start, unless that keeps less than half of the
-    # overlap a word start would give; then the word start.
-    floor = end - (end - window[first]) * 0.5
+    # Whole sentences only: the earliest sentence (or stronger) start whose tail fits; none fits,
+    # no overlap - a partial sentence would start the next chunk mid-thought.
     for i in range(first, len(window)):
-        if window[i] > floor:
-            break
         if window_levels[i] >= SENTENCE:
             return window[i]
-    return window[first]
+    return end
