@@ -275,9 +275,10 @@ def boundaries(text: str, blocks: list[tuple[int, int]] | None = None,
     for h in headings:
         if 0 < h.start < len(text):
             strength[h.start] = SECTION
+    positions = sorted(strength)
     for h in headings:  # never end a chunk with a heading (nor between a heading and its subheading)
-        for pos in [p for p in strength if h.start < p <= h.body]:
-            del strength[pos]
+        for pos in positions[bisect.bisect_right(positions, h.start):bisect.bisect_right(positions, h.body)]:
+            strength.pop(pos, None)
     positions = sorted(strength)
     return positions, [strength[p] for p in positions]
 
