@@ -74,17 +74,29 @@ def stem(word: str) -> str:
     return w
 
 
+_MARKUP = re.compile(r"https?://\S+|www\.\S+|<[^>\n]{1,300}>|&\w+;|\[!\[[^\]]*\]|@\w[\w-]*")
+
+
+_RUN = re.compile(r"(.)\1{3}")  # "ffff" of an IPv6 mask, "xxxx" placeholders: not words
+
+
+def prose(text: str) -> str:
+    """`text` without URLs, HTML tags and entities, badge images and @handles: the words a summary
+    could use, not the ones of links and markup."""
+    return _MARKUP.sub(" ", text)
+
+
 def key_terms(documents: Mapping[str, str], k: int = KEY_TERMS) -> dict[str, list[str]]:
-    """Each document's k most distinctive words: tf-idf over the corpus (stems; stopwords and words
-    under 3 letters left out; idf = ln((1 + N) / (1 + df)) + 1; ties broken alphabetically). A term
-    is reported as its most frequent surface form."""
+    """Each document's k most distinctive words: tf-idf over the corpus (stems of its prose(); stopwords
+    and words under 3 letters left out; idf = ln((1 + N) / (1 + df)) + 1; ties broken alphabetically).
+    A term is reported as its most frequent surface form."""
     stems_of: dict[str, Counter[str]] = {}
     surface: dict[str, dict[str, Counter[str]]] = {}
     for name, text in documents.items():
         counts: Counter[str] = Counter()
         forms: dict[str, Counter[str]] = {}
-        for w in words(text):
-            if len(w) < 3 or w in STOPWORDS:
+        for w in words(prose(text)):
+            if len(w) < 3 or w in STOPWORDS or _RUN.search(w):
                 continue
             s = stem(w)
             counts[s] += 1

@@ -22,6 +22,13 @@ def test_key_terms_are_the_distinctive_words_of_each_document():
     assert set(terms["bread"]) <= {"bakers", "dough", "knead", "rises", "overnight", "bake", "loaves", "waiter"}
 
 
+def test_key_terms_ignore_links_and_markup():
+    docs = {"a": "See https://github.com/x/y and <img src='z'> for the widget. The widget spins. @octocat",
+            "b": "Something else entirely, about gadgets."}
+    assert m.key_terms(docs, k=3)["a"] == ["widget", "spins"]  # all it has: "see" and "for" are stopwords
+    assert m.key_terms({"c": "mask ffff:ffff on eth0", "d": "other"}, k=2)["c"] == ["eth", "mask"]
+
+
 def test_key_term_recall_matches_stems():
     terms = ["licenses", "copying", "warranty", "patent"]
     assert m.key_term_recall("Each license allows copies; copy freely, no warranty.", terms) == 0.75
