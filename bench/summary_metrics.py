@@ -27,6 +27,7 @@ NGRAM = 4
 _WORD = re.compile(r"[^\W\d_]+(?:['\u2019-][^\W\d_]+)*")
 _TOKEN = re.compile(r"[^\W_]+(?:(?:[.'\u2019/-]|(?<=\d),(?=\d))[^\W_]+)*")  # words, numbers (2.4, 1,000), v2.4
 _NUMBER = re.compile(r"^\d+(?:[.,]\d+)*$")
+_NUMBER_HEAD = re.compile(r"^(\d+(?:\.\d+)*)[a-z]+$")
 _SENTENCE_FINAL = re.compile(r"[.!?\u2026\u3002\uff01\uff1f][\"'\u201d\u2019)\]\u300d\u300f\uff09*_`]*$")
 _MARKER_ONLY = re.compile(r"\s*(?:[-*+\u2022#>]+|\d{1,3}[.)])")
 _LIST_OR_HEADING = re.compile(r"^\s*(?:[-*+\u2022]\s|\d{1,3}[.)]\s|#{1,6}\s)")
@@ -139,6 +140,8 @@ def cut_off(summary: str, truncated: bool = False) -> bool:
         return True
     if _SENTENCE_FINAL.search(text):
         return False
+    if text.endswith(("```", "~~~")) and text.count(text[-3:]) % 2 == 0:
+        return False  # a closed code block is a complete unit
     last_line = text.rsplit("\n", 1)[-1]
     return truncated or not _LIST_OR_HEADING.match(last_line)
 
@@ -167,10 +170,12 @@ def unsupported(summary: str, document: str) -> tuple[float, list[str]]:
         return 0.0, []
     doc_tokens = {t.lower().replace(",", "") for t in _TOKEN.findall(document)}
     doc_words = {stem(w) for w in words(document)}
+    # a number is supported by the same number with a suffix too: "1790" by "1790s", "4" by "4th"
+    doc_numbers = {m.group(1) for t in doc_tokens if (m := _NUMBER_HEAD.match(t))}
     missing = []
     for w in found:
         key = w.lower().replace(",", "")
-        if key in doc_tokens or (not _NUMBER.match(w) and stem(w) in doc_words):
+        if key in doc_tokens or key in doc_numbers or (not _NUMBER.match(w) and stem(w) in doc_words):
             continue
         missing.append(w)
     return len(missing) / len(found), missing

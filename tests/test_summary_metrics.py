@@ -53,6 +53,8 @@ def test_repetition_counts_repeated_4grams():
     ("- pool size 64\n- retries capped at 3", False, False),  # a list ends without a period
     ("- pool size 64\n- retries capped at", True, True),  # ... unless the model ran out of tokens
     ("", False, True),
+    ("Run it:\n```\npip install x\n```", False, False),  # a closed code block
+    ("Run it:\n```\npip install x", False, True),
 ])
 def test_cut_off(summary, truncated, cut):
     assert m.cut_off(summary, truncated) is cut
@@ -70,6 +72,7 @@ def test_unsupported_finds_invented_names_and_numbers():
     assert missing == ["Dana"]
     assert share == pytest.approx(1 / 5)  # Redis, 7.2, 2023, Dana, 1,000
     assert m.unsupported("It stores keys.", doc) == (0.0, [])
+    assert m.unsupported("It began in 1790 and 7.", "Telegraphs of the 1790s.")[1] == ["7"]
 
 
 @pytest.mark.parametrize("summary,framed", [
