@@ -67,7 +67,7 @@ class Sampler:
             out = apply_frequency_presence_penalties(out, generated, p.frequency_penalty, p.presence_penalty)
         if p.no_repeat_ngram_size:
             banned = repeated_ngram_completions(generated, p.no_repeat_ngram_size)
-            if len(banned):
+            if 0 < len(banned) < len(out):  # (everything banned - a tiny vocabulary - bans nothing)
                 out = out.copy() if out is logits else out
                 out[banned] = -np.inf
         return out
