@@ -47,7 +47,7 @@ from engine.kv_cache import CachedTokens
 from engine.model import MAX_UBATCH, Model, ModelError
 from engine.params import Generation, SamplingParams, SpeculativeMode
 from engine.sampler import Sampler
-from engine.sentences import sentence_ends, trim_to_complete
+from engine.sentences import complete_end, open_fence_start, sentence_ends, trim_to_complete
 from engine.speculative import DEFAULT_PASS_COSTS, MAX_DRAFT, Decoder, DraftPolicy, PassTimer, Proposer
 from engine.tokenizer import Tokenizer, TokenizerError
 
@@ -342,7 +342,9 @@ class _TextStream:
         line = self.text.rfind("\n", self._complete + 1)
         if line >= 0:
             self._complete = max(self._complete, len(self.text[:line].rstrip()))
-        return self._complete
+        fence = open_fence_start(self.text[:self._complete])
+        # inside a code block that may never close: only up to what precedes the block
+        return self._complete if fence is None else complete_end(self.text[:fence])
 
     def finish(self, length_cut: bool = False) -> str:
         """The whole text; length_cut: max_tokens ended it (then, with end_at_sentence, the text ends

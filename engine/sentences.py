@@ -19,6 +19,7 @@ ABBREVIATIONS = frozenset(
     "e.g i.e cf vs viz al approx dr mr mrs ms prof sr jr st mt fig figs eq eqs sec vol pp ch dept".split())
 _WORD_BEFORE = re.compile(r"([\w.]+)\.$")
 _LIST_NUMBER = re.compile(r"(?:^|\n)[ \t]*\d{1,3}\.$")
+_FENCE = re.compile(r"^[ \t]{0,3}(?:```|~~~)", re.M)
 
 
 def sentence_ends(text: str, start: int = 0) -> Iterator[int]:
@@ -45,14 +46,23 @@ def _is_false_end(text: str, mark: int, end: int) -> bool:
 
 def complete_end(text: str) -> int:
     """The length of the longest prefix of `text` that ends a sentence or a line (a list item, a
-    heading), trailing whitespace excluded; 0 when there is none."""
+    heading) outside an unclosed code block, trailing whitespace excluded; 0 when there is none."""
     best = 0
     for best in sentence_ends(text):
         pass
     line = text.rfind("\n")
     if line > best:
         best = len(text[:line].rstrip())
+    fence = open_fence_start(text[:best])
+    if fence is not None:  # a line of a code block that never closes is no place to end
+        best = complete_end(text[:fence])
     return best
+
+
+def open_fence_start(text: str) -> int | None:
+    """Where the last code fence (``` or ~~~ opening a line) that is not closed in `text` starts."""
+    fences = [m.start() for m in _FENCE.finditer(text)]
+    return fences[-1] if len(fences) % 2 else None
 
 
 def trim_to_complete(text: str) -> str:

@@ -106,6 +106,8 @@ def test_guard_off_changes_nothing():
     ("The value 3.5 is", "The value 3.5 is"),  # no end at all: kept whole
     ("- one\n- two\n- thr", "- one\n- two"),
     ("Done.", "Done."),
+    ("Run it.\n```python\nimport x\nx.run()\ny = ", "Run it."),  # not inside a code block that never closes
+    ("Run it.\n```\nx.run()\n```\nThen it wor", "Run it.\n```\nx.run()\n```"),
 ])
 def test_trim_to_complete(text, complete):
     assert trim_to_complete(text) == complete
@@ -167,3 +169,44 @@ class TestOnTheModel:
         plain = eng.generate(**kwargs, params=SamplingParams(max_tokens=64))
         kept = eng.generate(**kwargs, params=SamplingParams(max_tokens=64, end_at_sentence=True))
         assert plain.finish_reason == "stop" and kept.text == plain.text
+
+
+class _CharTokenizer:
+    """Token i = the i-th character of a fixed text: streams any cut of it."""
+
+    def __init__(self, text: str):
+        self.text = text
+
+    def stream_decoder(self):
+        text = self.text
+
+        class Decoder:
+            def push(self, token: int) -> str:
+                return text[token]
+
+            def flush(self) -> str:
+                return ""
+
+        return Decoder()
+
+
+@pytest.mark.parametrize("text", [
+    "The value is 3.5 today. Then the next one is cut",
+    "Dr. Who met J. Smith. Then",
+    "- one\n- two\n- thr",
+    "Intro done.\n```python\nimport x\nx.run()\n",
+    "Intro done.\n```\nx.run()\n```\nAfter it. More",
+    "東京は大きい。人が多い。ま",
+    'He said "stop." She went',
+])
+def test_streamed_text_never_runs_past_the_final_sentence_cut(text):
+    from engine.engine import _TextStream
+
+    for cut in range(1, len(text) + 1):
+        pieces: list[str] = []
+        stream = _TextStream(_CharTokenizer(text), [], pieces.append, end_at_sentence=True)
+        for i in range(cut):
+            stream.push(i)
+            assert text[:cut].startswith("".join(pieces))
+        final = stream.finish(length_cut=True)
+        assert "".join(pieces) == final == trim_to_complete(text[:cut]), (cut, pieces)
