@@ -33,6 +33,8 @@ SETTINGS = {
     "guard4+freq0.3": {**TODAY, "no_repeat_ngram_size": 4, "frequency_penalty": 0.3},
     "guard4+sentence": {**TODAY, "no_repeat_ngram_size": 4, "end_at_sentence": True},
     "no-penalty+guard4": {**TODAY, "repetition_penalty": 1.0, "no_repeat_ngram_size": 4},
+    "guard4+freq0.3+sentence": {**TODAY, "no_repeat_ngram_size": 4, "frequency_penalty": 0.3,
+                                "end_at_sentence": True},
 }
 
 
