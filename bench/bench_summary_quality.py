@@ -16,7 +16,8 @@ Columns (bench/summary_metrics.py defines them): recall = key-term recall (the s
 document's 8 most distinctive words by tf-idf over the whole corpus that its summary uses; higher is
 better), repeat = share of word 4-grams occurring more than once (lower), cut = summaries ending
 mid-sentence, unsup = share of the summaries' names, numbers and capitalised terms that are not in
-the document (0 is the goal), framed = summaries about the text rather than of it, words = mean
+the document (0 is the goal), framed = summaries about the text rather than of it, echo = summaries
+repeating the prompt's instructions (a model that cannot chat), words = mean
 summary length, wall = seconds for the whole run. Goals (issue 17): recall >= 0.55, repeat <= 0.05,
 cut 0, unsup 0.
 """
@@ -182,14 +183,23 @@ def chat_note(model: str) -> str:
     return "template" if cap.has_template else ("instruct name" if cap.can_chat else "NO (base model)")
 
 
-def score_run(records: list[dict], texts: dict[str, str], terms: dict[str, list[str]]) -> list[metrics.SummaryScore]:
+def template_instructions(template: str | None) -> str:
+    """The template's text (every message of map and reduce), for the echo check."""
+    from pipeline.summarize import Templates
+
+    t = Templates.load(template)
+    return "\n".join([t.map_system, t.map_user, t.reduce_system, t.reduce_user])
+
+
+def score_run(records: list[dict], texts: dict[str, str], terms: dict[str, list[str]],
+              instructions: str = "") -> list[metrics.SummaryScore]:
     scores = []
     for rec in records:
         name = Path(rec["path"]).stem
         if rec.get("summary") is None:
             raise RuntimeError(f"{name}: no summary ({rec.get('error')})")
         scores.append(metrics.score_summary(name, rec["summary"], texts[name], terms[name],
-                                            truncated=bool(rec.get("truncated"))))
+                                            truncated=bool(rec.get("truncated")), instructions=instructions))
     return scores
 
 
@@ -229,7 +239,7 @@ def main() -> None:
             print(f"rqllm {' '.join(cmd)}", file=sys.stderr)
             wall, _ = run_summarize(cmd)
             records = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines() if line.strip()]
-            scores = score_run(records, texts, terms)
+            scores = score_run(records, texts, terms, template_instructions(None if template == "default" else template))
             total = metrics.score_corpus(scores)
             rows.append((model, template, chat, total, wall))
             details.append({"model": model, "template": template, "chat": chat, "command": "rqllm " + " ".join(cmd),
@@ -241,14 +251,15 @@ def main() -> None:
                 for s, r in sorted(zip(scores, records), key=lambda x: x[0].name):
                     print(f"\n## {s.name} ({model}, {template}): recall {s.key_term_recall:.2f} repeat "
                           f"{s.repetition:.2f} cut {int(s.cut_off)} unsup {s.unsupported:.2f} "
-                          f"{list(s.unsupported_words)[:6]} framed {int(s.framing)}\nkey terms: "
+                          f"{list(s.unsupported_words)[:6]} framed {int(s.framing)} echo {int(s.echo)}\nkey terms: "
                           f"{', '.join(s.key_terms)}\n{r['summary']}")
     print()
-    print(f"| model | template | chat | docs | recall | repeat | cut | unsup | framed | words | wall s |")
-    print(f"|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| model | template | chat | docs | recall | repeat | cut | unsup | framed | echo | words | wall s |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for model, template, chat, t, wall in rows:
-        print(f"| {model} | {template} | {chat} | {t.documents} | {t.key_term_recall:.2f} | {t.repetition:.2f} | "
-              f"{t.cut_off}/{t.documents} | {t.unsupported:.2f} | {t.framing}/{t.documents} | {t.words:.0f} | {wall:.0f} |")
+        n = t.documents
+        print(f"| {model} | {template} | {chat} | {n} | {t.key_term_recall:.2f} | {t.repetition:.2f} | {t.cut_off}/{n} | "
+              f"{t.unsupported:.2f} | {t.framing}/{n} | {t.echo}/{n} | {t.words:.0f} | {wall:.0f} |")
     if args.json:
         args.json.write_text(json.dumps({"runs": details}, indent=1, ensure_ascii=False), encoding="utf-8")
     tmp.cleanup()

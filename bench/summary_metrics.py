@@ -10,6 +10,7 @@
   a name the document never mentions is invented);
 * framing: the summary talks about the text ("This summary...", "The text describes...",
   "The code above...") instead of giving its content;
+* echo: the summary repeats the prompt's instructions (a base model continuing the prompt);
 * words: the summary's length in words.
 
 Each is a pure function of strings, so tests/test_summary_metrics.py can check it on made-up cases.
@@ -186,6 +187,17 @@ def framing(summary: str) -> bool:
     return _FRAMING.search(summary) is not None
 
 
+def echoes(summary: str, instructions: str, n: int = 6) -> bool:
+    """Whether the summary repeats the prompt's own instructions: a word n-gram of `instructions`
+    (the template's text without its placeholders) in the summary. A base model that cannot chat
+    continues the prompt instead of answering it."""
+    def grams(text: str) -> set[tuple[str, ...]]:
+        ws = words(text)
+        return {tuple(ws[i:i + n]) for i in range(len(ws) - n + 1)}
+
+    return bool(grams(summary) & grams(re.sub(r"\{\w+\}", " ", instructions)))
+
+
 @dataclass(frozen=True)
 class SummaryScore:
     name: str
@@ -197,13 +209,16 @@ class SummaryScore:
     unsupported_words: tuple[str, ...]
     framing: bool
     words: int
+    echo: bool = False
 
 
-def score_summary(name: str, summary: str, document: str, terms: Sequence[str], truncated: bool = False) -> SummaryScore:
+def score_summary(name: str, summary: str, document: str, terms: Sequence[str], truncated: bool = False,
+                  instructions: str = "") -> SummaryScore:
     share, missing = unsupported(summary, document)
     return SummaryScore(name=name, key_terms=tuple(terms), key_term_recall=key_term_recall(summary, terms),
                         repetition=repetition(summary), cut_off=cut_off(summary, truncated), unsupported=share,
-                        unsupported_words=tuple(missing), framing=framing(summary), words=len(_TOKEN.findall(summary)))
+                        unsupported_words=tuple(missing), framing=framing(summary), words=len(_TOKEN.findall(summary)),
+                        echo=bool(instructions) and echoes(summary, instructions))
 
 
 @dataclass(frozen=True)
@@ -215,6 +230,7 @@ class CorpusScore:
     unsupported: float
     framing: int
     words: float
+    echo: int = 0
 
 
 def score_corpus(scores: Sequence[SummaryScore]) -> CorpusScore:
@@ -224,4 +240,4 @@ def score_corpus(scores: Sequence[SummaryScore]) -> CorpusScore:
     return CorpusScore(documents=n, key_term_recall=sum(s.key_term_recall for s in scores) / n,
                        repetition=sum(s.repetition for s in scores) / n, cut_off=sum(s.cut_off for s in scores),
                        unsupported=sum(s.unsupported for s in scores) / n, framing=sum(s.framing for s in scores),
-                       words=sum(s.words for s in scores) / n)
+                       words=sum(s.words for s in scores) / n, echo=sum(s.echo for s in scores))

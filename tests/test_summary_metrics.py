@@ -86,6 +86,12 @@ def test_framing(summary, framed):
     assert m.framing(summary) is framed
 
 
+def test_echo_of_the_prompt():
+    instructions = "Summarize the following text in at most {words} words. Keep the key facts, names."
+    assert m.echoes("Summarize the following text in at most 96 words. Keep the", instructions)
+    assert not m.echoes("The licence lets anyone copy the text in at most a day.", instructions)
+
+
 def test_corpus_score_averages_and_counts():
     docs = {"a": "Alpha beta gamma delta. Alpha beta.", "b": "Epsilon zeta eta theta. Epsilon zeta."}
     terms = m.key_terms(docs, k=2)
