@@ -41,7 +41,6 @@ from functools import cached_property
 from typing import TYPE_CHECKING
 
 from engine import models
-from engine.chat_capability import ChatCapability, chat_capability
 from engine.drafting import DraftModel, PromptLookup, VocabularyMismatch, check_same_vocabulary
 from engine.kv_cache import CachedTokens
 from engine.model import MAX_UBATCH, Model, ModelError
@@ -53,6 +52,7 @@ from engine.tokenizer import Tokenizer, TokenizerError
 
 if TYPE_CHECKING:
     from engine.chat import ChatFormat
+    from engine.chat_capability import ChatCapability
 
 log = logging.getLogger("rqllm.engine")
 MAX_PROMPT_CHARS = 4_000_000  # far beyond any KV budget here; refuse before tokenizing megabytes
@@ -141,6 +141,8 @@ class Engine:
     @cached_property
     def chat_capability(self) -> ChatCapability:
         """Whether the model can follow chat prompts (engine.chat_capability): callers warn when not."""
+        from engine.chat_capability import chat_capability
+
         return chat_capability(self.model.gguf.metadata, self.path)
 
     @property

@@ -23,6 +23,7 @@ from rq import get_current_job
 from rq.job import Job
 
 from engine.sentences import complete_end
+
 from jobs.runtime import TaskFailed, TaskOptions, get_context, run_generation
 from jobs.schemas import GenerationJob, JobResult
 
