@@ -244,7 +244,8 @@ def main() -> None:
             rows.append((model, template, chat, total, wall))
             details.append({"model": model, "template": template, "chat": chat, "command": "rqllm " + " ".join(cmd),
                             "wall_seconds": round(wall, 1), "total": asdict(total),
-                            "documents": [dict(asdict(s), summary=r["summary"], chunks=r.get("chunks"),
+                            "documents": [dict(asdict(s), summary=r["summary"], truncated=bool(r.get("truncated")),
+                                               chunks=r.get("chunks"),
                                                seconds=r.get("seconds"), tokens_out=r.get("tokens_out"))
                                           for s, r in zip(scores, records)]})
             if args.per_doc:
