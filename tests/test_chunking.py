@@ -227,7 +227,7 @@ def test_real_tokenizer_tiny_and_medium(smollm2_tokenizer):
 
 # --- structure: headings, lists, code blocks, CJK, sentences over the chunk ---------------------
 
-from pipeline.chunking import code_blocks, outline  # noqa: E402
+from pipeline.structure import code_blocks, outline  # noqa: E402
 
 
 def _sentences(prefix: str, n: int, words: int = 9) -> str:
