@@ -146,7 +146,7 @@ def _plant(conn, job_id: str, func: str, args: list, queue: str) -> None:
 
 def run(workdir: Path) -> list[Row]:
     from pipeline.client import Client
-    from pipeline.embedded import RedisServer, WorkerProcess, worker_command
+    from pipeline.embedded import RedisServer, WorkerProcess, worker_argv
     from pipeline.memory_guard import check_worker_start
 
     model = check_worker_start(M, KV_BUDGET).model_path  # pulls the model if needed
@@ -177,7 +177,7 @@ def run(workdir: Path) -> list[Row]:
         n_good = 1 + len(WORKER_CASES) * 2 + 1  # lines that pass submission
 
         worker_log = workdir / "worker.log"
-        w = WorkerProcess(worker_command(url, M, threads=1, kv_budget=KV_BUDGET, name="table-w1"), str(worker_log))
+        w = WorkerProcess(worker_argv(url, M, threads=1, kv_budget=KV_BUDGET, name="table-w1"), str(worker_log))
         try:
             t0 = time.monotonic()
             sub = _cli("submit", str(src), "--redis-url", url)

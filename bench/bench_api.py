@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from jobs import keys  # noqa: E402
-from pipeline.embedded import RedisServer, WorkerProcess, stop_workers, worker_command  # noqa: E402
+from pipeline.embedded import RedisServer, WorkerProcess, stop_workers, worker_argv  # noqa: E402
 from tests.api_server import ServeProcess  # noqa: E402
 from tests.conftest_redis import wait_for_workers  # noqa: E402
 
@@ -105,7 +105,7 @@ def main() -> None:
     workdir = Path(tempfile.mkdtemp(prefix="bench-api-"))
     server = RedisServer().start()
     names = [f"bench-api-w{i}" for i in range(args.workers)]
-    workers = [WorkerProcess(worker_command(server.url, MODEL, threads=args.threads, name=name),
+    workers = [WorkerProcess(worker_argv(server.url, MODEL, threads=args.threads, name=name),
                              str(workdir / f"{name}.log")) for name in names]
     serve = ServeProcess(workdir / "data", redis_url=server.url, keys=[KEY]).start()
     try:

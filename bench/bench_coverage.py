@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 import make_llamacpp_fixtures as fixtures  # noqa: E402
 from bench_engine import bench_ours, peer_run  # noqa: E402
 
-from engine import models  # noqa: E402
+from engine import registry  # noqa: E402
 from engine.model import Model  # noqa: E402
 from tests import quant_models as QM  # noqa: E402
 
@@ -144,7 +144,7 @@ def main(argv=None) -> int:
     import llama_cpp
 
     fixtures.disable_extra_buffer_types(llama_cpp)  # plain ggml-cpu kernels, as the fixtures
-    smollm2 = models.resolve("smollm2-135m")
+    smollm2 = registry.resolve("smollm2-135m")
     print(f"llama-cpp-python {llama_cpp.__version__}; decode: {args.threads} threads, {args.decode} tokens "
           f"after 32, median of {args.reps}; greedy: {N_GREEDY} tokens x 8 prompts "
           f"({args.greedy_threads} thread(s), llama.cpp's runs: {args.peer_greedy}); load average {os.getloadavg()[0]:.1f}\n")

@@ -93,7 +93,8 @@ def engine_path(eng: Engine, params: SamplingParams) -> tuple[float, int, list[i
 
 
 def worker_path(eng: Engine, params: SamplingParams, connection, run: int) -> tuple[float, int, float]:
-    from jobs.runtime import TaskOptions, WorkerContext, run_generation, set_context
+    from jobs.runtime import WorkerContext, run_generation, set_context
+    from jobs.schemas import TaskOptions
     from jobs.schemas import validate_job
 
     eng.forget_cache()
@@ -120,7 +121,7 @@ def fmt(xs: list[float]) -> str:
 @click.option("--profile", is_flag=True, help="cProfile one worker-path run and print the top entries.")
 def main(model: str, tokens: int, runs: int, threads: int, profile: bool) -> None:
     from pipeline.embedded import RedisServer
-    from pipeline.redis_conn import connect
+    from jobs.redis_conn import connect
 
     eng = Engine(model, threads=threads)
     params = SamplingParams(max_tokens=tokens, temperature=0.0)

@@ -5,7 +5,7 @@
     python bench/bench_engine.py [--model smollm2-135m --model 8b-shape ...] [--threads 1 --threads 2] [--reps 5]
                                  [--prefill N] [--decode N] [--kernel avx2] [--peer-python] [--no-peer]
 
-Models: a known model name (engine.models), or a named shape from bench/shapes.py (`8b-shape`,
+Models: a known model name (engine.registry), or a named shape from bench/shapes.py (`8b-shape`,
 `1.5b-shape`: random-weight Q4_K_M files with real models' shapes, generated into the cache on first
 use).  Prefill/decode lengths default per model: pp256/tg16 for 8b-shape, pp256/tg32 for
 1.5b-shape, pp256/tg64 for the others; --prefill/--decode override.
@@ -50,7 +50,7 @@ import numpy as np  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from engine import models  # noqa: E402
+from engine import registry  # noqa: E402
 from engine.model import Model  # noqa: E402
 
 SHAPE_8B = "8b-shape"
@@ -65,7 +65,7 @@ def model_file(name: str) -> Path:
 
     if name in SHAPES:
         return ensure(name, log=lambda m: print(m, file=sys.stderr))
-    return models.resolve(name)
+    return registry.resolve(name)
 
 
 def prompt_tokens(n: int, vocab: int, bos: int | None, seed: int = 0) -> list[int]:

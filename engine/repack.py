@@ -269,7 +269,7 @@ def _safe_stem(path: Path) -> str:
 
 
 def cache_root() -> Path:
-    from engine.models import cache_dir
+    from engine.registry import cache_dir
 
     return cache_dir() / SUBDIR
 

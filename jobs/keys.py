@@ -1,7 +1,29 @@
-"""Redis key names used by rqllm (besides rq's own rq:* keys). Every value stored under them is JSON."""
+"""Redis key names used by rqllm (besides rq's own rq:* keys). Every value stored under them is JSON.
+
+Every rqllm key is built here. Lua scripts get their keys as KEYS; where a script finds the ids only
+inside Redis (the batches waiting for a job, the job a dequeue pops), it gets the prefix from here
+as an argument and appends the id.
+"""
 from __future__ import annotations
 
+import json
+from typing import Any
+
 PREFIX = "rqllm"
+
+
+def dumps(obj: Any) -> str:
+    """A value as stored under our keys: compact JSON, text kept as it is."""
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
+
+
+QUEUE_NAME_PREFIX = f"{PREFIX}:"  # rq queues of ours: rqllm:<model key>:<priority> (rq key rq:queue:<name>)
+
+
+def queue_name(model_key: str, priority: str) -> str:
+    """The rq queue of a model (its key, jobs.schemas.model_key) and a priority."""
+    return f"{QUEUE_NAME_PREFIX}{model_key}:{priority}"
+
 
 BATCHES_INDEX = f"{PREFIX}:batches"  # zset: batch id -> created time
 
@@ -21,9 +43,13 @@ def token_stream_key(job_id: str) -> str:
     return f"{PREFIX}:tokens:{job_id}"
 
 
+BATCH_KEY_PREFIX = f"{PREFIX}:batch:"
+BATCH_EVENTS_SUFFIX = ":events"
+
+
 def batch_key(batch_id: str) -> str:
     """Hash: batch metadata and counters (values JSON; counters plain integers, also JSON)."""
-    return f"{PREFIX}:batch:{batch_id}"
+    return BATCH_KEY_PREFIX + batch_id
 
 
 def batch_entries_key(batch_id: str) -> str:
@@ -33,12 +59,21 @@ def batch_entries_key(batch_id: str) -> str:
 
 def batch_events_key(batch_id: str) -> str:
     """Stream: one entry per job of the batch when it ends (collectors follow it)."""
-    return f"{PREFIX}:batch:{batch_id}:events"
+    return batch_key(batch_id) + BATCH_EVENTS_SUFFIX
 
 
 def doorbell_key(model_key: str) -> str:
     """List: wake-up tokens for idle workers of a model (a hint only; losing one loses nothing)."""
     return f"{PREFIX}:wake:{model_key}"
+
+
+POPPED_KEY_PREFIX = f"{PREFIX}:popped:"
+
+
+def popped_key(job_id: str) -> str:
+    """String (short TTL): the worker that popped this job id and has not registered it as started yet;
+    an id left in an intermediate list without one is put back (pipeline.recovery)."""
+    return POPPED_KEY_PREFIX + job_id
 
 
 # ---------------------------------------------------------------- the OpenAI-compatible API (rqllm serve)

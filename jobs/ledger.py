@@ -20,39 +20,25 @@ from redis.client import Pipeline
 from rq.job import Job
 
 from jobs import keys
+from jobs.keys import dumps
 from jobs.schemas import JobResult
+from jobs.streams import (DEFAULT_STREAM_MAXLEN, end_entry, lua_skip_if_last_entry_has, lua_xadd, text_entry)
 
 if TYPE_CHECKING:
     from redis import Redis
 
-DEFAULT_STREAM_MAXLEN = 10_000
-
-
-def lua_skip_if_last_entry_has(stream_key: str, write_id: str) -> str:
-    """Lua that returns 0 when the stream's last entry carries this write id (field 'w'): the one
-    repeat guard of every token-stream write (a resent command must not write twice)."""
-    return f"""
-local last = redis.call('XREVRANGE', {stream_key}, '+', '-', 'COUNT', 1)
-if #last > 0 then
-  local f = last[1][2]
-  for i = 1, #f - 1, 2 do
-    if f[i] == 'w' and f[i + 1] == {write_id} then return 0 end
-  end
-end
-"""
-
-
 # KEYS: result, waiting set, token stream
-# ARGV: result json, status, result ttl, stream ttl, stream maxlen, last text chunk json ('' = none),
-#       end marker json, job id, only_if_absent ('1'/'0'), write id (JSON string, new for every finish)
+# ARGV: result json, status, result ttl, stream ttl, stream maxlen, last text entry json ('' = none),
+#       end entry json, job id, only_if_absent ('1'/'0'), write id (JSON string, new for every finish),
+#       batch key prefix, batch events key suffix (jobs.keys: the waiting batches are known only here)
 # The end marker carries the write id. redis-py resends a command whose reply a dropped connection (a
 # Redis restart) lost; if the stream's last entry is this finish's own end marker, the script already
 # ran in full (it is atomic) and the resend returns 0 without writing the last text and marker again.
 _FINISH = lua_skip_if_last_entry_has("KEYS[3]", "ARGV[10]") + """if ARGV[9] == '1' and redis.call('EXISTS', KEYS[1]) == 1 then return -1 end
 if ARGV[6] ~= '' then
-  redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[5], '*', 'd', ARGV[6])
+  """ + lua_xadd("KEYS[3]", "ARGV[6]", maxlen="ARGV[5]") + """\
 end
-redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[5], '*', 'd', ARGV[7], 'w', ARGV[10])
+""" + lua_xadd("KEYS[3]", "ARGV[7]", maxlen="ARGV[5]", write_id="ARGV[10]") + """\
 redis.call('EXPIRE', KEYS[3], ARGV[4])
 redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[3])
 local batches = redis.call('SMEMBERS', KEYS[2])
@@ -62,12 +48,12 @@ if ARGV[2] == 'done' then field = 'done' end
 local ev = cjson.encode({job = ARGV[8], status = ARGV[2]})
 local told = 0
 for _, b in ipairs(batches) do
-  local bkey = 'rqllm:batch:' .. b
+  local bkey = ARGV[11] .. b
   local ttl = redis.call('TTL', bkey)
   if ttl ~= -2 then
     redis.call('HINCRBY', bkey, field, 1)
-    local ekey = bkey .. ':events'
-    redis.call('XADD', ekey, '*', 'd', ev)
+    local ekey = bkey .. ARGV[12]
+    """ + lua_xadd("ekey", "ev") + """\
     if ttl > 0 then redis.call('EXPIRE', ekey, ttl) end
     told = told + 1
   end
@@ -86,7 +72,7 @@ if res and ARGV[3] ~= '1' then
     if batch ~= '' then
       redis.call('HINCRBY', KEYS[4], 'done', 1)
       redis.call('HINCRBY', KEYS[4], 'cached', 1)
-      redis.call('XADD', KEYS[5], '*', 'd', cjson.encode({job = ARGV[2], status = 'done', cached = true}))
+      """ + lua_xadd("KEYS[5]", "cjson.encode({job = ARGV[2], status = 'done', cached = true})") + """\
     end
     return 'cached'
   end
@@ -102,10 +88,6 @@ if status == 'queued' or status == 'started' or status == 'deferred' or status =
 end
 return 'enqueue'
 """
-
-
-def dumps(obj: Any) -> str:
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
 
 
 class Ledger:
@@ -129,10 +111,9 @@ class Ledger:
     ) -> int:
         """Record a job's outcome and tell its waiting batches. Returns how many batches were told, -1 if
         only_if_absent and a result was already there, 0 when the call was a resend of one already applied."""
-        end = {"type": "end", "status": result.status, "finish_reason": result.finish_reason}
-        if result.error is not None:
-            end["error"] = result.error.model_dump()
-        chunk = dumps({"type": "text", "text": last_text}) if last_text else ""
+        end = end_entry(result.status, result.finish_reason,
+                        result.error.model_dump() if result.error is not None else None)
+        chunk = dumps(text_entry(last_text)) if last_text else ""
         reply = self._finish(
             keys=[keys.result_key(result.job_id), keys.job_batches_key(result.job_id), keys.token_stream_key(result.job_id)],
             args=[
@@ -146,6 +127,8 @@ class Ledger:
                 result.job_id,
                 "1" if only_if_absent else "0",
                 json.dumps(uuid.uuid4().hex),  # what makes a resend of this very call recognisable
+                keys.BATCH_KEY_PREFIX,
+                keys.BATCH_EVENTS_SUFFIX,
             ],
             client=client,
         )

@@ -11,26 +11,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from rq import get_current_job
 
-from jobs.ledger import DEFAULT_STREAM_MAXLEN, Ledger
-from jobs.schemas import GenerationJob, JobResult
+from jobs.ledger import Ledger
+from jobs.outcomes import attempt_number, job_timeout, mark_final, record_failure, retries_left
+from jobs.redis_conn import REDIS_DOWN_ERRORS
+from jobs.schemas import GenerationJob, JobResult, TaskOptions
+from jobs.streams import DEFAULT_STREAM_MAXLEN, TokenStreamWriter
 
 if TYPE_CHECKING:
     from redis import Redis
-
-DEFAULT_RESULT_TTL = 7 * 24 * 3600
-DEFAULT_STREAM_TTL = 24 * 3600
-
-
-class TaskOptions(BaseModel):
-    """Per-submission options carried next to the job (not part of its content id)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    result_ttl: int = Field(DEFAULT_RESULT_TTL, ge=1)
-    stream_ttl: int = Field(DEFAULT_STREAM_TTL, ge=1)
-
 
 class JobInterrupted(Exception):
     """The worker was told to stop right away (second SIGTERM/SIGINT); the job goes back to its queue."""
@@ -83,32 +73,44 @@ def get_context() -> WorkerContext:
     return _context
 
 
+def run_current_job(job: GenerationJob, options: TaskOptions) -> JobResult:
+    """run_generation() for the rq job being worked: its attempt number, timeout and retry rules, and
+    its outcome recorded under the rq job id (what batches wait for; a summariser's map job runs a
+    GenerationJob whose content id is not its rq id)."""
+    rq_job = get_current_job()
+    try:
+        return run_generation(job, options, attempt=attempt_number(rq_job), timeout=job_timeout(rq_job),
+                              retryable=lambda: retries_left(rq_job),
+                              record_as=rq_job.id if rq_job is not None else None)
+    except TaskFailed:
+        mark_final(rq_job)  # recorded as final (e.g. a request the engine refuses)
+        raise
+
+
 def run_generation(job: GenerationJob, options: TaskOptions, *, attempt: int = 1,
-                   timeout: float | None = None, retryable: Callable[[], bool] = lambda: False) -> JobResult:
+                   timeout: float | None = None, retryable: Callable[[], bool] = lambda: False,
+                   record_as: str | None = None) -> JobResult:
     """Generate one job with the worker's engine, streaming its text and recording its outcome.
 
     Returns the done JobResult. Raises JobInterrupted on a forced stop (nothing recorded: the job will
     run again), RedisUnavailable when Redis stayed away (nothing recorded: the job goes back on its queue),
     TaskFailed after recording a final failure, or the original exception unrecorded when `retryable()`
-    says rq will run the job again.
+    says rq will run the job again. record_as: the id the stream and outcome go under (default job.id).
     """
-    from pipeline.redis_conn import REDIS_DOWN_ERRORS
-
     try:
-        return _run_generation(job, options, attempt=attempt, timeout=timeout, retryable=retryable)
+        return _run_generation(job, options, attempt=attempt, timeout=timeout, retryable=retryable,
+                               job_id=record_as or job.id)
     except REDIS_DOWN_ERRORS as e:
         # Not a job failure: recording one would end the job for its batches while the outage is the cause.
         raise RedisUnavailable(f"{type(e).__name__}: {e}") from e
 
 
 def _run_generation(job: GenerationJob, options: TaskOptions, *, attempt: int, timeout: float | None,
-                    retryable: Callable[[], bool]) -> JobResult:
-    from engine.engine import EngineError, EngineInterrupted
-    from pipeline.redis_conn import REDIS_DOWN_ERRORS
-    from pipeline.streams import TokenStreamWriter
+                    retryable: Callable[[], bool], job_id: str) -> JobResult:
+    from engine.engine import EngineError, EngineInterrupted  # the engine loads only in a worker
 
     ctx = get_context()
-    writer = TokenStreamWriter(ctx.connection, job.id, ttl=options.stream_ttl, maxlen=ctx.stream_maxlen,
+    writer = TokenStreamWriter(ctx.connection, job_id, ttl=options.stream_ttl, maxlen=ctx.stream_maxlen,
                                interval=ctx.flush_interval)
     started = time.time()
     attempt = writer.start(attempt, ctx.worker_name)  # counts runs lost with a dead worker too
@@ -128,9 +130,8 @@ def _run_generation(job: GenerationJob, options: TaskOptions, *, attempt: int, t
                   started_at=started)
 
     def fail(code: str, message: str) -> TaskFailed:
-        result = JobResult.failed(job.id, code, message, **common)
-        ctx.ledger.finish(result, result_ttl=options.result_ttl, stream_ttl=options.stream_ttl,
-                          last_text=writer.take(), stream_maxlen=ctx.stream_maxlen)
+        result, _ = record_failure(ctx.ledger, job_id, code, message, options=options, only_if_absent=False,
+                                   last_text=writer.take(), stream_maxlen=ctx.stream_maxlen, **common)
         return TaskFailed(result)
 
     try:
@@ -149,7 +150,7 @@ def _run_generation(job: GenerationJob, options: TaskOptions, *, attempt: int, t
                 raise JobTimeout(message) from None
             raise fail("timeout", message) from None
         writer.mark({"type": "interrupted"})
-        raise JobInterrupted(job.id) from None
+        raise JobInterrupted(job_id) from None
     except EngineError as e:
         # A bad request fails the same way every time: no retry.
         raise fail("invalid_request", str(e)) from None
@@ -161,7 +162,7 @@ def _run_generation(job: GenerationJob, options: TaskOptions, *, attempt: int, t
             raise
         raise fail("worker_error", f"{type(e).__name__}: {e}") from None
 
-    result = JobResult.from_generation(job, gen, **common)
+    result = JobResult.from_generation(job, gen, job_id=job_id, **common)
     ctx.ledger.finish(result, result_ttl=options.result_ttl, stream_ttl=options.stream_ttl,
                       last_text=writer.take(), stream_maxlen=ctx.stream_maxlen)
     ctx.stats["jobs"] += 1

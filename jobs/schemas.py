@@ -23,6 +23,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from engine.params import FinishReason, Generation, SamplingParams
+from jobs import keys
 
 ID_VERSION = "v1"
 ENDPOINT_CHAT = "/v1/chat/completions"
@@ -211,6 +212,19 @@ class JobError(BaseModel):
     message: str
 
 
+DEFAULT_RESULT_TTL = 7 * 24 * 3600
+DEFAULT_STREAM_TTL = 24 * 3600
+
+
+class TaskOptions(BaseModel):
+    """Per-submission options carried next to the job (not part of its content id)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    result_ttl: int = Field(DEFAULT_RESULT_TTL, ge=1)
+    stream_ttl: int = Field(DEFAULT_STREAM_TTL, ge=1)
+
+
 class JobResult(BaseModel):
     """What a worker records when a job ends (done or failed). Stored as JSON in Redis."""
 
@@ -237,10 +251,10 @@ class JobResult(BaseModel):
 
     @classmethod
     def from_generation(cls, job: GenerationJob, gen: Generation, **kw: Any) -> JobResult:
+        kw.setdefault("job_id", job.id)
         kw.setdefault("model", job.model)
         kw.setdefault("endpoint", job.endpoint)
         return cls(
-            job_id=job.id,
             status="done",
             text=gen.text,
             finish_reason=gen.finish_reason,
@@ -305,7 +319,7 @@ def queue_name(model: str, priority: str = "default") -> str:
     """rq queue name for a model and priority: rqllm:<model>:<priority> (rq key rq:queue:<name>)."""
     if priority not in PRIORITIES:
         raise InvalidJob(f"priority must be one of {', '.join(PRIORITIES)}, not {priority!r}")
-    return f"rqllm:{model_key(model)}:{priority}"
+    return keys.queue_name(model_key(model), priority)
 
 
 def queue_names(model: str) -> list[str]:

@@ -1,7 +1,8 @@
 """rq task functions for `rqllm summarize`: map (one chunk) and reduce (combine partial summaries).
 
 Both run inside an rqllm worker (jobs.runtime.get_context() gives the engine) and go through
-jobs.runtime.run_generation, so they stream tokens and record a JobResult like any other job.
+jobs.runtime.run_current_job, so they stream tokens and record a JobResult in the ledger under their rq
+job id, like any other job of a batch (the producer follows them through the batch's events).
 
 * summarize_chunk(job, options): `job` is a GenerationJob payload whose messages are the map
   prompt around one chunk (built and token-counted by the producer, pipeline.summarize).
@@ -22,10 +23,10 @@ from typing import Any
 from rq import get_current_job
 from rq.job import Job
 
-from jobs.runtime import TaskFailed, TaskOptions, get_context, run_generation
-from jobs.schemas import GenerationJob, JobResult
+from jobs.runtime import get_context, run_current_job
+from jobs.schemas import GenerationJob, JobResult, TaskOptions
 
-__all__ = ["summarize_chunk", "reduce_summaries"]
+__all__ = ["summarize_chunk", "reduce_summaries"]  # the tasks; the rest are helpers, not runnable by name
 
 # A lead-in label on the first line: "Summary:", "Here is a short summary of the text:", "The summary is:".
 _LABEL = re.compile(r"^\s*(?:\*\*)?[^\n:]{0,40}?\bsummary\b[^\n:]{0,40}?(?:\*\*)?\s*:(?:\*\*)?\s*", re.I)
@@ -45,12 +46,6 @@ def tidy_summary(text: str, finish_reason: str | None) -> str:
     return out.strip()
 
 
-def _attempt_and_timeout(rq_job: Any) -> tuple[int, float | None]:
-    attempt = 1 + int(getattr(rq_job, "number_of_retries", 0) or 0) if rq_job is not None else 1
-    timeout = float(rq_job.timeout) if rq_job is not None and rq_job.timeout and rq_job.timeout > 0 else None
-    return attempt, timeout
-
-
 def part_label_pattern(part: str) -> re.Pattern[str] | None:
     """A regex for the label the reduce template puts before each summary ("Part {n}: ").
 
@@ -64,19 +59,13 @@ def part_label_pattern(part: str) -> re.Pattern[str] | None:
 
 def _run(gjob: GenerationJob, options: dict[str, Any] | None, inputs: int,
          labels: re.Pattern[str] | None = None) -> dict[str, Any]:
-    rq_job = get_current_job()
-    opts = TaskOptions.model_validate(options or {})
-    attempt, timeout = _attempt_and_timeout(rq_job)
+    result: JobResult = run_current_job(gjob, TaskOptions.model_validate(options or {}))
+    return summary_record(result, inputs=inputs, labels=labels)
 
-    def retryable() -> bool:
-        return bool(rq_job is not None and rq_job.retries_left and rq_job.retries_left > 0)
 
-    try:
-        result: JobResult = run_generation(gjob, opts, attempt=attempt, timeout=timeout, retryable=retryable)
-    except TaskFailed:
-        if rq_job is not None:
-            rq_job.retries_left = 0  # recorded as final (e.g. a prompt the engine refuses)
-        raise
+def summary_record(result: JobResult, *, inputs: int, labels: re.Pattern[str] | None = None) -> dict[str, Any]:
+    """What a map or reduce job returns, from its recorded outcome: the producer rebuilds the same
+    record from the ledger's JobResult (pipeline.summarize.follow), so it needs no rq return value."""
     text = labels.sub("", result.text) if labels is not None else result.text
     return {
         "summary": tidy_summary(text, result.finish_reason),

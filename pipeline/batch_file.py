@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,8 +29,8 @@ from jobs.schemas import (
     max_prompt_bytes,
     validate_job,
 )
+from engine.defaults import DEFAULT_MODEL
 
-DEFAULT_MODEL = "smollm2-135m"
 
 # body fields mapped onto SamplingParams (OpenAI's, top_k/min_p/repetition_penalty as vLLM accepts
 # them; speculative, no_repeat_ngram_size and end_at_sentence are rqllm's own)
@@ -234,10 +234,3 @@ def output_line(batch_id: str, custom_id: str, result: JobResult | None, job_id:
 
 def dump_line(obj: dict[str, Any]) -> str:
     return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
-
-
-def iter_output(path: str | Path) -> Iterator[dict[str, Any]]:
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            if line.strip():
-                yield json.loads(line)

@@ -23,9 +23,9 @@ from rq.job import Job
 
 from jobs import keys
 from jobs.ledger import Ledger
-from jobs.runtime import DEFAULT_RESULT_TTL, DEFAULT_STREAM_TTL
-from jobs.schemas import ENDPOINT_CHAT, ENDPOINT_COMPLETIONS, JobResult
-from pipeline.redis_conn import SERIALIZER
+from jobs.outcomes import record_failure
+from jobs.schemas import DEFAULT_RESULT_TTL, DEFAULT_STREAM_TTL, TaskOptions
+from jobs.redis_conn import SERIALIZER
 
 CancelOutcome = Literal["cancelled", "stopping", "shared", "ended", "gone"]
 _WAITING = ("queued", "deferred", "scheduled")
@@ -35,15 +35,11 @@ def _text(raw: Any) -> str | None:
     return raw.decode() if isinstance(raw, bytes) else raw
 
 
-def _failed_result(connection: Redis, job_id: str, code: str, message: str) -> JobResult:
-    model, endpoint = "", ENDPOINT_COMPLETIONS
+def _payload(connection: Redis, job_id: str) -> Any:
     try:
-        payload = Job.fetch(job_id, connection=connection, serializer=SERIALIZER).args[0]
-        model = str(payload.get("model", ""))
-        endpoint = ENDPOINT_CHAT if "messages" in payload else ENDPOINT_COMPLETIONS
+        return Job.fetch(job_id, connection=connection, serializer=SERIALIZER).args[0]
     except Exception:  # noqa: BLE001 - an undecodable job is still cancelled, with less detail
-        pass
-    return JobResult.failed(job_id, code, message, model=model, endpoint=endpoint)
+        return None
 
 
 def cancel_unwanted_job(connection: Redis, job_id: str, *, code: str, message: str, batch_id: str = "",
@@ -70,12 +66,13 @@ def cancel_unwanted_job(connection: Redis, job_id: str, *, code: str, message: s
                 status = _text(pipe.hget(job_key, "status"))
                 if status not in _WAITING and status != "started":
                     return "gone" if status is None else "ended"
-                result = _failed_result(connection, job_id, code, message)
+                payload = _payload(connection, job_id)
                 rq_job = Job.fetch(job_id, connection=connection, serializer=SERIALIZER) if status in _WAITING else None
                 pipe.multi()
                 if rq_job is not None:
                     rq_job.cancel(pipeline=pipe)
-                ledger.finish(result, result_ttl=result_ttl, stream_ttl=stream_ttl, only_if_absent=True, client=pipe)
+                record_failure(ledger, job_id, code, message, payload=payload, client=pipe,
+                               options=TaskOptions(result_ttl=result_ttl, stream_ttl=stream_ttl))
                 pipe.execute()
             except WatchError:
                 continue

@@ -6,7 +6,7 @@ import click
 
 class _Group(click.Group):
     def invoke(self, ctx: click.Context):
-        from pipeline.redis_conn import RedisRefused
+        from jobs.redis_conn import RedisRefused
 
         try:
             return super().invoke(ctx)
@@ -23,14 +23,16 @@ def main() -> None:
 def _register() -> None:
     # Engine-side commands: models, generate, tokenize.
     from pipeline import cli_engine
-    # Queue-side commands: submit, worker, collect, watch, status.
+    # Queue-side commands: submit, collect, watch, status.
     from pipeline import cli_jobs
+    # The worker: worker.
+    from pipeline import cli_worker
     # The OpenAI-compatible HTTP API: serve.
     from pipeline import cli_serve
     # Bulk summarisation: summarize.
     from pipeline import cli_summarize
 
-    for module in (cli_engine, cli_jobs, cli_summarize, cli_serve):
+    for module in (cli_engine, cli_jobs, cli_worker, cli_summarize, cli_serve):
         for command in module.COMMANDS:
             main.add_command(command)
 

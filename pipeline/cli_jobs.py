@@ -1,4 +1,4 @@
-"""CLI commands for the queue: submit, worker, collect, watch, status.
+"""CLI commands for the queue: submit, collect, watch, status (the worker: pipeline.cli_worker).
 
 With REDIS_URL set, commands talk to that Redis (submit only submits; collect/--wait follow).
 Without it, `rqllm submit ... --wait` runs an embedded cluster (private redis-server + worker
@@ -14,9 +14,8 @@ from typing import Any
 
 import click
 
-from pipeline.worker import worker_command
+from engine.defaults import DEFAULT_MODEL
 
-DEFAULT_MODEL = "smollm2-135m"
 
 
 def _echo_err(msg: str) -> None:
@@ -25,7 +24,7 @@ def _echo_err(msg: str) -> None:
 
 def _client(redis_url: str | None):
     from pipeline.client import Client
-    from pipeline.redis_conn import redis_url_from_env
+    from jobs.redis_conn import redis_url_from_env
 
     url = redis_url or redis_url_from_env()
     if not url:
@@ -197,7 +196,7 @@ def collect_command(batch_id: str, output: str, timeout: float | None, redis_url
 @click.option("--timeout", type=float, default=None, help="Give up waiting after this many seconds.")
 def watch_command(job_id: str, redis_url: str | None, timeout: float | None) -> None:
     """Print a job's tokens live (waits if it has not started; replays if it has finished)."""
-    from pipeline.streams import follow_tokens
+    from jobs.streams import follow_tokens
 
     client = _client(redis_url)
     t0 = time.monotonic()
@@ -286,4 +285,4 @@ def status_command(redis_url: str | None, limit: int, as_json: bool) -> None:
                    f"{','.join(b['models'])} [{b['priority']}]")
 
 
-COMMANDS: list[click.Command] = [submit_command, worker_command, collect_command, watch_command, status_command]
+COMMANDS: list[click.Command] = [submit_command, collect_command, watch_command, status_command]

@@ -9,7 +9,7 @@ from pipeline.api.config import (
     DEFAULT_MAX_FILE_REQUESTS,
     KEYS_ENV,
 )
-from pipeline.batch_file import DEFAULT_MODEL
+from engine.defaults import DEFAULT_MODEL
 
 
 @click.command("serve")

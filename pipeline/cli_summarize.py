@@ -5,11 +5,11 @@ import sys
 
 import click
 
+from engine.defaults import DEFAULT_MODEL
 from pipeline.summarize import (
     DEFAULT_CHUNK_TOKENS,
     DEFAULT_MAX_BYTES,
     DEFAULT_MAX_SUMMARY_TOKENS,
-    DEFAULT_MODEL,
     DEFAULT_OVERLAP_TOKENS,
     DEFAULT_SPECULATIVE,
     SummarizeError,

@@ -18,19 +18,19 @@ from typing import Any
 
 from pydantic import BaseModel
 from redis import Redis
-from rq import Callback, Queue, Retry
-from rq.job import Job, JobStatus
+from rq import Queue
+from rq.job import Job
 
 from jobs import keys
-from jobs.ledger import Ledger, dumps
-from jobs.runtime import DEFAULT_RESULT_TTL, DEFAULT_STREAM_TTL, TaskOptions
-from jobs.schemas import PRIORITIES, GenerationJob, InvalidJob, JobResult, model_key, queue_name, validate_job
-from pipeline.redis_conn import SERIALIZER, connect
-from pipeline.streams import StreamEntry, read_stream
+from jobs.ledger import Ledger
+from jobs.outcomes import record_failure, record_rq_failure
+from jobs.redis_conn import SERIALIZER, connect
+from jobs.schemas import (DEFAULT_RESULT_TTL, DEFAULT_STREAM_TTL, PRIORITIES, GenerationJob, InvalidJob, JobResult,
+                          TaskOptions, queue_name, validate_job)
+from jobs.streams import StreamEntry, read_stream
+from pipeline.enqueue import TaskCall, claim_and_enqueue, create_batch, extend_batch
 
 TASK_GENERATE = "jobs.tasks.generate"
-TASK_ON_FAILURE = "jobs.tasks.on_failure"
-DEFAULT_JOB_TIMEOUT = 1800
 ACTIVE_STATUSES = {"queued", "started", "deferred", "scheduled"}
 _CHUNK = 1000
 
@@ -91,6 +91,7 @@ class Client:
         self.options = TaskOptions(result_ttl=result_ttl, stream_ttl=stream_ttl)
         self.ledger = Ledger(self.connection)
         self.last_report: SubmitReport | None = None
+        self._ttl = max(self.options.result_ttl, self.options.stream_ttl)  # of a batch's keys
 
     # ---------------------------------------------------------------- queues
     def queue(self, model: str, priority: str = "default") -> Queue:
@@ -152,83 +153,44 @@ class Client:
         unique: dict[str, GenerationJob] = {}
         for g in parsed:
             unique.setdefault(g.id, g)
-        created = time.time()
-        ttl = max(self.options.result_ttl, self.options.stream_ttl)
-        bkey = keys.batch_key(batch_id)
-        if self.connection.exists(bkey):
-            raise InvalidJob(f"batch {batch_id} already exists")
-        with self.connection.pipeline(transaction=True) as p:
-            p.hset(bkey, mapping={
-                "created": dumps(created),
-                "total": len(unique),
-                "requests": len(parsed),
-                "done": 0,
-                "failed": 0,
-                "cached": 0,
-                "models": dumps(sorted({model_key(g.model) for g in parsed})),
-                "priority": dumps(priority),
-                "metadata": dumps(metadata or {}),
-            })
-            p.expire(bkey, ttl)
-            ekey = keys.batch_entries_key(batch_id)
-            entries = [dumps([g.custom_id, g.id]) for g in parsed]
-            for i in range(0, len(entries), _CHUNK):
-                p.rpush(ekey, *entries[i:i + _CHUNK])
-            p.expire(ekey, ttl)
-            evkey = keys.batch_events_key(batch_id)
-            p.xadd(evkey, {"d": dumps({"type": "created", "total": len(unique)})})
-            p.expire(evkey, ttl)
-            p.zadd(keys.BATCHES_INDEX, {batch_id: created})
-            p.execute()
+        try:
+            create_batch(self.connection, batch_id, entries=[(g.custom_id, g.id) for g in parsed], total=len(unique),
+                         models=[g.model for g in parsed], priority=priority, metadata=metadata, ttl=self._ttl)
+        except ValueError as e:
+            raise InvalidJob(str(e)) from None
         self._claim_and_enqueue(batch_id, list(unique.values()), priority=priority, timeout=timeout,
                                 retries=retries, recompute=recompute, requests=len(parsed))
         return batch_id
 
     def _claim_and_enqueue(self, batch_id: str, jobs: Sequence[GenerationJob], *, priority: str,
                            timeout: int | None, retries: int, recompute: bool, requests: int = 1) -> SubmitReport:
-        waiting_ttl = max(self.options.result_ttl, self.options.stream_ttl)
-        replies: list[Any] = []
-        for i in range(0, len(jobs), _CHUNK):
-            with self.connection.pipeline(transaction=False) as p:
-                for g in jobs[i:i + _CHUNK]:
-                    self.ledger.claim(p, batch_id, g.id, recompute=recompute, waiting_ttl=waiting_ttl)
-                replies.extend(p.execute())
-        replies = [r.decode() if isinstance(r, bytes) else r for r in replies]
-        to_enqueue = [g for g, r in zip(jobs, replies) if r == "enqueue"]
-        options = self.options.model_dump()
-        by_queue: dict[str, list[Any]] = {}
-        for g in to_enqueue:
-            qname = queue_name(g.model, priority)
-            by_queue.setdefault(qname, []).append(Queue.prepare_data(
-                TASK_GENERATE,
-                args=(g.to_payload(), options),
-                timeout=timeout or DEFAULT_JOB_TIMEOUT,
-                result_ttl=self.options.result_ttl,
-                failure_ttl=self.options.result_ttl,
-                description=f"generate {g.custom_id or g.id} ({batch_id or 'no batch'})",
-                job_id=g.id,
-                meta={"batch_id": batch_id, "custom_id": g.custom_id},
-                retry=Retry(max=retries) if retries > 0 else None,
-                on_failure=Callback(TASK_ON_FAILURE),
-            ))
-        models = {model_key(g.model) for g in to_enqueue}
-        for qname, datas in by_queue.items():
-            q = Queue(qname, connection=self.connection, serializer=SERIALIZER)
-            for i in range(0, len(datas), _CHUNK):
-                with self.connection.pipeline(transaction=True) as p:
-                    q.enqueue_many(datas[i:i + _CHUNK], pipeline=p)
-                    p.execute()
-        if models:
-            with self.connection.pipeline(transaction=False) as p:
-                n = min(len(to_enqueue), 64)
-                for m in models:
-                    k = keys.doorbell_key(m)
-                    p.rpush(k, *(["1"] * n))
-                    p.ltrim(k, -256, -1)
-                    p.expire(k, 3600)
-                p.execute()
+        calls = [TaskCall(g.id, g.model, TASK_GENERATE, (g.to_payload(),),
+                          f"generate {g.custom_id or g.id} ({batch_id or 'no batch'})", custom_id=g.custom_id)
+                 for g in jobs]
+        report = self.submit_calls(batch_id, calls, priority=priority, timeout=timeout, retries=retries,
+                                   recompute=recompute)
+        report.requests = requests
+        return report
+
+    def open_batch(self, batch_id: str, *, priority: str = "default", metadata: dict[str, Any] | None = None) -> str:
+        """An empty batch that submit_calls(..., extend=True) fills (a producer that plans as it submits)."""
+        create_batch(self.connection, batch_id, entries=[], total=0, models=[], priority=priority,
+                     metadata=metadata, ttl=self._ttl)
+        return batch_id
+
+    def submit_calls(self, batch_id: str, calls: Sequence[TaskCall], *, priority: str = "default",
+                     timeout: int | None = None, retries: int = 0, recompute: bool = False,
+                     extend: bool = False) -> SubmitReport:
+        """Claim and enqueue rq jobs of any allowlisted task for a batch ('' = none); extend=True adds
+        them to the batch's entries and total first (each call's custom_id, else its job id)."""
+        if extend:
+            extend_batch(self.connection, batch_id, entries=[(c.custom_id or c.job_id, c.job_id) for c in calls],
+                         models=[c.model for c in calls], ttl=self._ttl)
+        enqueued, replies = claim_and_enqueue(self.connection, self.ledger, self.options, batch_id, calls,
+                                              priority=priority, timeout=timeout, retries=retries,
+                                              recompute=recompute)
         report = SubmitReport(
-            batch_id=batch_id, total=len(jobs), requests=requests, enqueued=len(to_enqueue),
+            batch_id=batch_id, total=len(calls), requests=len(calls), enqueued=len(enqueued),
             joined=sum(r == "joined" for r in replies), cached=sum(r == "cached" for r in replies),
         )
         self.last_report = report
@@ -297,7 +259,6 @@ class Client:
     def reconcile(self, batch_id: str, pending: Iterable[str] | None = None, grace: float = 1.0) -> int:
         """Record failures for pending jobs of a batch that can no longer end by themselves (the rq job
         was deleted, expired, canceled or failed without an outcome recorded). Returns how many."""
-        from jobs.tasks import record_failure, record_rq_failure
 
         if pending is None:
             ids = sorted({jid for _, jid in self.batch_entries(batch_id)})
@@ -326,8 +287,8 @@ class Client:
             if has or st in ACTIVE_STATUSES:
                 continue
             if st is None:
-                told = record_failure(self.connection, j, "lost",
-                                      "the job is no longer in Redis (deleted or expired) and has no result")
+                _, told = record_failure(self.ledger, j, "lost",
+                                         "the job is no longer in Redis (deleted or expired) and has no result")
             else:
                 try:
                     rq_job = Job.fetch(j, connection=self.connection, serializer=SERIALIZER)
@@ -340,7 +301,7 @@ class Client:
                 if rq_job is not None:
                     told = record_rq_failure(self.connection, rq_job, code, message)
                 else:
-                    told = record_failure(self.connection, j, code, message)
+                    _, told = record_failure(self.ledger, j, code, message)
             fixed += told >= 0
         return fixed
 
@@ -357,7 +318,7 @@ class Client:
 
     def queues(self) -> list[Queue]:
         qs = Queue.all(connection=self.connection, serializer=SERIALIZER)
-        return sorted((q for q in qs if q.name.startswith("rqllm:")), key=lambda q: q.name)
+        return sorted((q for q in qs if q.name.startswith(keys.QUEUE_NAME_PREFIX)), key=lambda q: q.name)
 
     def workers(self) -> list[dict[str, Any]]:
         from rq import SimpleWorker
@@ -385,6 +346,3 @@ class Client:
     def ping(self) -> bool:
         return bool(self.connection.ping())
 
-
-def job_statuses() -> list[str]:
-    return [s.value for s in JobStatus]

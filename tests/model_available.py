@@ -9,7 +9,7 @@ def why_model_missing(name: str) -> str | None:
     """None when the engine imports and model `name` is in the cache; else the reason."""
     try:
         from engine.engine import Engine  # noqa: F401
-        from engine.models import resolve
+        from engine.registry import resolve
 
         resolve(name, auto_pull=False)
     except Exception as e:  # noqa: BLE001

@@ -479,7 +479,7 @@ def teacher_forced_agreement(forward_all, cases: list[dict]) -> dict:
 
 def main(argv: list[str]) -> int:
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from engine.models import resolve
+    from engine.registry import resolve
 
     smollm2 = resolve("smollm2-135m")
     for what in argv or COVERAGE_NAMES:

@@ -39,7 +39,7 @@ def test_embedded_server_one_command_restart_and_kill(tmp_path: Path):
         server.start().wait_ready(KEY, models=True, timeout=240)
         kids = children(server)
         names = " ".join(" ".join(p.cmdline()) for p in kids)
-        assert "redis-server" in names and "pipeline.worker" in names
+        assert "redis-server" in names and "pipeline.cli_worker" in names
         c = server.openai(KEY)
         assert [m.id for m in c.models.list().data] == [M]
         request = dict(model=M, messages=[{"role": "user", "content": "Name a colour."}], max_tokens=6)

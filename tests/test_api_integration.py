@@ -1,5 +1,5 @@
 """`rqllm serve` end to end: the official openai client against a real server process, a real Redis and
-real SmolLM2-135M workers (the production `python -m pipeline.worker`). No mocks.
+real SmolLM2-135M workers (the production `python -m pipeline.cli_worker`). No mocks.
 
 One server and two workers serve the whole module (starting them is the slow part); the restart test
 runs a server of its own, which it kills and starts again. max_tokens stays small so the module is
@@ -20,7 +20,7 @@ from redis import Redis
 
 from jobs import keys
 from pipeline.client import Client
-from pipeline.embedded import WorkerProcess, stop_workers, worker_command
+from pipeline.embedded import WorkerProcess, stop_workers, worker_argv
 from tests.api_server import ROOT, ServeProcess
 from tests.conftest_redis import wait_for_workers
 from tests.model_available import needs_model
@@ -53,7 +53,7 @@ def stack(redis_server: str, tmp_path_factory) -> Iterator[Stack]:  # noqa: F811
     names = ["api-w1", "api-w2"]
     workers = []
     for name in names:
-        w = WorkerProcess(worker_command(redis_server, M, threads=1, name=name), str(base / f"{name}.log"))
+        w = WorkerProcess(worker_argv(redis_server, M, threads=1, name=name), str(base / f"{name}.log"))
         workers.append(w)
     server = ServeProcess(base / "data", redis_url=redis_server, keys=[KEY1, KEY2],
                           extra=["--max-body-bytes", "100000", "--max-file-bytes", "200000"]).start()

@@ -23,7 +23,7 @@ from pipeline.api.config import ServeConfig
 from pipeline.api.errors import APIError
 from pipeline.cancel import cancel_unwanted_job
 from pipeline.client import Client
-from pipeline.redis_conn import SERIALIZER
+from jobs.redis_conn import SERIALIZER
 from tests.conftest_redis import client, redis_server, redis_url  # noqa: F401
 
 NOBODY = "model-without-workers"  # jobs for it stay queued

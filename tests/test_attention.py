@@ -136,3 +136,19 @@ def test_attention_refuses_a_ring_too_small():
     q_, k, v, scale = attention_case(4, 1, 64, 0, 10, 8)
     with pytest.raises(ValueError):
         q.attention_f32(q_, k[:17], v[:17], 10, 0, scale)
+
+
+@pytest.mark.parametrize("path", ["scalar"] + FAST_PATHS)
+@pytest.mark.parametrize("shape", SHAPES, ids=SHAPE_IDS)
+def test_attention_over_an_f16_ring_equals_the_f32_ring_of_its_values(shape, path, kern):
+    """An f16 KV cache is read as halves and widened on the load (exact): the result equals, bit for
+    bit, the attention over an f32 ring holding the same values, whatever the blocks and threads."""
+    mod, p = (q, "scalar") if path == "scalar" else kern
+    n_head, n_head_kv, hd, window, pos0, n = shape
+    q_, k, v, scale = attention_case(*shape, seed=3)
+    k16, v16 = k.astype(np.float16), v.astype(np.float16)
+    assert not np.array_equal(k16.astype(np.float32), k)   # the halves do change the values
+    want = mod.attention_f32(q_, k16.astype(np.float32), v16.astype(np.float32), pos0, window, scale, path=p)
+    for tokens, heads, threads in [(0, 0, 1), (0, 0, 2), (3, 2, 2)]:
+        got = mod.attention_f32(q_, k16, v16, pos0, window, scale, tokens, heads, threads, path=p)
+        np.testing.assert_array_equal(got, want, err_msg=f"tokens={tokens} heads={heads} threads={threads}")

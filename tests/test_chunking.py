@@ -192,7 +192,7 @@ def test_property_fit_and_cover(doc, limit, overlap):
 @pytest.fixture(scope="module")
 def smollm2_tokenizer():
     from engine.gguf_file import GGUFFile
-    from engine.models import pull
+    from engine.registry import pull
     from engine.tokenizer import Tokenizer
 
     path = pull("smollm2-135m", quiet=True)

@@ -209,7 +209,7 @@ def test_embedded_default_splits_the_usable_cpus(monkeypatch):
 # --- the worker -----------------------------------------------------------------------------------
 
 def test_worker_refuses_a_bad_rqllm_threads_without_a_traceback():
-    from pipeline.worker import worker_command
+    from pipeline.cli_worker import worker_command
 
     result = CliRunner().invoke(worker_command, ["--model", "smollm2-135m"], env={ENV_THREADS: "lots"})
     assert result.exit_code == 2

@@ -18,10 +18,12 @@ from jobs import keys
 from jobs.schemas import queue_names
 from pipeline.client import Client
 from pipeline.collector import collect
-from pipeline.embedded import WorkerProcess, stop_workers, worker_command
-from pipeline.redis_conn import SERIALIZER
-from pipeline.streams import final_text, follow_tokens, read_all
-from pipeline.worker import POPPED_PREFIX, WORKER_LOSS_RETRIES, LLMWorker, Reaper
+from pipeline.embedded import WorkerProcess, stop_workers, worker_argv
+from jobs.redis_conn import SERIALIZER
+from jobs.streams import final_text, follow_tokens, read_all
+from jobs.keys import popped_key
+from pipeline.recovery import WORKER_LOSS_RETRIES, Reaper
+from pipeline.worker import LLMWorker
 from tests.conftest_redis import (  # noqa: F401
     client,
     redis_conn,
@@ -43,7 +45,7 @@ needs_engine = needs_model(M)
 def _start_and_die(client: Client, name: str) -> Job:
     """What a worker does up to running the task, then nothing more (as if SIGKILLed)."""
     w = LLMWorker(queue_names(M), model=M, connection=client.connection, name=name)
-    job, queue = w._pop_any()
+    job, queue = w.pop_job()
     w.prepare_execution(job)
     w.prepare_job_execution(job, remove_from_intermediate_queue=True)
     return job
@@ -97,11 +99,11 @@ def test_reaper_requeues_a_job_popped_by_a_worker_that_died_before_starting_it(c
     jid = client.submit({"model": M, "prompt": "Say hi.", "params": {"max_tokens": 2}})
     q = client.queue(M)
     w = LLMWorker(queue_names(M), model=M, connection=client.connection, name="popper")
-    job, _ = w._pop_any()  # ... and dies here: the id is only in the intermediate list
+    job, _ = w.pop_job()  # ... and dies here: the id is only in the intermediate list
     assert q.get_job_ids() == [] and client.connection.lrange(q.intermediate_queue_key, 0, -1) == [jid.encode()]
     reaper = Reaper(client.connection, queue_names(M), name="test-reaper", restart_grace=0)
     assert reaper.run() == []  # the popped mark is still alive: the worker may be about to start it
-    client.connection.delete(POPPED_PREFIX + jid)  # the mark expired
+    client.connection.delete(popped_key(jid))  # the mark expired
     assert reaper.run() == [(jid, "requeued (popped, never started)")]
     assert q.get_job_ids() == [jid] and client.connection.llen(q.intermediate_queue_key) == 0
     assert reaper.run() == []  # nothing twice
@@ -208,7 +210,7 @@ def test_redis_restart_mid_batch_loses_nothing(tmp_path):
     reconnect on their own, every job ends done, the worker is still running."""
     server = AofRedis(data_dir=str(tmp_path / "redis")).start()
     client = Client(server.url)
-    w = WorkerProcess(worker_command(server.url, M, threads=1, name="rr-w1"), str(tmp_path / "rr-w1.log"))
+    w = WorkerProcess(worker_argv(server.url, M, threads=1, name="rr-w1"), str(tmp_path / "rr-w1.log"))
     try:
         wait_for_workers(client.connection, ["rr-w1"])
         n = 12
@@ -255,7 +257,7 @@ def test_redis_down_longer_than_the_client_retries_mid_job(tmp_path):
     worker keeps going and the collector waits; every job ends done."""
     server = AofRedis(data_dir=str(tmp_path / "redis")).start()
     client = Client(server.url)
-    w = WorkerProcess(worker_command(server.url, M, threads=1, name="ro-w1"), str(tmp_path / "ro-w1.log"))
+    w = WorkerProcess(worker_argv(server.url, M, threads=1, name="ro-w1"), str(tmp_path / "ro-w1.log"))
     try:
         wait_for_workers(client.connection, ["ro-w1"])
         n = 3

@@ -214,13 +214,16 @@ def test_f16_kv_cache_holds_twice_the_tokens(smollm2_path, monkeypatch):
     assert f16.capacity == 2 * f32.capacity  # SmolLM2 has no sliding-window layers
     # the planners that size chunks and check memory ask the same question
     assert KVCache.plan(4 << 20, f16.cfg.kv_dim, [None] * f16.cfg.n_layer, 10**6)[0] == f16.capacity
-    monkeypatch.delenv("RQLLM_KV_TYPE")  # the default: f32
+    monkeypatch.delenv("RQLLM_KV_TYPE")  # the default: f16
+    assert KVCache.plan(4 << 20, f16.cfg.kv_dim, [None] * f16.cfg.n_layer, 10**6)[0] == f16.capacity
+    monkeypatch.setenv("RQLLM_KV_TYPE", "f32")
     assert KVCache.plan(4 << 20, f16.cfg.kv_dim, [None] * f16.cfg.n_layer, 10**6)[0] == f32.capacity
 
 
 def test_f16_kv_cache_stays_close_to_f32(model_case):
     """The f16 cache is really used (the logits differ from f32's) and changes them little; the
-    layer and llama.cpp greedy checks hold on it too (test_f16_kv_cache_keeps_the_reference_checks)."""
+    layer and llama.cpp greedy checks hold on it too (it is the default; on f32:
+    test_f32_kv_cache_keeps_the_reference_checks)."""
     name, path = model_case
     tokens = logits_fixture(name)["ids"]
     f16 = Model.load(path, threads=2, kv_budget="16MiB", kv_type="f16").forward_all(tokens)
@@ -241,8 +244,8 @@ def test_bad_kv_type_is_refused(smollm2_path, monkeypatch):
         Model.load(smollm2_path, threads=1, kv_budget="4MiB", kv_type="q8")
 
 
-def test_f16_kv_cache_keeps_the_reference_checks(model_case, monkeypatch):
-    """The layer-by-layer and llama.cpp top-1 checks above, on an f16 cache."""
-    monkeypatch.setenv("RQLLM_KV_TYPE", "f16")
+def test_f32_kv_cache_keeps_the_reference_checks(model_case, monkeypatch):
+    """The layer-by-layer and llama.cpp top-1 checks above (on the default f16 cache), on an f32 cache."""
+    monkeypatch.setenv("RQLLM_KV_TYPE", "f32")
     test_every_layer_matches_the_reference(model_case)
     test_top1_matches_llamacpp(model_case)

@@ -28,7 +28,7 @@ def model_path(request: pytest.FixtureRequest, name: str) -> Path:
         pass
     p = DEFAULT_PATHS[name]
     if not p.exists():
-        pytest.skip(f"model file {p} is not present (fetch it with engine.models)")
+        pytest.skip(f"model file {p} is not present (fetch it with engine.registry)")
     return p
 
 

@@ -79,10 +79,10 @@ def test_plan_counts_the_model_once_and_the_kv_the_cache_will_allocate(smollm2_p
     small = plan(str(smollm2_path), "64MiB")
     assert small.model_bytes == smollm2_path.stat().st_size
     assert small.kv_bytes <= 64 << 20 and small.kv_tokens < small.max_tokens
-    # SmolLM2: 30 layers x 3 KV heads x 64 dims, K and V in f32 (the default) -> 46080 bytes a token,
+    # SmolLM2: 30 layers x 3 KV heads x 64 dims, K and V in f16 (the default) -> 23040 bytes a token,
     # 8192 tokens at most
     huge = plan(str(smollm2_path), "1TiB")
-    assert (huge.kv_tokens, huge.kv_bytes) == (8192, 8192 * 30 * 2 * 192 * 4)
+    assert (huge.kv_tokens, huge.kv_bytes) == (8192, 8192 * 30 * 2 * 192 * 2)
     # the weights count once: the GGUF, or with the repacked cache its rest plus the cache file
     assert huge.fits and huge.needed_bytes == huge.model_bytes - huge.replaced_bytes + huge.repacked_bytes + huge.kv_bytes
     off = plan(str(smollm2_path), "1TiB", repack=False)

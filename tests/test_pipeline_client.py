@@ -11,7 +11,7 @@ from jobs import keys
 from jobs.ledger import Ledger
 from jobs.schemas import InvalidJob, JobResult, queue_name
 from pipeline.client import Client
-from pipeline.redis_conn import SERIALIZER
+from jobs.redis_conn import SERIALIZER
 from tests.conftest_redis import assert_no_pickle, client, redis_conn, redis_server, redis_url  # noqa: F401
 
 M = "smollm2-135m"

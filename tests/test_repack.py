@@ -306,7 +306,7 @@ def test_the_worker_logs_its_weight_layout_and_no_repack_reaches_it(model_copy, 
     import logging
 
     import pipeline.worker as worker
-    from pipeline.embedded import worker_command
+    from pipeline.embedded import worker_argv
 
     monkeypatch.setenv("RQLLM_CACHE", str(tmp_path / "c"))
     monkeypatch.setattr(repack, "r16_kernels", FakeR16().api)
@@ -331,8 +331,8 @@ def test_the_worker_logs_its_weight_layout_and_no_repack_reaches_it(model_copy, 
     assert "weights: GGUF layout: repacking turned off (--no-repack)" in started[1]
     assert [kw["repack"] for kw in loads] == [None, False]
     # the flag on the command line of embedded workers (rqllm submit --wait / summarize --no-repack)
-    assert "--no-repack" in worker_command("redis://x", "m", repack=False)
-    assert "--no-repack" not in worker_command("redis://x", "m")
+    assert "--no-repack" in worker_argv("redis://x", "m", repack=False)
+    assert "--no-repack" not in worker_argv("redis://x", "m")
 
 
 # ---------------------------------------------------------------------------------------------

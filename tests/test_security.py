@@ -176,7 +176,7 @@ def test_attacker_jobs_written_into_redis_are_refused_and_recorded_failed(client
 
     from rq.job import Job
 
-    from pipeline.redis_conn import SERIALIZER
+    from jobs.redis_conn import SERIALIZER
 
     for job_id, (_, _, reason) in attacks.items():
         job = Job(job_id, connection=conn, serializer=SERIALIZER)
@@ -316,7 +316,7 @@ def test_password_auth_through_redis_url(password_redis, tmp_path):
     client = Client(password_redis)
     jid = client.submit({"model": M, "prompt": "Say hi.", "params": {"max_tokens": 3}})
     env = {**os.environ, "REDIS_URL": password_redis, "PYTHONPATH": str(ROOT)}
-    p = subprocess.run([sys.executable, "-m", "pipeline.worker", "--model", M, "--threads", "1", "--burst"],
+    p = subprocess.run([sys.executable, "-m", "pipeline.cli_worker", "--model", M, "--threads", "1", "--burst"],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
     assert p.returncode == 0, p.stderr[-2000:]
     assert client.result(jid).status == "done"
@@ -324,7 +324,7 @@ def test_password_auth_through_redis_url(password_redis, tmp_path):
 
 
 def test_wrong_password_is_reported_at_once_by_rqllm_connect(password_redis):
-    code = ("from pipeline.redis_conn import connect\n"
+    code = ("from jobs.redis_conn import connect\n"
             f"connect({password_redis.replace(PASSWORD, 'wrong')!r}).ping()\n")
     try:
         p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=5,
@@ -395,7 +395,7 @@ def test_tls_through_rediss_url(tls_url, tmp_path):
     from redis.exceptions import ConnectionError as RedisConnectionError
 
     from pipeline.client import Client
-    from pipeline.redis_conn import connect
+    from jobs.redis_conn import connect
 
     port = int(tls_url.split("@127.0.0.1:")[1].split("/")[0])
     conn = connect(tls_url)  # what every rqllm process does with REDIS_URL
@@ -443,7 +443,7 @@ def test_worker_over_tls(tls_url):
     client = Client(tls_url)
     jid = client.submit({"model": M, "prompt": "Say hi.", "params": {"max_tokens": 3}})
     env = {**os.environ, "REDIS_URL": tls_url, "PYTHONPATH": str(ROOT)}
-    p = subprocess.run([sys.executable, "-m", "pipeline.worker", "--model", M, "--threads", "1", "--burst"],
+    p = subprocess.run([sys.executable, "-m", "pipeline.cli_worker", "--model", M, "--threads", "1", "--burst"],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=180)
     assert p.returncode == 0, p.stderr[-2000:]
     assert client.result(jid).status == "done"

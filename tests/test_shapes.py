@@ -280,7 +280,7 @@ def test_cli_names_and_tiny(tmp_path, smollm2_path, monkeypatch, capsys):
     with pytest.raises(SystemExit) as e:
         shapes.main(["70b-shape"])
     assert e.value.code == 2
-    monkeypatch.setattr(shapes.models, "resolve", lambda name: smollm2_path)
+    monkeypatch.setattr(shapes.registry, "resolve", lambda name: smollm2_path)
     with pytest.raises(SystemExit) as e:
         shapes.main(["1.5b-shape", "--tiny", "-o", str(tmp_path / "t.gguf")])
     assert e.value.code == 0

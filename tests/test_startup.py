@@ -109,25 +109,26 @@ def test_real_vocabularies_agree_with_gguf_reader(smollm2_path, tmp_path, monkey
 
 @pytest.mark.timeout(120)
 def test_worker_says_when_it_is_ready(smollm2_path, tmp_path):
-    from pipeline.embedded import RedisServer, subprocess_env, worker_command
+    from pipeline.embedded import RedisServer, subprocess_env, worker_argv
+    from pipeline.worker import READY_LINE
 
     with RedisServer() as server:
-        cmd = worker_command(server.url, str(smollm2_path), threads=1, kv_budget="16MiB", name="ready-test")
+        cmd = worker_argv(server.url, str(smollm2_path), threads=1, kv_budget="16MiB", name="ready-test")
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=subprocess_env(),
                                 cwd=str(Path(__file__).resolve().parents[1]))
         lines = []
         try:
             for raw in proc.stdout:
                 lines.append(raw.decode(errors="replace"))
-                if "ready, waiting for jobs" in lines[-1]:
+                if READY_LINE in lines[-1]:
                     break
         finally:
             proc.terminate()
             proc.communicate(timeout=30)
-        assert "ready-test: ready, waiting for jobs on rqllm:" in lines[-1], "".join(lines)
+        assert f"ready-test: {READY_LINE} on rqllm:" in lines[-1], "".join(lines)
         # said after rq's start-up (registration, which comes after loading the engine)
         text = "".join(lines)
-        assert text.index("started with PID") < text.index("ready, waiting")
+        assert text.index("started with PID") < text.index(READY_LINE)
 
 
 def test_engine_starts_without_jinja2_and_builds_the_chat_format_on_first_use(smollm2_path):

@@ -36,7 +36,7 @@ def engine_ready():
     """The model file (pulled into the cache when missing) and an importable engine with its kernels.
 
     Failing, not skipping: this is the test that says the main job works at all."""
-    from engine.models import pull
+    from engine.registry import pull
 
     path = pull(MODEL, quiet=True)
     try:

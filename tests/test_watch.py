@@ -5,7 +5,7 @@ from click.testing import CliRunner
 from redis import Redis
 
 from jobs import keys
-from jobs.ledger import dumps
+from jobs.keys import dumps
 from tests.conftest_redis import redis_server, redis_url  # noqa: F401
 
 

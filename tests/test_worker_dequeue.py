@@ -10,8 +10,8 @@ from jobs import keys
 from jobs import ledger as ledger_module
 from jobs.ledger import Ledger
 from jobs.schemas import JobResult, queue_names
-from pipeline import streams
-from pipeline.streams import TokenStreamWriter, final_text, read_all
+from jobs import streams
+from jobs.streams import TokenStreamWriter, final_text, read_all
 from pipeline.worker import LLMWorker
 from tests.conftest_redis import client, redis_conn, redis_server, redis_url  # noqa: F401
 
@@ -28,7 +28,7 @@ def test_pop_in_priority_order_into_intermediate_lists(client):
         one(client, "d2", "default")
     w = LLMWorker(queue_names(M), model=M, connection=client.connection, name="pop-test")
     order = []
-    while (got := w._pop_any()) is not None:
+    while (got := w.pop_job()) is not None:
         job, queue = got
         order.append(job.id)
         assert client.connection.lrange(queue.intermediate_queue_key, 0, -1) == [job.id.encode()]
@@ -41,7 +41,7 @@ def test_pop_skips_deleted_jobs(client):
     a, b = one(client, "a", "default"), one(client, "b", "default")
     client.connection.delete(f"rq:job:{a}")
     w = LLMWorker(queue_names(M), model=M, connection=client.connection, name="pop-test2")
-    job, queue = w._pop_any()
+    job, queue = w.pop_job()
     assert job.id == b
     assert client.connection.lrange(queue.intermediate_queue_key, 0, -1) == [b.encode()]
 
@@ -140,7 +140,7 @@ def test_a_failure_its_task_recorded_is_not_recorded_again(client):
     w = LLMWorker(queue_names(M), model=M, connection=client.connection, name="outcome-test")
     for exc in (TaskFailed(JobResult.failed(ids["a"], "invalid_request", "too long", model=M)),
                 RuntimeError("engine exploded")):
-        job, queue = w._pop_any()
+        job, queue = w.pop_job()
         execution = w.prepare_execution(job)
         w.prepare_job_execution(job, remove_from_intermediate_queue=True)
         w._finalize_failure(job, queue, execution, (type(exc), exc, None))

@@ -1,6 +1,6 @@
 """End to end with a real Redis, real worker processes and the real engine running SmolLM2-135M.
 
-No mocks: jobs go through rq (JSON serializer) into `python -m pipeline.worker` processes (the same
+No mocks: jobs go through rq (JSON serializer) into `python -m pipeline.cli_worker` processes (the same
 command as `rqllm worker`), which generate with engine.Engine and stream into Redis.
 max_tokens stays small so the suite is quick on 2 cores.
 """
@@ -23,8 +23,8 @@ from rq.job import Job
 from jobs import keys
 from pipeline.client import Client
 from pipeline.collector import collect
-from pipeline.redis_conn import SERIALIZER
-from pipeline.streams import final_text, read_all
+from jobs.redis_conn import SERIALIZER
+from jobs.streams import final_text, read_all
 from tests.conftest_redis import (  # noqa: F401
     assert_no_pickle,
     client,

@@ -23,7 +23,6 @@ struct rq_model {
     float *att_out; /* [U][q_dim] */
     float *hb, *hb2;/* [U][n_ff] */
     float *att_scratch;        /* [threads][att_scratch_floats]: attention blocks' scores and q */
-    float *kv_f32;             /* f16 cache: [2][capacity][kv_dim], a pass's keys widened (widen_pass_keys) */
     size_t att_scratch_floats;
     float *rope_freq[2];   /* per rotated pair i: base^(-2i/head_dim), [0] global, [1] local layers */
     float *rope_cs[2];     /* this pass's (cos, sin) per token and pair, [U][head_dim/2][2], per base */
@@ -202,13 +201,6 @@ rq_model *rq_model_create(const rq_config *cfg, const rq_weights *w, const rq_kv
     m->hb = alloc_aligned(sizeof(float) * U * c->n_ff);
     m->hb2 = alloc_aligned(sizeof(float) * U * c->n_ff);
     m->att_scratch_floats = att_scratch_floats(kv->capacity, c->head_dim);
-    if (kv->f16) {   /* f32 copies of one layer's K and V rows for a pass (widen_pass_keys) */
-        m->kv_f32 = alloc_aligned(sizeof(float) * 2 * (size_t)kv->capacity * m->kv_dim);
-        if (!m->kv_f32) {
-            rq_model_free(m);
-            return NULL;
-        }
-    }
     m->att_scratch = alloc_aligned(sizeof(float) * m->n_threads * m->att_scratch_floats);
     m->acts = calloc(U, sizeof(rq_act));
     m->act_qs = alloc_aligned((size_t)U * cols);
@@ -243,7 +235,7 @@ rq_model *rq_model_create(const rq_config *cfg, const rq_weights *w, const rq_kv
 void rq_model_free(rq_model *m) {
     if (!m) return;
     free(m->x); free(m->xb); free(m->q); free(m->k); free(m->v); free(m->att_out);
-    free(m->hb); free(m->hb2); free(m->att_scratch); free(m->kv_f32); free(m->acts);
+    free(m->hb); free(m->hb2); free(m->att_scratch); free(m->acts);
     free(m->act_qs); free(m->act_d); free(m->act_sum16);
     for (int b = 0; b < 2; b++) { free(m->rope_freq[b]); free(m->rope_cs[b]); }
     free(m);
@@ -288,10 +280,22 @@ static void embed(rq_model *m, const int32_t *tokens, int n) {
 
 /* One KV head's cache: position j in ring slot j % slots, rows kv_dim apart. */
 typedef struct {
-    const float *K, *V;
-    int kv_dim, slots, hd;
+    const void *K, *V;   /* this KV head's entry in slot 0; f32, or f16 when f16 is set */
+    int kv_dim, slots, hd, f16;
     float scale;
 } att_kv;
+
+/* The entry (key or value vector) of this KV head in ring slot `slot` of K or V. */
+static inline const void *kv_entry(const att_kv *kv, const void *base, int slot) {
+    return (const char *)base + (size_t)slot * kv->kv_dim * (kv->f16 ? sizeof(uint16_t) : sizeof(float));
+}
+
+/* An entry as floats: itself (f32), or widened into buf (f16; exact). */
+static const float *kv_floats(const att_kv *kv, const void *entry, float *buf) {
+    if (!kv->f16) return (const float *)entry;
+    for (int i = 0; i < kv->hd; i++) buf[i] = rq_f16_to_f32(((const uint16_t *)entry)[i]);
+    return buf;
+}
 
 /* One query row: a head of one token, the key positions it sees (lo..hi) and its output. */
 typedef struct {
@@ -341,9 +345,9 @@ static size_t block_floats(int n_rows, int keys, int hd) {
 /* Reference version, one row: softmax(scale * q.k) weighted sum of v. sc: scratch of its keys. */
 static void attend_row_ref(const att_kv *kv, const att_row *row, float *sc) {
     const int lo = row->lo, pos = row->hi, nk = pos - lo + 1, hd = kv->hd;
-    float mx = -INFINITY;
+    float mx = -INFINITY, buf[hd];
     for (int j = lo; j <= pos; j++) {
-        float s = dot_f32(row->q, kv->K + (size_t)(j % kv->slots) * kv->kv_dim, hd) * kv->scale;
+        float s = dot_f32(row->q, kv_floats(kv, kv_entry(kv, kv->K, j % kv->slots), buf), hd) * kv->scale;
         sc[j - lo] = s;
         mx = s > mx ? s : mx;
     }
@@ -352,12 +356,13 @@ static void attend_row_ref(const att_kv *kv, const att_row *row, float *sc) {
     for (int j = 0; j < nk; j++) sum += sc[j];
     memset(row->out, 0, sizeof(float) * hd);
     const float inv = 1.0f / sum;
-    for (int j = lo; j <= pos; j++) axpy_f32(row->out, sc[j - lo] * inv, kv->V + (size_t)(j % kv->slots) * kv->kv_dim, hd);
+    for (int j = lo; j <= pos; j++)
+        axpy_f32(row->out, sc[j - lo] * inv, kv_floats(kv, kv_entry(kv, kv->V, j % kv->slots), buf), hd);
 }
 
 #if defined(__x86_64__) || defined(__i386__)
 #include "simd.h"   /* <immintrin.h> (and the SIMDe switch of the test build) */
-#define A256F __attribute__((target("avx2,fma")))
+#define A256F __attribute__((target("avx2,fma,f16c")))
 
 A256F static inline float hsum8(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -414,6 +419,19 @@ A512 static inline __m512 exp16(__m512 x) {
 
 #define AINL static inline __attribute__((always_inline))
 
+/* Eight / sixteen floats of a KV entry from element i: f32 as is, f16 widened on the load (exact,
+ * so both element types give the same sums for the same values). f16 is a constant wherever these
+ * are inlined, so each kernel is compiled once per element type. */
+A256F AINL __m256 kv_load8(const void *e, int i, const int f16) {
+    return f16 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)e + i)))
+               : _mm256_loadu_ps((const float *)e + i);
+}
+
+A512 AINL __m512 kv_load16(const void *e, int i, const int f16) {
+    return f16 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)e + i)))
+               : _mm512_loadu_ps((const float *)e + i);
+}
+
 A256F static inline float hmax8(__m256 v) {
     __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     m = _mm_max_ps(m, _mm_movehl_ps(m, m));
@@ -434,14 +452,14 @@ A256F static inline __m256 hsum8_x8(const __m256 *a) {
 
 /* Scaled scores of rows qa, qb against keys kp[0..4) into sa[0..4), sb[0..4): per (row, key) one
  * 8-lane FMA chain over hd, then hsum8's sum. Eight chains hide the FMA latency (hd is often 64). */
-A256F AINL void scores_2x4_256(const float *qa, const float *qb, const float *const *kp, int hd, float scale,
-                               float *sa, float *sb) {
+A256F AINL void scores_2x4_256(const float *qa, const float *qb, const void *const *kp, int hd, float scale,
+                               float *sa, float *sb, const int f16) {
     __m256 acc[8];   /* [2 key + row] */
     for (int u = 0; u < 8; u++) acc[u] = _mm256_setzero_ps();
     for (int i = 0; i < hd; i += 8) {
         const __m256 q0 = _mm256_loadu_ps(qa + i), q1 = _mm256_loadu_ps(qb + i);
         for (int u = 0; u < 4; u++) {
-            const __m256 k = _mm256_loadu_ps(kp[u] + i);
+            const __m256 k = kv_load8(kp[u], i, f16);
             acc[2 * u] = _mm256_fmadd_ps(q0, k, acc[2 * u]);
             acc[2 * u + 1] = _mm256_fmadd_ps(q1, k, acc[2 * u + 1]);
         }
@@ -453,25 +471,26 @@ A256F AINL void scores_2x4_256(const float *qa, const float *qb, const float *co
 
 /* Pointers to keys j..j+3 for a 4-key tile (past hi: key hi again, its score unused); *slot, key
  * j's ring slot, steps along. */
-AINL void tile_keys(const att_kv *kv, int j, int hi, int *slot, const float **kp) {
+AINL void tile_keys(const att_kv *kv, int j, int hi, int *slot, const void **kp) {
     for (int u = 0; u < 4; u++) {
-        kp[u] = kv->K + (size_t)*slot * kv->kv_dim;
+        kp[u] = kv_entry(kv, kv->K, *slot);
         if (j + u < hi) *slot = next_slot(*slot, kv->slots);
     }
 }
 
 /* Scores of every row of the block, two rows per tile (an odd last row twice, into the spare
  * score row after it). */
-A256F static void block_scores_256(const att_kv *kv, const att_row *rows, int n_rows, float *sc, int stride, int j0) {
+A256F AINL void block_scores_256(const att_kv *kv, const att_row *rows, int n_rows, float *sc, int stride, int j0,
+                                 const int f16) {
     for (int r = 0; r < n_rows; r += 2) {
         const att_row *a = &rows[r], *b = &rows[r + 1 < n_rows ? r + 1 : r];
         const int lo = a->lo < b->lo ? a->lo : b->lo, hi = a->hi > b->hi ? a->hi : b->hi;
         float *sa = sc + (size_t)r * stride, *sb = sa + stride;
         int slot = lo % kv->slots;
         for (int j = lo; j <= hi; j += 4) {
-            const float *kp[4];
+            const void *kp[4];
             tile_keys(kv, j, hi, &slot, kp);
-            scores_2x4_256(a->q, b->q, kp, kv->hd, kv->scale, sa + (j - j0), sb + (j - j0));
+            scores_2x4_256(a->q, b->q, kp, kv->hd, kv->scale, sa + (j - j0), sb + (j - j0), f16);
         }
     }
 }
@@ -503,11 +522,12 @@ A256F static void softmax_256(float *s, int nk) {
     for (; i < nk; i++) s[i] *= inv;
 }
 
-/* Key j's value vector v times each on-row's weight (p + r * stride) into its W 8-lane outputs. */
-A256F AINL void wsum_key_256(__m256 (*o)[4], const float *v, const float *p, int stride, const int NR, const int W,
-                             unsigned rows_on) {
+/* Key j's value vector v (its floats c..) times each on-row's weight (p + r * stride) into its W
+ * 8-lane outputs. */
+A256F AINL void wsum_key_256(__m256 (*o)[4], const void *v, int c, const float *p, int stride, const int NR,
+                             const int W, unsigned rows_on, const int f16) {
     __m256 vv[4];
-    for (int w = 0; w < W; w++) vv[w] = _mm256_loadu_ps(v + 8 * w);
+    for (int w = 0; w < W; w++) vv[w] = kv_load8(v, c + 8 * w, f16);
     for (int r = 0; r < NR; r++) {
         if (!(rows_on >> r & 1)) continue;
         const __m256 pr = _mm256_broadcast_ss(p + (size_t)r * stride);
@@ -518,7 +538,7 @@ A256F AINL void wsum_key_256(__m256 (*o)[4], const float *v, const float *p, int
 /* Outputs c..c + 8W of rows[0..NR): the sum over each row's keys, in order, of its softmax weight
  * (p + r * stride, key j at j - j0) times v. Keys every row sees go without per-row tests. */
 A256F AINL void wsum_256(const att_kv *kv, const att_row *rows, const float *p, int stride, int j0, const int NR,
-                         const int W, int c) {
+                         const int W, int c, const int f16) {
     __m256 o[2][4];
     int lo, hi, all_lo, all_hi;
     rows_key_span(rows, NR, &lo, &hi, &all_lo, &all_hi);
@@ -527,35 +547,43 @@ A256F AINL void wsum_256(const att_kv *kv, const att_row *rows, const float *p, 
     int slot = lo % kv->slots, j = lo;
     for (; j <= hi; j++, slot = next_slot(slot, kv->slots)) {
         if (j >= all_lo && j <= all_hi) break;
-        wsum_key_256(o, kv->V + (size_t)slot * kv->kv_dim + c, p + (j - j0), stride, NR, W, rows_seeing(rows, NR, j));
+        wsum_key_256(o, kv_entry(kv, kv->V, slot), c, p + (j - j0), stride, NR, W, rows_seeing(rows, NR, j), f16);
     }
     for (; j <= all_hi; j++, slot = next_slot(slot, kv->slots))
-        wsum_key_256(o, kv->V + (size_t)slot * kv->kv_dim + c, p + (j - j0), stride, NR, W, (1u << NR) - 1);
+        wsum_key_256(o, kv_entry(kv, kv->V, slot), c, p + (j - j0), stride, NR, W, (1u << NR) - 1, f16);
     for (; j <= hi; j++, slot = next_slot(slot, kv->slots)) {
-        wsum_key_256(o, kv->V + (size_t)slot * kv->kv_dim + c, p + (j - j0), stride, NR, W, rows_seeing(rows, NR, j));
+        wsum_key_256(o, kv_entry(kv, kv->V, slot), c, p + (j - j0), stride, NR, W, rows_seeing(rows, NR, j), f16);
     }
     for (int r = 0; r < NR; r++)
         for (int w = 0; w < W; w++) _mm256_storeu_ps(rows[r].out + c + 8 * w, o[r][w]);
 }
 
 /* hd a multiple of 8. Scratch: block_floats(). */
-A256F static void attend_rows_256(const att_kv *kv, const att_row *rows, int n_rows, float *scratch) {
+A256F AINL void attend_rows_256_t(const att_kv *kv, const att_row *rows, int n_rows, float *scratch, const int f16) {
     int j0;
     const int stride = block_stride(block_keys(rows, n_rows, &j0)), hd = kv->hd;
-    block_scores_256(kv, rows, n_rows, scratch, stride, j0);
+    block_scores_256(kv, rows, n_rows, scratch, stride, j0, f16);
     for (int r = 0; r < n_rows; r++)
         softmax_256(scratch + (size_t)r * stride + (rows[r].lo - j0), rows[r].hi - rows[r].lo + 1);
     for (int r = 0; r < n_rows; r += 2) {   /* two rows share each value load */
         const float *p = scratch + (size_t)r * stride;
         int c = 0;
         if (n_rows - r >= 2) {
-            for (; c + 32 <= hd; c += 32) wsum_256(kv, rows + r, p, stride, j0, 2, 4, c);
-            for (; c < hd; c += 8) wsum_256(kv, rows + r, p, stride, j0, 2, 1, c);
+            for (; c + 32 <= hd; c += 32) wsum_256(kv, rows + r, p, stride, j0, 2, 4, c, f16);
+            for (; c < hd; c += 8) wsum_256(kv, rows + r, p, stride, j0, 2, 1, c, f16);
         } else {
-            for (; c + 32 <= hd; c += 32) wsum_256(kv, rows + r, p, stride, j0, 1, 4, c);
-            for (; c < hd; c += 8) wsum_256(kv, rows + r, p, stride, j0, 1, 1, c);
+            for (; c + 32 <= hd; c += 32) wsum_256(kv, rows + r, p, stride, j0, 1, 4, c, f16);
+            for (; c < hd; c += 8) wsum_256(kv, rows + r, p, stride, j0, 1, 1, c, f16);
         }
     }
+}
+
+A256F static void attend_rows_256_f32(const att_kv *kv, const att_row *rows, int n, float *scratch) {
+    attend_rows_256_t(kv, rows, n, scratch, 0);
+}
+
+A256F static void attend_rows_256_f16(const att_kv *kv, const att_row *rows, int n, float *scratch) {
+    attend_rows_256_t(kv, rows, n, scratch, 1);
 }
 
 /* _mm512_shuffle_f32x4 (SIMDe 0.7.4, of the test build, has only the integer form) */
@@ -576,14 +604,14 @@ A512 static inline __m512 hsum8_x16(const __m512 *a) {
 
 /* scores_2x4_256 for 4 rows: qi0, qi1 hold rows (0, 1) and (2, 3) interleaved per 8 floats, each
  * key is broadcast to both halves, so one FMA runs two rows' 8-lane chains. */
-A512 AINL void scores_4x4_512(const float *qi0, const float *qi1, const float *const *kp, int hd, float scale,
-                              float *const *s, int at) {
+A512 AINL void scores_4x4_512(const float *qi0, const float *qi1, const void *const *kp, int hd, float scale,
+                              float *const *s, int at, const int f16) {
     __m512 acc[8];   /* [2 key + row pair] */
     for (int u = 0; u < 8; u++) acc[u] = _mm512_setzero_ps();
     for (int i = 0; i < hd; i += 8) {
         const __m512 q0 = _mm512_loadu_ps(qi0 + 2 * i), q1 = _mm512_loadu_ps(qi1 + 2 * i);
         for (int u = 0; u < 4; u++) {
-            const __m512 k = _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_castps_pd(_mm256_loadu_ps(kp[u] + i))));
+            const __m512 k = _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_castps_pd(kv_load8(kp[u], i, f16))));
             acc[2 * u] = _mm512_fmadd_ps(q0, k, acc[2 * u]);
             acc[2 * u + 1] = _mm512_fmadd_ps(q1, k, acc[2 * u + 1]);
         }
@@ -622,10 +650,10 @@ A512 static void softmax_512(float *s, int nk) {
     if (tail) _mm512_mask_storeu_ps(s + i, tail, _mm512_mul_ps(_mm512_maskz_loadu_ps(tail, s + i), inv));
 }
 
-A512 AINL void wsum_key_512(__m512 (*o)[4], const float *v, const float *p, int stride, const int NR, const int W,
-                            unsigned rows_on) {
+A512 AINL void wsum_key_512(__m512 (*o)[4], const void *v, int c, const float *p, int stride, const int NR,
+                            const int W, unsigned rows_on, const int f16) {
     __m512 vv[4];
-    for (int w = 0; w < W; w++) vv[w] = _mm512_loadu_ps(v + 16 * w);
+    for (int w = 0; w < W; w++) vv[w] = kv_load16(v, c + 16 * w, f16);
     for (int r = 0; r < NR; r++) {
         if (!(rows_on >> r & 1)) continue;
         const __m512 pr = _mm512_set1_ps(p[(size_t)r * stride]);
@@ -635,7 +663,7 @@ A512 AINL void wsum_key_512(__m512 (*o)[4], const float *v, const float *p, int 
 
 /* wsum_256 on 16-lane outputs (the same per-lane sums), up to 4 rows. */
 A512 AINL void wsum_512(const att_kv *kv, const att_row *rows, const float *p, int stride, int j0, const int NR,
-                        const int W, int c) {
+                        const int W, int c, const int f16) {
     __m512 o[4][4];
     int lo, hi, all_lo, all_hi;
     rows_key_span(rows, NR, &lo, &hi, &all_lo, &all_hi);
@@ -644,23 +672,24 @@ A512 AINL void wsum_512(const att_kv *kv, const att_row *rows, const float *p, i
     int slot = lo % kv->slots, j = lo;
     for (; j <= hi; j++, slot = next_slot(slot, kv->slots)) {
         if (j >= all_lo && j <= all_hi) break;
-        wsum_key_512(o, kv->V + (size_t)slot * kv->kv_dim + c, p + (j - j0), stride, NR, W, rows_seeing(rows, NR, j));
+        wsum_key_512(o, kv_entry(kv, kv->V, slot), c, p + (j - j0), stride, NR, W, rows_seeing(rows, NR, j), f16);
     }
     for (; j <= all_hi; j++, slot = next_slot(slot, kv->slots))
-        wsum_key_512(o, kv->V + (size_t)slot * kv->kv_dim + c, p + (j - j0), stride, NR, W, (1u << NR) - 1);
+        wsum_key_512(o, kv_entry(kv, kv->V, slot), c, p + (j - j0), stride, NR, W, (1u << NR) - 1, f16);
     for (; j <= hi; j++, slot = next_slot(slot, kv->slots)) {
-        wsum_key_512(o, kv->V + (size_t)slot * kv->kv_dim + c, p + (j - j0), stride, NR, W, rows_seeing(rows, NR, j));
+        wsum_key_512(o, kv_entry(kv, kv->V, slot), c, p + (j - j0), stride, NR, W, rows_seeing(rows, NR, j), f16);
     }
     for (int r = 0; r < NR; r++)
         for (int w = 0; w < W; w++) _mm512_storeu_ps(rows[r].out + c + 16 * w, o[r][w]);
 }
 
-A512 static void wsum_rows_512(const att_kv *kv, const att_row *rows, int nr, const float *p, int stride, int j0) {
+A512 AINL void wsum_rows_512(const att_kv *kv, const att_row *rows, int nr, const float *p, int stride, int j0,
+                            const int f16) {
     int c = 0;
     switch (nr) {
 #define WSUM_512(NR)                                                                        \
-    for (; c + 64 <= kv->hd; c += 64) wsum_512(kv, rows, p, stride, j0, NR, 4, c);          \
-    for (; c < kv->hd; c += 16) wsum_512(kv, rows, p, stride, j0, NR, 1, c);                \
+    for (; c + 64 <= kv->hd; c += 64) wsum_512(kv, rows, p, stride, j0, NR, 4, c, f16);     \
+    for (; c < kv->hd; c += 16) wsum_512(kv, rows, p, stride, j0, NR, 1, c, f16);           \
     break;
     case 4: WSUM_512(4)
     case 3: WSUM_512(3)
@@ -671,7 +700,7 @@ A512 static void wsum_rows_512(const att_kv *kv, const att_row *rows, int nr, co
 }
 
 /* hd a multiple of 16. Scratch: block_floats(). */
-A512 static void attend_rows_512(const att_kv *kv, const att_row *rows, int n_rows, float *scratch) {
+A512 AINL void attend_rows_512_t(const att_kv *kv, const att_row *rows, int n_rows, float *scratch, const int f16) {
     int j0;
     const int stride = block_stride(block_keys(rows, n_rows, &j0)), hd = kv->hd, n4 = (n_rows + 3) & ~3;
     /* q of rows (0, 1), (2, 3)... interleaved per 8 floats; rows past the last: the last again,
@@ -692,15 +721,23 @@ A512 static void attend_rows_512(const att_kv *kv, const att_row *rows, int n_ro
         for (int u = 0; u < 4; u++) s[u] = sc + (size_t)(r + u) * stride;
         int slot = lo % kv->slots;
         for (int j = lo; j <= hi; j += 4) {
-            const float *kp[4];
+            const void *kp[4];
             tile_keys(kv, j, hi, &slot, kp);
-            scores_4x4_512(qi + (size_t)r * hd, qi + (size_t)(r + 2) * hd, kp, hd, kv->scale, s, j - j0);
+            scores_4x4_512(qi + (size_t)r * hd, qi + (size_t)(r + 2) * hd, kp, hd, kv->scale, s, j - j0, f16);
         }
     }
     for (int r = 0; r < n_rows; r++)
         softmax_512(sc + (size_t)r * stride + (rows[r].lo - j0), rows[r].hi - rows[r].lo + 1);
     for (int r = 0; r < n_rows; r += 4)   /* four rows share each value load */
-        wsum_rows_512(kv, rows + r, n_rows - r < 4 ? n_rows - r : 4, sc + (size_t)r * stride, stride, j0);
+        wsum_rows_512(kv, rows + r, n_rows - r < 4 ? n_rows - r : 4, sc + (size_t)r * stride, stride, j0, f16);
+}
+
+A512 static void attend_rows_512_f32(const att_kv *kv, const att_row *rows, int n, float *scratch) {
+    attend_rows_512_t(kv, rows, n, scratch, 0);
+}
+
+A512 static void attend_rows_512_f16(const att_kv *kv, const att_row *rows, int n, float *scratch) {
+    attend_rows_512_t(kv, rows, n, scratch, 1);
 }
 #endif
 
@@ -709,11 +746,11 @@ static void attend_rows(const att_kv *kv, const att_row *rows, int n_rows, float
 #if defined(__x86_64__) || defined(__i386__)
     const int path = rq_kernel_path();
     if (path == RQ_PATH_AVX512 && kv->hd % 16 == 0) {
-        attend_rows_512(kv, rows, n_rows, scratch);
+        (kv->f16 ? attend_rows_512_f16 : attend_rows_512_f32)(kv, rows, n_rows, scratch);
         return;
     }
     if (path != RQ_PATH_SCALAR && kv->hd % 8 == 0) {   /* on the avx512 path too: the same results */
-        attend_rows_256(kv, rows, n_rows, scratch);
+        (kv->f16 ? attend_rows_256_f16 : attend_rows_256_f32)(kv, rows, n_rows, scratch);
         return;
     }
 #endif
@@ -754,13 +791,6 @@ static void kv_store(void *kv, int f16, size_t at, const float *x, int n) {
     for (int i = 0; i < n; i++) h[i] = rq_f32_to_f16(x[i]);
 }
 
-#if defined(__x86_64__) || defined(__i386__)
-__attribute__((target("avx2,f16c"))) static void f16_to_f32_row_f16c(float *y, const uint16_t *h, int n) {
-    int i = 0;
-    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + i))));
-    for (; i < n; i++) y[i] = rq_f16_to_f32(h[i]);
-}
-#endif
 
 static int has_f16c(void) {
 #if defined(__x86_64__) || defined(__i386__)
@@ -775,27 +805,16 @@ static int has_f16c(void) {
 #endif
 }
 
-/* Halves to floats (exact, so every path gets the same values). */
-static void f16_to_f32_row(float *y, const uint16_t *h, int n) {
-#if defined(__x86_64__) || defined(__i386__)
-    if (has_f16c()) {
-        f16_to_f32_row_f16c(y, h, n);
-        return;
-    }
-#endif
-    for (int i = 0; i < n; i++) y[i] = rq_f16_to_f32(h[i]);
-}
-
 /* At least 256 KB (a block's scores stay in L2), and at least one row over every position. */
 static size_t att_scratch_floats(int capacity, int hd) {
     const size_t one_row = block_floats(1, capacity, hd);
     return one_row > 64 * 1024 ? one_row : 64 * 1024;
 }
 
-/* The shape of one layer's attention: KV ring of `slots` positions ([slots][n_head_kv * hd]);
- * window > 0: a token sees only the last `window` positions. */
+/* The shape of one layer's attention: KV ring of `slots` positions ([slots][n_head_kv * hd]) of
+ * f32, or f16 when f16 is set; window > 0: a token sees only the last `window` positions. */
 typedef struct {
-    int n_head, n_head_kv, hd, slots, window;
+    int n_head, n_head_kv, hd, slots, window, f16;
     float scale;
 } att_shape;
 
@@ -828,7 +847,7 @@ static void attention_split(const att_shape *a, int n, int pos0, int n_threads, 
 /* Attention of n tokens at positions pos0.. (q and out: [n][n_head * hd]) over the ring K, V,
  * in blocks of `tokens` x `heads` (0: attention_split's choice) on n_threads threads, each with
  * scratch_floats of scratch. */
-static void attend_tokens(const att_shape *a, const float *q, const float *K, const float *V, float *out, int n,
+static void attend_tokens(const att_shape *a, const float *q, const void *K, const void *V, float *out, int n,
                           int pos0, int tokens, int heads, int n_threads, float *scratch, size_t scratch_floats) {
     attention_split(a, n, pos0, n_threads, scratch_floats, &tokens, &heads);
     const int hd = a->hd, group = a->n_head / a->n_head_kv, q_dim = a->n_head * hd;
@@ -840,7 +859,9 @@ static void attend_tokens(const att_shape *a, const float *q, const float *K, co
         const int b = n_blocks - 1 - task / per_block, kvh = task % per_block / chunks;
         const int h0 = kvh * group + task % chunks * heads;
         const int h1 = h0 + heads < (kvh + 1) * group ? h0 + heads : (kvh + 1) * group;
-        const att_kv kv = {K + (size_t)kvh * hd, V + (size_t)kvh * hd, a->n_head_kv * hd, a->slots, hd, a->scale};
+        const size_t head_at = (size_t)kvh * hd * (a->f16 ? sizeof(uint16_t) : sizeof(float));
+        const att_kv kv = {(const char *)K + head_at, (const char *)V + head_at, a->n_head_kv * hd, a->slots, hd, a->f16,
+                           a->scale};
         att_row rows[ATT_MAX_ROWS];
         int nr = 0;
         for (int t = b * tokens; t < n && t < (b + 1) * tokens; t++) {
@@ -852,30 +873,13 @@ static void attend_tokens(const att_shape *a, const float *q, const float *K, co
     }
 }
 
-/* An f16 layer's keys for a pass, widened once into f32 copies (exact: every path then sees the
- * same values through one set of float kernels): the positions the pass's tokens see, each at row
- * j % keys of kf and vf, which makes a ring of `keys` slots. Returns keys. */
-static int widen_pass_keys(const att_shape *a, const uint16_t *K, const uint16_t *V, int n, int pos0, float *kf,
-                           float *vf, int n_threads) {
-    const int last = pos0 + n - 1, first = a->window > 0 && pos0 - a->window + 1 > 0 ? pos0 - a->window + 1 : 0;
-    const int keys = last - first + 1;
-    const size_t ld = (size_t)a->n_head_kv * a->hd;
-    #pragma omp parallel for schedule(static) num_threads(n_threads) if ((size_t)keys * ld >= 8192)
-    for (int j = first; j <= last; j++) {
-        const size_t from = (size_t)(j % a->slots) * ld, to = (size_t)(j % keys) * ld;
-        f16_to_f32_row(kf + to, K + from, (int)ld);
-        f16_to_f32_row(vf + to, V + from, (int)ld);
-    }
-    return keys;
-}
-
-int rq_attention(const float *q, const float *k, const float *v, float *out, int n, int pos0, int n_head,
+int rq_attention(const float *q, const void *k, const void *v, int f16, float *out, int n, int pos0, int n_head,
                  int n_head_kv, int hd, int slots, int window, float scale, int tokens, int heads, int n_threads) {
     const int keys = window > 0 && window + n - 1 < pos0 + n ? window + n - 1 : pos0 + n;
     if (n <= 0 || pos0 < 0 || n_head <= 0 || n_head_kv <= 0 || n_head % n_head_kv || hd <= 0 || keys > slots ||
         n_threads <= 0)
         return -1;
-    const att_shape a = {n_head, n_head_kv, hd, slots, window, scale};
+    const att_shape a = {n_head, n_head_kv, hd, slots, window, f16 != 0, scale};
     size_t per_thread = block_floats(ATT_MAX_ROWS, keys, hd);
     float *scratch = alloc_aligned(sizeof(float) * per_thread * n_threads);
     if (!scratch) return -1;
@@ -984,15 +988,9 @@ static void attention(rq_model *m, int il, int n, int pos0) {
         kv_store(m->kv.v[il], m->kv.f16, slot * kv_dim, m->v + (size_t)t * kv_dim, kv_dim);
     }
 
-    att_shape shape = {c->n_head, c->n_head_kv, hd, slots, local ? c->sliding_window : 0, c->attn_scale};
-    const float *K = m->kv.k[il], *V = m->kv.v[il];
-    if (m->kv.f16) {
-        float *kf = m->kv_f32, *vf = kf + (size_t)m->kv.capacity * kv_dim;
-        shape.slots = widen_pass_keys(&shape, m->kv.k[il], m->kv.v[il], n, pos0, kf, vf, m->n_threads);
-        K = kf;
-        V = vf;
-    }
-    attend_tokens(&shape, m->q, K, V, m->att_out, n, pos0, 0, 0, m->n_threads, m->att_scratch,
+    const att_shape shape = {c->n_head, c->n_head_kv, hd, slots, local ? c->sliding_window : 0, m->kv.f16,
+                             c->attn_scale};
+    attend_tokens(&shape, m->q, m->kv.k[il], m->kv.v[il], m->att_out, n, pos0, 0, 0, m->n_threads, m->att_scratch,
                   m->att_scratch_floats);
 
     quantize_rows(m, m->att_out, n, q_dim, q_dim);

@@ -89,11 +89,12 @@ void rq_model_record_layers(rq_model *m, float *buf, int max_tokens);
 void rq_exp(const float *x, float *y, int n);
 
 /* Test hook: the attention of n tokens at positions pos0.. (q, out: [n][n_head * hd]) over the KV
- * ring k, v ([slots][n_head_kv * hd], position p in slot p % slots; window > 0: a token sees only
+ * ring k, v ([slots][n_head_kv * hd] of f32, or of f16 when f16 is set; position p in slot p % slots;
+ * window > 0: a token sees only
  * the last `window` positions) as the forward pass runs it, in blocks of `tokens` consecutive
  * tokens x `heads` query heads of one KV head (0: the pass's choice), on n_threads threads.
  * Returns -1 on bad arguments (the ring must hold every position a call reads). */
-int rq_attention(const float *q, const float *k, const float *v, float *out, int n, int pos0, int n_head,
+int rq_attention(const float *q, const void *k, const void *v, int f16, float *out, int n, int pos0, int n_head,
                  int n_head_kv, int hd, int slots, int window, float scale, int tokens, int heads, int n_threads);
 
 #endif

@@ -43,15 +43,9 @@ cdef extern from "forward.h":
     int rq_model_set_threads(rq_model *m, int n)
     void rq_model_record_layers(rq_model *m, float *buf, int max_tokens)
     void rq_exp(const float *x, float *y, int n) nogil
-    int rq_attention(const float *q, const float *k, const float *v, float *out, int n, int pos0, int n_head,
+    int rq_attention(const float *q, const void *k, const void *v, int f16, float *out, int n, int pos0, int n_head,
                      int n_head_kv, int hd, int slots, int window, float scale, int tokens, int heads,
                      int n_threads) nogil
-
-LAYER_FIELDS = ("attn_norm", "wq", "wk", "wv", "wo", "bq", "bk", "bv", "attn_q_norm", "attn_k_norm",
-                "post_attn_norm", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down", "post_ffw_norm")
-CONFIG_FIELDS = ("arch", "n_layer", "n_embd", "n_ff", "n_head", "n_head_kv", "head_dim", "n_vocab",
-                 "norm_eps", "rope_base", "rope_base_local", "rope_neox", "sliding_window", "swa_pattern",
-                 "embd_scale", "attn_scale", "ffn_gelu", "max_ubatch", "n_threads")
 
 
 cdef rq_tensor _tensor(object spec):
@@ -225,11 +219,14 @@ def exp_f32(x, path=None):
 
 def attention_f32(q, k, v, int pos0, int window=0, float scale=1.0, int tokens=0, int heads=0, int threads=1,
                   path=None):
-    """Test hook: the forward pass's attention (rq_attention) of q [n, n_head, hd] at positions
-    pos0.. over the KV ring k, v [slots, n_head_kv, hd]; returns [n, n_head, hd]."""
+    """Test hook: the forward pass's attention (rq_attention) of q [n, n_head, hd] (f32) at positions
+    pos0.. over the KV ring k, v [slots, n_head_kv, hd], both float16 (an f16 cache, read as halves)
+    or else taken as float32; returns [n, n_head, hd] (f32)."""
+    cdef int f16 = np.asarray(k).dtype == np.float16 and np.asarray(v).dtype == np.float16
+    kv_dtype = np.float16 if f16 else np.float32
     cdef cnp.ndarray qa = np.ascontiguousarray(q, dtype=np.float32)
-    cdef cnp.ndarray ka = np.ascontiguousarray(k, dtype=np.float32)
-    cdef cnp.ndarray va = np.ascontiguousarray(v, dtype=np.float32)
+    cdef cnp.ndarray ka = np.ascontiguousarray(k, dtype=kv_dtype)
+    cdef cnp.ndarray va = np.ascontiguousarray(v, dtype=kv_dtype)
     if qa.ndim != 3 or ka.ndim != 3 or ka.shape[0] != va.shape[0] or ka.shape[1] != va.shape[1] or \
             ka.shape[2] != qa.shape[2] or va.shape[2] != qa.shape[2]:
         raise ValueError("q [n, n_head, hd], k and v [slots, n_head_kv, hd]")
@@ -237,9 +234,10 @@ def attention_f32(q, k, v, int pos0, int window=0, float scale=1.0, int tokens=0
     cdef int rc
     g = _PathGuard(path)
     try:
-        rc = rq_attention(<const float *>cnp.PyArray_DATA(qa), <const float *>cnp.PyArray_DATA(ka),
-                          <const float *>cnp.PyArray_DATA(va), <float *>cnp.PyArray_DATA(out), qa.shape[0], pos0,
-                          qa.shape[1], ka.shape[1], qa.shape[2], ka.shape[0], window, scale, tokens, heads, threads)
+        rc = rq_attention(<const float *>cnp.PyArray_DATA(qa), <const void *>cnp.PyArray_DATA(ka),
+                          <const void *>cnp.PyArray_DATA(va), f16, <float *>cnp.PyArray_DATA(out), qa.shape[0],
+                          pos0, qa.shape[1], ka.shape[1], qa.shape[2], ka.shape[0], window, scale, tokens, heads,
+                          threads)
     finally:
         g.restore()
     if rc != 0:

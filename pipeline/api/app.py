@@ -21,13 +21,13 @@ from pipeline.api.files import FileStore
 from pipeline.api.limits import BodyLimitMiddleware
 from pipeline.api.state import ApiState
 from pipeline.client import Client
-from pipeline.redis_conn import REDIS_DOWN_ERRORS, RETRY_ATTEMPTS, RETRY_BACKOFF_BASE, RETRY_BACKOFF_CAP
+from jobs.redis_conn import REDIS_DOWN_ERRORS, RETRY_ATTEMPTS, RETRY_BACKOFF_BASE, RETRY_BACKOFF_CAP
 
 log = logging.getLogger("rqllm.api")
 
 
 def async_redis(url: str) -> aioredis.Redis:
-    """The event loop's connection, retrying like pipeline.redis_conn.connect's (a Redis restart is waited out)."""
+    """The event loop's connection, retrying like jobs.redis_conn.connect's (a Redis restart is waited out)."""
     retry = AsyncRetry(ExponentialBackoff(cap=RETRY_BACKOFF_CAP, base=RETRY_BACKOFF_BASE), RETRY_ATTEMPTS)
     return aioredis.Redis.from_url(url, retry=retry, retry_on_error=list(REDIS_DOWN_ERRORS), socket_keepalive=True,
                                    socket_connect_timeout=5, health_check_interval=30)

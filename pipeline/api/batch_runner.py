@@ -30,7 +30,7 @@ from pipeline.batch_file import read_batch_file
 from pipeline.cancel import cancel_unwanted_job
 from pipeline.client import Client
 from pipeline.collector import Collector
-from pipeline.redis_conn import REDIS_DOWN_ERRORS, wait_for_redis
+from jobs.redis_conn import REDIS_DOWN_ERRORS, wait_for_redis
 
 log = logging.getLogger("rqllm.api.batches")
 

@@ -14,7 +14,7 @@ from typing import Any
 from redis import Redis
 
 from jobs import keys
-from jobs.ledger import dumps
+from jobs.keys import dumps
 from pipeline.api.errors import not_found
 from pipeline.api.records import from_hash, page_ids, to_hash
 from pipeline.api.schemas import BatchRecord, BatchUsage, RequestCounts

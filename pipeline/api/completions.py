@@ -1,5 +1,5 @@
 """/v1/chat/completions and /v1/completions: one job on the model's high-priority queue, answered when it
-ends, or streamed as server-sent events from its token stream (pipeline.streams) as it generates.
+ends, or streamed as server-sent events from its token stream (jobs.streams) as it generates.
 
 The job is content-addressed like any other: a request already answered (same model, input and sampling
 params with a seed or temperature 0) is served from its stored result, and identical requests in flight
@@ -31,7 +31,7 @@ from pipeline.api.errors import APIError
 from pipeline.batch_file import request_to_job, response_body
 from pipeline.cancel import cancel_unwanted_job
 from pipeline.client import Client
-from pipeline.streams import decode_entries
+from jobs.streams import decode_entries
 
 IDLE_BLOCK_MS = 1000
 ACTIVE_STATUSES = ("queued", "started", "deferred", "scheduled")

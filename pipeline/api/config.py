@@ -7,7 +7,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from pipeline.batch_file import DEFAULT_MODEL
+from engine.defaults import DEFAULT_MODEL
 
 KEYS_ENV = "RQLLM_API_KEYS"  # one or more keys, separated by commas or whitespace
 
@@ -21,7 +21,7 @@ MULTIPART_ENVELOPE_BYTES = 64 << 10
 
 
 def default_data_dir() -> Path:
-    from engine.models import cache_dir
+    from engine.registry import cache_dir
 
     return cache_dir() / "api"
 

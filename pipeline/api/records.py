@@ -6,7 +6,7 @@ from typing import Any
 
 from redis import Redis
 
-from jobs.ledger import dumps
+from jobs.keys import dumps
 from pipeline.api.errors import APIError
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from engine.cpus import choose_threads
 from pipeline.api.auth import is_loopback
 from pipeline.api.config import ServeConfig
-from pipeline.embedded import RedisServer, WorkerProcess, stop_workers, worker_command
+from pipeline.embedded import RedisServer, WorkerProcess, stop_workers, worker_argv
 
 WORKER_STOP_GRACE = 10.0  # seconds for a worker to finish its job at shutdown before it is told to stop now
 
@@ -60,7 +60,7 @@ def start_local(*, redis_url: str | None, data_dir: str, models: list[str],
             for model in models:
                 for i in range(workers):
                     name = f"serve-{os.getpid()}-{model}-{i}".replace("/", "_")
-                    cmd = worker_command(redis_url, model, threads=per_worker, kv_budget=kv_budget, name=name,
+                    cmd = worker_argv(redis_url, model, threads=per_worker, kv_budget=kv_budget, name=name,
                                          repack=repack)
                     local.workers.append(WorkerProcess(cmd, os.path.join(log_dir, f"{name}.log"),
                                                        die_with_parent=True))

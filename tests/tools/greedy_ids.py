@@ -18,13 +18,13 @@ def main() -> None:
     sys.path.insert(0, sys.argv[1])  # the checkout whose engine (and built kernels) to use
     import numpy as np
 
-    from engine import models
+    from engine import registry
     from engine.model import Model
 
     out = {}
     for name in ("smollm2-135m", "gemma3-270m"):
         cases = json.loads((FIXTURES / f"llamacpp_greedy_{name}.json").read_text())["cases"]
-        model = Model.load(models.resolve(name), threads=2, kv_budget="256MiB", max_context=512)
+        model = Model.load(registry.resolve(name), threads=2, kv_budget="256MiB", max_context=512)
         runs = []
         for case in cases:
             prompt = list(case["prompt_ids"])

@@ -340,10 +340,10 @@ def make_long(path: Path, llama_cpp, add_bos: bool) -> dict:
 
 
 def model_path(model: str) -> Path:
-    """engine.models.resolve(model) (pulls a missing model) when available, else the usual path."""
+    """engine.registry.resolve(model) (pulls a missing model) when available, else the usual path."""
     sys.path.insert(0, str(ROOT))
     try:
-        from engine.models import resolve
+        from engine.registry import resolve
     except ImportError:
         return MODEL_PATHS[model]
     return resolve(model)

@@ -38,7 +38,7 @@ NAMES = quant_models.COVERAGE_NAMES
 
 
 def model_for(name: str) -> Path:
-    from engine.models import resolve
+    from engine.registry import resolve
 
     return quant_models.coverage_model(name, resolve("smollm2-135m"))
 

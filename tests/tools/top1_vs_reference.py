@@ -15,7 +15,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from engine import models  # noqa: E402
+from engine import registry  # noqa: E402
 from engine.model import Model  # noqa: E402
 from tests import reference as R  # noqa: E402
 
@@ -28,7 +28,7 @@ def main() -> None:
     for name in ("smollm2-135m", "gemma3-270m"):
         fx = json.loads((Path(a.fixtures) / f"llamacpp_logits_{name}.json").read_text(encoding="utf-8"))
         ids = fx["ids"]
-        path = models.resolve(name)
+        path = registry.resolve(name)
         ref = R.load(path).forward(ids)
         ours = Model.load(path, threads=a.threads).forward_all(ids)
         want = ref.argmax(-1)

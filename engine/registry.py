@@ -18,7 +18,7 @@ from pathlib import Path
 
 
 class ModelError(ValueError):
-    """A model name or file that cannot be used, with the reason."""
+    """A model name or file that cannot be used (unknown, not fetched, unsupported, malformed), with the reason."""
 
 
 @dataclass(frozen=True)

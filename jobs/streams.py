@@ -1,5 +1,9 @@
 """Redis Streams: a job's token stream (written while it generates) and a batch's events stream.
 
+The one module that knows how a stream entry looks: Python writers and readers use the functions
+below, and the Lua scripts that append entries atomically with other writes (jobs.ledger's finish and
+claim) take their XADD lines from lua_xadd() here.
+
 Token stream `rqllm:tokens:<job_id>`, one field `d` holding JSON per entry:
     {"type": "start", "attempt": n, "worker": name}   a (re)run begins: readers drop earlier text
                                                        (n counts runs of this job: a run that left no
@@ -20,10 +24,47 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from jobs import keys
-from jobs.ledger import DEFAULT_STREAM_MAXLEN, dumps, lua_skip_if_last_entry_has
+from jobs.keys import dumps
 
 if TYPE_CHECKING:
     from redis import Redis
+
+DEFAULT_STREAM_MAXLEN = 10_000
+ENTRY_FIELD = "d"  # the entry's JSON
+WRITE_ID_FIELD = "w"  # the write id that makes a resent append recognisable
+
+
+def text_entry(text: str) -> dict[str, Any]:
+    return {"type": "text", "text": text}
+
+
+def end_entry(status: str, finish_reason: str | None, error: dict[str, Any] | None) -> dict[str, Any]:
+    entry: dict[str, Any] = {"type": "end", "status": status, "finish_reason": finish_reason}
+    if error is not None:
+        entry["error"] = error
+    return entry
+
+
+def lua_xadd(stream_key: str, entry_json: str, *, maxlen: str | None = None, write_id: str | None = None) -> str:
+    """One Lua line that appends an entry (its JSON in the Lua expression `entry_json`), capped at
+    `maxlen` and carrying `write_id` when given: the format every script writes entries in."""
+    cap = f"'MAXLEN', '~', {maxlen}, " if maxlen is not None else ""
+    tail = f", '{WRITE_ID_FIELD}', {write_id}" if write_id is not None else ""
+    return f"redis.call('XADD', {stream_key}, {cap}'*', '{ENTRY_FIELD}', {entry_json}{tail})\n"
+
+
+def lua_skip_if_last_entry_has(stream_key: str, write_id: str) -> str:
+    """Lua that returns 0 when the stream's last entry carries this write id: the one repeat guard of
+    every token-stream write (a resent command must not write twice)."""
+    return f"""
+local last = redis.call('XREVRANGE', {stream_key}, '+', '-', 'COUNT', 1)
+if #last > 0 then
+  local f = last[1][2]
+  for i = 1, #f - 1, 2 do
+    if f[i] == '{WRITE_ID_FIELD}' and f[i + 1] == {write_id} then return 0 end
+  end
+end
+"""
 
 
 # KEYS[1]: token stream. ARGV: attempt (as rq counts it), worker name, maxlen, ttl. Returns the attempt.
@@ -42,8 +83,7 @@ if #first > 0 and #last > 0 then
   end
 end
 redis.call('DEL', KEYS[1])
-redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[3], '*', 'd',
-           cjson.encode({type = 'start', attempt = attempt, worker = ARGV[2]}))
+""" + lua_xadd("KEYS[1]", "cjson.encode({type = 'start', attempt = attempt, worker = ARGV[2]})", maxlen="ARGV[3]") + """\
 redis.call('EXPIRE', KEYS[1], ARGV[4])
 return attempt
 """
@@ -52,9 +92,8 @@ return attempt
 # KEYS[1]: token stream. ARGV: write id, entry JSON, maxlen. Appends the entry unless the stream's last
 # entry carries the same write id: redis-py retries a command whose reply was lost to a dropped
 # connection (a Redis restart), and a plain XADD would then append the same text twice.
-_APPEND = lua_skip_if_last_entry_has("KEYS[1]", "ARGV[1]") + """redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[3], '*', 'd', ARGV[2], 'w', ARGV[1])
-return 1
-"""
+_APPEND = (lua_skip_if_last_entry_has("KEYS[1]", "ARGV[1]")
+           + lua_xadd("KEYS[1]", "ARGV[2]", maxlen="ARGV[3]", write_id="ARGV[1]") + "return 1\n")
 
 
 class TokenStreamWriter:
@@ -102,7 +141,7 @@ class TokenStreamWriter:
     def flush(self) -> None:
         text = self.take()
         if text:
-            self.append({"type": "text", "text": text})
+            self.append(text_entry(text))
             self.xadds += 1
 
     def take(self) -> str:
@@ -141,13 +180,18 @@ def decode_entries(entries: list) -> list[StreamEntry]:
     out = []
     for entry_id, fields in entries:
         eid = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
-        raw = fields.get(b"d", fields.get("d"))
+        raw = fields.get(ENTRY_FIELD.encode(), fields.get(ENTRY_FIELD))
         try:
             data = json.loads(raw) if raw is not None else {}
         except (TypeError, ValueError):
             data = {}
         out.append(StreamEntry(eid, data))
     return out
+
+
+def append_entry(pipe: Any, key: str, entry: dict[str, Any]) -> None:
+    """Queue a plain append (no cap, no write id) of one entry on a client or pipeline: batch events."""
+    pipe.xadd(key, {ENTRY_FIELD: dumps(entry)})
 
 
 def read_stream(connection: Redis, key: str, last_id: str = "0", *, block_ms: int | None = None,

@@ -1,0 +1,63 @@
+"""CLI command that runs a worker: `rqllm worker` (also `python -m pipeline.cli_worker`, what embedded
+clusters start)."""
+from __future__ import annotations
+
+import sys
+
+import click
+
+from engine.cpus import ThreadSettingError, choose_threads
+from pipeline.cli_engine import kv_type_option, no_repack_option, speculation_mode, speculation_options
+from pipeline.memory_guard import check_worker_start, no_memory_check_option
+from pipeline.recovery import DEFAULT_HEARTBEAT_GRACE, DEFAULT_HEARTBEAT_INTERVAL
+from pipeline.worker import DEFAULT_MAINTENANCE_INTERVAL, run_worker
+
+
+@click.command("worker")
+@click.option("--model", "-m", required=True, help="Model name (smollm2-135m, gemma3-270m) or .gguf path.")
+@click.option("--threads", type=click.IntRange(1, 1024), default=None,
+              help="Engine threads (default: $RQLLM_THREADS, else the CPUs this process may use: affinity mask "
+                   "and cgroup CPU quota).")
+@click.option("--kv-budget", default=None, help="KV cache budget, e.g. 256MiB.")
+@click.option("--burst", is_flag=True, help="Exit when the queues are empty.")
+@click.option("--name", default=None, help="Worker name (default <model>.<host>.<pid>).")
+@click.option("--redis-url", envvar="REDIS_URL", default=None, help="Redis URL (default $REDIS_URL).")
+@click.option("--max-jobs", type=int, default=None, help="Exit after this many jobs.")
+@click.option("--heartbeat-interval", type=int, default=DEFAULT_HEARTBEAT_INTERVAL, show_default=True)
+@click.option("--heartbeat-grace", type=int, default=DEFAULT_HEARTBEAT_GRACE, show_default=True,
+              help="Seconds after the last heartbeat before a job counts as abandoned.")
+@click.option("--maintenance-interval", type=int, default=DEFAULT_MAINTENANCE_INTERVAL, show_default=True,
+              help="Seconds between rq's registry cleanups (a dead worker's job is found within "
+                   "heartbeat interval + grace + 5 s regardless).")
+@click.option("--log-level", default="INFO", show_default=True)
+@no_memory_check_option
+@no_repack_option
+@kv_type_option
+@speculation_options
+def worker_command(model: str, threads: int | None, kv_budget: str | None, burst: bool, name: str | None,
+                   redis_url: str | None, max_jobs: int | None, heartbeat_interval: int, heartbeat_grace: int,
+                   maintenance_interval: int, log_level: str, no_repack: bool, prompt_lookup: bool,
+                   draft: str | None) -> None:
+    """Run one worker process for MODEL: load the engine once, generate queued jobs one at a time.
+
+    --prompt-lookup / --draft MODEL: jobs that leave params.speculative unset decode speculatively
+    (with both, prompt lookup is the default and jobs may ask for the draft model)."""
+    try:
+        thread_choice = choose_threads(threads)
+    except ThreadSettingError as e:
+        raise click.UsageError(str(e)) from None
+    repack = False if no_repack else None
+    # a bad model file or not enough memory: say so before loading
+    check_worker_start(model, kv_budget, repack=repack, draft=draft)
+    run_worker(model, redis_url=redis_url, threads=thread_choice, kv_budget=kv_budget, burst=burst, name=name,
+               max_jobs=max_jobs, heartbeat_interval=heartbeat_interval, heartbeat_grace=heartbeat_grace,
+               maintenance_interval=maintenance_interval, logging_level=log_level.upper(), repack=repack,
+               draft=draft, speculative=speculation_mode(prompt_lookup, draft))
+
+
+
+COMMANDS: list[click.Command] = [worker_command]
+
+
+if __name__ == "__main__":
+    sys.exit(worker_command(prog_name="rqllm worker"))

@@ -1,0 +1,174 @@
+"""The run: collect the documents, plan each one, submit its map and reduce jobs as one batch through
+pipeline.client.Client (the one enqueue path: ledger claims, doorbell), follow the batch's events
+and write the summaries. With no REDIS_URL it all happens inside pipeline.embedded's private cluster
+(redis-server + --workers worker processes, stopped at the end); with REDIS_URL the command only
+submits and follows, and the workers are whoever serves that Redis. The batch shows in `rqllm status`.
+"""
+from __future__ import annotations
+
+import sys
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from typing import IO, Any
+
+from engine.defaults import DEFAULT_KV_BUDGET, DEFAULT_MODEL
+from jobs.redis_conn import connect, redis_url_from_env
+from jobs.schemas import GenerationJob, model_key
+from jobs.summarize_tasks import part_label_pattern
+from pipeline.client import Client
+from pipeline.embedded import choose_embedded_split, embedded_cluster
+from pipeline.enqueue import TaskCall
+from pipeline.summarize.documents import DEFAULT_MAX_BYTES, collect_documents
+from pipeline.summarize.errors import SummarizeError
+from pipeline.summarize.follow import DocState, cancel_rest, follow
+from pipeline.summarize.plan import (DEFAULT_CHUNK_TOKENS, DEFAULT_MAX_SUMMARY_TOKENS, DEFAULT_OVERLAP_TOKENS, Budget,
+                                     DocPlan, PromptMeter, kv_capacity, plan_document, reduce_fan_in,
+                                     worker_kv_budget)
+from pipeline.summarize.report import Output, Progress, RunReport
+from pipeline.summarize.templates import Templates, words_for
+
+TASK_MAP = "jobs.summarize_tasks.summarize_chunk"
+TASK_REDUCE = "jobs.summarize_tasks.reduce_summaries"
+# Map and reduce jobs guess tokens by prompt lookup: summaries copy phrases from their input, and
+# greedy output is the same either way (bench/bench_speculative.py measures the gain).
+DEFAULT_SPECULATIVE = "prompt_lookup"
+JOB_TIMEOUT = 1800
+JOB_RETRIES = 1
+RESULT_TTL = 24 * 3600
+STREAM_TTL = 3600
+
+
+def submit_plans(client: Client, batch_id: str, plans: Sequence[DocPlan], *, model: str, templates: Templates,
+                 budget: Budget, priority: str = "default", seed: int | None = None,
+                 speculative: str = DEFAULT_SPECULATIVE) -> None:
+    """Add every map job, then the reduce jobs (deferred until their inputs finish), to the batch.
+    speculative: the jobs' params.speculative (engine.params.SpeculativeMode)."""
+    words = words_for(budget.max_summary_tokens)
+    params = {"max_tokens": budget.max_summary_tokens, "temperature": 0.0, "repetition_penalty": 1.1,
+              "speculative": speculative}
+    if seed is not None:
+        params["seed"] = seed
+    spec_base = templates.reduce_spec(model, words)
+    calls: list[TaskCall] = []
+    for plan in plans:
+        for chunk, job_id, messages in zip(plan.chunks, plan.map_ids, plan.map_messages):
+            gjob = GenerationJob(model=model, messages=messages, params=params,
+                                 metadata={"summarize": plan.doc.path, "chunk": chunk.index})
+            calls.append(TaskCall(job_id, model, TASK_MAP, (gjob.to_payload(),),
+                                  f"summarize {plan.doc.path} chunk {chunk.index + 1}/{len(plan.chunks)}"))
+    for plan in plans:
+        for node in plan.reduces:
+            spec = dict(spec_base, params=params, metadata={"summarize": plan.doc.path, "level": node.level})
+            calls.append(TaskCall(node.job_id, model, TASK_REDUCE, (spec, node.inputs),
+                                  f"summarize {plan.doc.path} reduce level {node.level}", depends_on=list(node.inputs)))
+    client.submit_calls(batch_id, calls, priority=priority, timeout=JOB_TIMEOUT, retries=JOB_RETRIES, extend=True)
+
+
+def summarize(paths: Sequence[str], *, output: IO[str], fmt: str = "jsonl", model: str = DEFAULT_MODEL,
+              workers: int | None = None, threads: int | None = None, template: str | None = None,
+              kv_budget: str | None = None, max_summary_tokens: int = DEFAULT_MAX_SUMMARY_TOKENS,
+              overlap_tokens: int = DEFAULT_OVERLAP_TOKENS, chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
+              max_bytes: int = DEFAULT_MAX_BYTES, redis_url: str | None = None, progress_stream: IO[str] | None = None,
+              meter: PromptMeter | None = None, repack: bool = True,
+              speculative: str = DEFAULT_SPECULATIVE) -> RunReport:
+    """Summarise every readable document under `paths`; see the module docstring. repack=False: the
+    embedded workers run with --no-repack. speculative: how the jobs guess tokens ("off": plain)."""
+    err = progress_stream if progress_stream is not None else sys.stderr
+    t0 = time.monotonic()
+    templates = Templates.load(template)
+    docs, skipped = collect_documents(paths, max_bytes=max_bytes)
+    for s in skipped:
+        err.write(f"skipped {s.path}: {s.reason}\n")
+    if not docs:
+        err.write("nothing to summarise\n")
+        Output(output, fmt, model=model).finish(skipped, wall_seconds=time.monotonic() - t0)
+        return RunReport(0, 0, 0, skipped, 0, 0, 0, time.monotonic() - t0, [])
+
+    budget_text = kv_budget or DEFAULT_KV_BUDGET
+    budget = Budget(capacity=kv_capacity(model, budget_text), max_summary_tokens=max_summary_tokens,
+                    overlap_tokens=overlap_tokens, chunk_tokens=chunk_tokens)
+    if budget.prompt_limit < 32:
+        raise SummarizeError(f"the KV budget holds {budget.capacity} tokens: too few for a prompt plus a "
+                             f"{max_summary_tokens}-token summary; raise --kv-budget or lower --max-summary-tokens")
+    meter = meter or PromptMeter.for_model(model)
+    words = words_for(max_summary_tokens)
+    fan_in = reduce_fan_in(meter, templates, budget, words)
+    run_id = uuid.uuid4().hex[:12]
+    err.write(f"summarising {len(docs)} document{'s' if len(docs) != 1 else ''} with {model}; KV budget "
+              f"{budget.capacity} tokens, summaries up to {max_summary_tokens} tokens, up to {fan_in} per reduce\n")
+    out = Output(output, fmt, model=model)
+
+    def run(connection: Any, health: Callable[[], None] | None, remote: bool) -> list[DocState]:
+        client = Client(connection=connection, result_ttl=RESULT_TTL, stream_ttl=STREAM_TTL)
+        batch_id = client.open_batch(f"summarize_{run_id}", metadata={"summarize": len(docs)})
+        # Plan and submit one document at a time: workers start on the first document's chunks
+        # while later documents are still being tokenized.
+        states: list[DocState] = []
+        progress = Progress(len(docs), 0, stream=err)
+        for i, d in enumerate(docs):
+            plan = plan_document(i, d, run_id=run_id, model=model, meter=meter, templates=templates,
+                                 budget=budget, fan_in=fan_in)
+            submit_plans(client, batch_id, [plan], model=model, templates=templates, budget=budget,
+                         speculative=speculative)
+            states.append(DocState(plan, time.time()))
+            progress.total_chunks += len(plan.chunks)
+        progress.update(0, 0, force=True)
+
+        def on_done(s: DocState) -> None:
+            out.add(s.plan.index, s.record(model))
+            if s.error:
+                progress.message(f"failed {s.plan.doc.path}: {s.error}")
+
+        def no_workers() -> bool:
+            if not remote:
+                return True
+            n = sum(1 for w in client.workers() if w["model"] and model_key(w["model"]) == model_key(model))
+            if n == 0:
+                progress.message(f"no worker for model {model} is connected to this Redis yet; waiting "
+                                 f"(start one with: rqllm worker --model {model})")
+            return True
+
+        try:
+            follow(client, batch_id, states, models=[model], reduce_labels=part_label_pattern(templates.part),
+                   on_done=on_done, progress=progress, health=health, no_worker_warning=no_workers)
+        except KeyboardInterrupt:
+            # Do not leave work behind in a shared Redis: cancel what has not ended.
+            pending = [s for s in states if not s.done]
+            for st in pending:
+                cancel_rest(client, batch_id, st, why="the summarise run was interrupted")
+            progress.message(f"interrupted: canceled the queued jobs of {len(pending)} unfinished "
+                             f"document{'s' if len(pending) != 1 else ''}")
+            raise
+        finally:
+            progress.close()
+        return states
+
+    url = redis_url if redis_url is not None else redis_url_from_env()
+    if url:
+        if workers is not None or threads:
+            err.write("note: --workers and --threads only apply without REDIS_URL; the workers are the ones "
+                      "already serving that Redis\n")
+        states = run(connect(url), None, True)
+    else:
+        # map jobs, roughly (4 characters a token): enough to tell one worker's worth from several
+        jobs = sum(max(1, len(d.text) // 4 // max(1, budget.prompt_limit) + 1) for d in docs)
+        split = choose_embedded_split(model, jobs, workers=workers, threads=threads,
+                                      kv_budget=worker_kv_budget(model, budget_text), repack=repack)
+        with embedded_cluster(model, workers=split.workers, threads=split.threads,
+                              kv_budget=worker_kv_budget(model, budget_text), repack=repack,
+                              split_reason=split.reason) as cluster:
+            err.write(f"embedded: {cluster.split}\n")
+            states = run(connect(cluster.redis_url), cluster.check, False)
+    wall = time.monotonic() - t0
+    out.finish(skipped, wall_seconds=wall)
+    records = [s.record(model) for s in states]
+    report = RunReport(
+        documents=len(states), summarised=sum(1 for s in states if not s.error),
+        failed=sum(1 for s in states if s.error), skipped=skipped, chunks=sum(r["chunks"] for r in records),
+        tokens_in=sum(r["tokens_in"] for r in records), tokens_out=sum(r["tokens_out"] for r in records),
+        wall_seconds=wall, records=records,
+    )
+    err.write(f"done: {report.summarised} summarised, {report.failed} failed, {len(skipped)} skipped; "
+              f"{report.tokens_in:,} tokens in, {report.tokens_out:,} out; {wall:.1f} s\n")
+    return report
