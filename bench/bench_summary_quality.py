@@ -174,7 +174,7 @@ def run_summarize(cmd: list[str]) -> tuple[float, str]:
 
 def chat_note(model: str) -> str:
     from engine.chat_capability import model_chat_capability
-    from engine.models import resolve
+    from engine.registry import resolve
 
     try:
         cap = model_chat_capability(resolve(model, auto_pull=False))

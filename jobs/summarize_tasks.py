@@ -23,6 +23,7 @@ from typing import Any
 from rq import get_current_job
 from rq.job import Job
 
+from engine.sentences import complete_end
 from jobs.runtime import get_context, run_current_job
 from jobs.schemas import GenerationJob, JobResult, TaskOptions
 
@@ -36,8 +37,6 @@ def tidy_summary(text: str, finish_reason: str | None) -> str:
     """Strip a leading "Summary:" label; when the model ran out of tokens mid-sentence, end the
     summary at its last complete sentence or line (engine.sentences: CJK full stops, not after
     "e.g." or a list number), if that keeps at least a third of it."""
-    from engine.sentences import complete_end  # (here: the imports above are being reorganised, issue 18)
-
     out = _LABEL.sub("", text.strip(), count=1).strip()
     if finish_reason == "length":
         end = complete_end(out)
