@@ -13,7 +13,7 @@ import numpy as np
 
 from engine.kv_cache import CachedTokens
 from engine.model import MAX_UBATCH, Model
-from engine.sampler import PENALTY_WINDOW, Sampler
+from engine.sampler import Sampler
 from engine.speculative import Draft
 
 if TYPE_CHECKING:
@@ -104,13 +104,12 @@ class DraftModelProposer:
         logits = model.forward(context[start:], start)
         tokens: list[int] = []
         probs: list[tuple[np.ndarray, np.ndarray]] | None = None if sampler.greedy else []
-        tail = context[-PENALTY_WINDOW:]
         try:
             for i in range(k):
                 if probs is None:
-                    token = sampler.sample(logits, tail + tokens)
+                    token = sampler.sample(logits, context, tokens)
                 else:
-                    ids, p = sampler.distribution(logits, tail + tokens)
+                    ids, p = sampler.distribution(logits, context, tokens)
                     token = int(ids[self.rng.choice(len(ids), p=p)])
                     probs.append((ids, p))
                 tokens.append(token)

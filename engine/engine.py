@@ -8,6 +8,7 @@ Contract (used by jobs/ and pipeline/):
     eng.kv_capacity         # tokens the KV budget holds
     eng.tokenizer.encode(text) -> list[int]; eng.tokenizer.decode(ids) -> str
     eng.render_chat(messages: list[dict]) -> str          # chat template applied, generation prompt added
+    eng.chat_capability.can_chat / .describe(name)        # False: a base model (warn at chat requests)
     gen = eng.generate(prompt=str | None, messages=list[dict] | None, params=SamplingParams(),
                        on_text=callable(str) | None, should_stop=callable() -> bool | None) -> Generation
         # on_text receives UTF-8-safe text pieces as they are produced; their concatenation == gen.text
@@ -15,6 +16,8 @@ Contract (used by jobs/ and pipeline/):
         #   EngineInterrupted raised (the caller re-queues the job).
         # Raises EngineError (a ValueError) for bad requests: empty prompt, prompt + max_tokens over
         #   the KV capacity (message names both numbers), unknown chat roles, invalid text.
+        # params.end_at_sentence: a text cut by max_tokens ends after its last complete sentence or
+        #   line (gen.ids still holds every generated token); on_text gets text only up to such ends.
 
 Consecutive requests that share a prompt prefix reuse its KV entries instead of recomputing them
 (summarisation chunks share their instructions); Generation.prefix_hit_tokens says how many.
@@ -43,12 +46,14 @@ from engine.kv_cache import CachedTokens
 from engine.model import MAX_UBATCH, Model, ModelError
 from engine.params import Generation, SamplingParams, SpeculativeMode
 from engine.sampler import Sampler
+from engine.sentences import complete_end, open_fence_start, sentence_ends, trim_to_complete
 from engine.speculative import DEFAULT_PASS_COSTS, MAX_DRAFT, Decoder, DraftPolicy, PassTimer, Proposer
 from engine.tokenizer import Tokenizer, TokenizerError
 from engine.defaults import DEFAULT_KV_BUDGET
 
 if TYPE_CHECKING:
     from engine.chat import ChatFormat
+    from engine.chat_capability import ChatCapability
 
 log = logging.getLogger("rqllm.engine")
 MAX_PROMPT_CHARS = 4_000_000  # far beyond any KV budget here; refuse before tokenizing megabytes
@@ -134,6 +139,13 @@ class Engine:
 
         return ChatFormat.from_gguf(self.model.gguf, self.tokenizer)
 
+    @cached_property
+    def chat_capability(self) -> ChatCapability:
+        """Whether the model can follow chat prompts (engine.chat_capability): callers warn when not."""
+        from engine.chat_capability import chat_capability
+
+        return chat_capability(self.model.gguf.metadata, self.path)
+
     @property
     def kv_capacity(self) -> int:
         return self.model.capacity
@@ -210,7 +222,7 @@ class Engine:
             self.draft.prefill(ids)  # here, so that decode time counts decoding only
         t1 = time.perf_counter()
 
-        sampler = Sampler(params)
+        sampler = Sampler(params, prompt_len=len(ids))
         if mode != "off" and self._fixed_costs is None and not self._timer.done:
             logits = logits.copy()  # the model's logits array is reused by the passes timed here
             self._time_passes(len(ids))
@@ -219,7 +231,7 @@ class Engine:
         policy = None if proposer is None else DraftPolicy(self.pass_costs, proposer.cost_per_guess,
                                                            prior_alpha=proposer.prior_alpha)
         decoder = Decoder(self.model, sampler, list(ids), logits, proposer, policy)
-        stream = _TextStream(self.tokenizer, params.stop, on_text)
+        stream = _TextStream(self.tokenizer, params.stop, on_text, params.end_at_sentence)
         out: list[int] = []
         finish = "length"
         decided = 0  # tokens decided, EOS included
@@ -238,7 +250,7 @@ class Engine:
                         break
         finally:
             self._cache.wrote(decoder.context[:decoder.kv_tokens], decoder.kv_end)
-        text = stream.finish()
+        text = stream.finish(length_cut=finish == "length")
         t2 = time.perf_counter()
         prefill_s, decode_s = t1 - t0, t2 - t_decode
         n_prefill = len(ids) - start
@@ -296,15 +308,20 @@ class Engine:
 
 
 class _TextStream:
-    """Token ids -> text pieces for on_text, holding back what could still become a stop string."""
+    """Token ids -> text pieces for on_text, holding back what could still become a stop string and,
+    with end_at_sentence, what follows the last complete sentence (max_tokens may cut it off)."""
 
-    def __init__(self, tokenizer: Tokenizer, stops: list[str], on_text: Callable[[str], None] | None):
+    def __init__(self, tokenizer: Tokenizer, stops: list[str], on_text: Callable[[str], None] | None,
+                 end_at_sentence: bool = False):
         self.decoder = tokenizer.stream_decoder()
         self.stops = stops
         self.hold = max((len(s) for s in stops), default=1) - 1
         self.on_text = on_text
+        self.end_at_sentence = end_at_sentence
         self.text = ""  # everything decoded so far
         self.sent = 0  # characters of self.text already given to on_text
+        self._complete = 0  # text[:_complete] ends with a sentence or line that is surely complete
+        self._scan_from = 0
 
     def push(self, token: int) -> bool:
         """Add a token; True when a stop string has appeared."""
@@ -314,16 +331,35 @@ class _TextStream:
             if at >= 0:
                 self.text = self.text[:at]
                 return True
-        self._emit(len(self.text) - self.hold)
+        upto = len(self.text) - self.hold
+        self._emit(min(upto, self._complete_upto()) if self.end_at_sentence else upto)
         return False
 
-    def finish(self) -> str:
+    def _complete_upto(self) -> int:
+        """The end of the last sentence or line known complete: an end at the very end of the text
+        so far is not known yet ("3." may become "3.5", a closing quote may follow)."""
+        for end in sentence_ends(self.text, self._scan_from):
+            if end < len(self.text):
+                self._complete = max(self._complete, end)
+        self._scan_from = max(0, len(self.text) - 16)  # room for a run of marks and closers
+        line = self.text.rfind("\n", self._complete + 1)
+        if line >= 0:
+            self._complete = max(self._complete, len(self.text[:line].rstrip()))
+        fence = open_fence_start(self.text[:self._complete])
+        # inside a code block that may never close: only up to what precedes the block
+        return self._complete if fence is None else complete_end(self.text[:fence])
+
+    def finish(self, length_cut: bool = False) -> str:
+        """The whole text; length_cut: max_tokens ended it (then, with end_at_sentence, the text ends
+        after its last complete sentence or line, if it has one)."""
         if not any(s in self.text for s in self.stops):
             self.text += self.decoder.flush()
         for stop in self.stops:  # a stop string completed by the flush
             at = self.text.find(stop)
             if at >= 0:
                 self.text = self.text[:at]
+        if length_cut and self.end_at_sentence:
+            self.text = trim_to_complete(self.text)
         self._emit(len(self.text))
         return self.text
 

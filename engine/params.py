@@ -22,7 +22,20 @@ class SamplingParams(BaseModel):
     top_k: int = Field(0, ge=0, description="0 disables")
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     min_p: float = Field(0.0, ge=0.0, le=1.0)
-    repetition_penalty: float = Field(1.0, gt=0.0, le=10.0)
+    repetition_penalty: float = Field(
+        1.0, gt=0.0, le=10.0, description="llama.cpp's repeat penalty over the last 64 tokens, prompt included: "
+                                          "positive logits divided by it, negative ones multiplied")
+    frequency_penalty: float = Field(
+        0.0, ge=-2.0, le=2.0, description="OpenAI's: subtracted from a token's logit once per time the token "
+                                          "was generated so far")
+    presence_penalty: float = Field(
+        0.0, ge=-2.0, le=2.0, description="OpenAI's: subtracted from a token's logit once it was generated")
+    no_repeat_ngram_size: int = Field(
+        0, ge=0, le=64, description="ban the token that would repeat an n-gram of this many tokens already in "
+                                    "the generated text (not the prompt); 0 disables")
+    end_at_sentence: bool = Field(
+        False, description="when max_tokens ends the text mid-sentence, end it after its last complete "
+                           "sentence or line instead (finish_reason stays 'length')")
     seed: int | None = Field(None, ge=0, le=2**63 - 1)
     stop: list[str] = Field(default_factory=list, max_length=16)
     speculative: SpeculativeMode | None = Field(

@@ -1,8 +1,26 @@
-"""Turning logits into the next token: repetition penalty, temperature, top-k, top-p, min-p, seed.
+"""Turning logits into the next token: penalties, the no-repeat n-gram guard, temperature, top-k,
+top-p, min-p, seed.
 
-Same seed + same logits -> same tokens. Greedy (temperature 0) is a plain argmax.
+Same seed + same logits + same history -> same tokens. Greedy (temperature 0) is a plain argmax.
+
+History: callers pass the whole sequence so far (`context`: prompt, then generated tokens) and, for
+tokens still being checked (speculative decoding's guesses, a draft's own tokens), `extra` after
+it. The sampler knows where the prompt ends (prompt_len), because the penalties differ in what
+they look at:
+
+* repetition_penalty (llama.cpp's repeat penalty): the last PENALTY_WINDOW tokens, prompt
+  included, as llama-server counts them (it feeds the prompt to its penalty window);
+* frequency_penalty / presence_penalty (OpenAI's definition: logit -= count * frequency +
+  (count > 0) * presence, count = times the token was sampled before this position): the
+  generated tokens only. llama.cpp applies the same formula over its last-64 window; counting the
+  prompt would push a summary away from the very words of its document;
+* no_repeat_ngram_size = n: a token that would complete an n-gram already present in the
+  generated tokens gets probability 0 (its logit becomes -inf). The prompt is not searched, for the
+  same reason: quoting the document is fine, looping on one's own words is not.
 """
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -13,32 +31,52 @@ NUCLEUS_PREFILTER = 4096  # candidates sorted before falling back to sorting the
 
 
 class Sampler:
-    def __init__(self, params: SamplingParams):
+    def __init__(self, params: SamplingParams, prompt_len: int = 0):
+        """prompt_len: how many leading tokens of the contexts given to sample() are the prompt."""
         self.params = params
+        self.prompt_len = prompt_len
         self.rng = np.random.default_rng(params.seed)
 
     @property
     def greedy(self) -> bool:
         return self.params.temperature == 0.0
 
-    def sample(self, logits: np.ndarray, recent: list[int]) -> int:
-        logits = self.penalized(logits, recent)
+    def sample(self, logits: np.ndarray, context: Sequence[int], extra: Sequence[int] = ()) -> int:
+        """The next token after context + extra."""
+        logits = self.penalized(logits, context, extra)
         if self.greedy:
             return int(np.argmax(logits))
         ids, probs = self._distribution(logits)
         return int(ids[self.rng.choice(len(ids), p=probs)])
 
-    def penalized(self, logits: np.ndarray, recent: list[int]) -> np.ndarray:
-        """The logits after the repetition penalty over `recent` (the same array when there is none)."""
+    def penalized(self, logits: np.ndarray, context: Sequence[int], extra: Sequence[int] = ()) -> np.ndarray:
+        """The logits after the penalties and the n-gram guard for the history context + extra
+        (the same array when none applies)."""
         p = self.params
-        if p.repetition_penalty != 1.0 and recent:
-            return apply_repetition_penalty(logits, recent[-PENALTY_WINDOW:], p.repetition_penalty)
-        return logits
+        out = logits
+        if p.repetition_penalty != 1.0:
+            recent = [*context[-PENALTY_WINDOW:], *extra][-PENALTY_WINDOW:]
+            if recent:
+                out = apply_repetition_penalty(out, recent, p.repetition_penalty)
+        if p.frequency_penalty == 0.0 and p.presence_penalty == 0.0 and p.no_repeat_ngram_size == 0:
+            return out
+        generated = [*context[self.prompt_len:], *extra]
+        if not generated:
+            return out
+        if p.frequency_penalty != 0.0 or p.presence_penalty != 0.0:
+            out = apply_frequency_presence_penalties(out, generated, p.frequency_penalty, p.presence_penalty)
+        if p.no_repeat_ngram_size:
+            banned = repeated_ngram_completions(generated, p.no_repeat_ngram_size)
+            if 0 < len(banned) < len(out):  # (everything banned - a tiny vocabulary - bans nothing)
+                out = out.copy() if out is logits else out
+                out[banned] = -np.inf
+        return out
 
-    def distribution(self, logits: np.ndarray, recent: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    def distribution(self, logits: np.ndarray, context: Sequence[int],
+                     extra: Sequence[int] = ()) -> tuple[np.ndarray, np.ndarray]:
         """(token ids, their probabilities) that sample() draws from; greedy: the argmax, probability 1.
         Speculative sampling (engine.speculative) accepts or corrects draft tokens against it."""
-        logits = self.penalized(logits, recent)
+        logits = self.penalized(logits, context, extra)
         if self.greedy:
             return np.array([int(np.argmax(logits))]), np.ones(1)
         return self._distribution(logits)
@@ -70,6 +108,28 @@ def apply_repetition_penalty(logits: np.ndarray, recent: list[int], penalty: flo
     vals = out[ids]
     out[ids] = np.where(vals > 0, vals / penalty, vals * penalty)
     return out
+
+
+def apply_frequency_presence_penalties(logits: np.ndarray, generated: Sequence[int], frequency: float,
+                                       presence: float) -> np.ndarray:
+    """OpenAI's: logit[t] -= count(t) * frequency + (count(t) > 0) * presence, count over `generated`."""
+    ids, counts = np.unique(np.asarray(generated, dtype=np.int64), return_counts=True)
+    out = logits.copy()
+    out[ids] -= (counts * frequency + presence).astype(out.dtype)
+    return out
+
+
+def repeated_ngram_completions(generated: Sequence[int], n: int) -> np.ndarray:
+    """The tokens t for which generated[-(n-1):] + [t] is an n-gram already in `generated` (for
+    n = 1: every generated token)."""
+    seq = np.asarray(generated, dtype=np.int64)
+    if n == 1:
+        return np.unique(seq)
+    if len(seq) < n:
+        return seq[:0]
+    windows = np.lib.stride_tricks.sliding_window_view(seq, n)
+    hits = np.all(windows[:, :-1] == seq[len(seq) - n + 1:], axis=1)
+    return np.unique(windows[hits, -1])
 
 
 def _nucleus(ids: np.ndarray, probs: np.ndarray, top_p: float) -> tuple[np.ndarray, np.ndarray]:

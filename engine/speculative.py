@@ -42,7 +42,7 @@ from typing import Protocol
 import numpy as np
 
 from engine.model import MAX_UBATCH
-from engine.sampler import PENALTY_WINDOW, Sampler
+from engine.sampler import Sampler
 
 MAX_DRAFT = 15  # guesses per round; a round's pass (MAX_DRAFT + 1 tokens) must fit one MAX_UBATCH pass
 assert MAX_DRAFT + 1 <= MAX_UBATCH  # the sliding-window rings' slack covers one pass of rolled-back K/V
@@ -213,23 +213,23 @@ class PassTimer:
 def verify(sampler: Sampler, rows: np.ndarray, draft: Draft, context: list[int]) -> tuple[int, int]:
     """(guesses kept, the token that follows them) for the logits `rows` of a pass over the pending
     token and draft.tokens; context ends with the pending token."""
-    tail = context[-PENALTY_WINDOW:]
     guesses = draft.tokens
     for i, guess in enumerate(guesses):
-        recent = tail + guesses[:i]
+        # the history plain decoding would have at this position: penalties and the n-gram guard
+        # then decide exactly as they would there
         if sampler.greedy:
-            token = sampler.sample(rows[i], recent)
+            token = sampler.sample(rows[i], context, guesses[:i])
             if token != guess:
                 return i, token
             continue
-        ids, probs = sampler.distribution(rows[i], recent)
+        ids, probs = sampler.distribution(rows[i], context, guesses[:i])
         p = float(probs[ids == guess].sum())
         q_dist = None if draft.probs is None else draft.probs[i]
         q = 1.0 if q_dist is None else float(q_dist[1][q_dist[0] == guess].sum())
         if sampler.rng.random() * q < p:  # kept with probability min(1, p / q)
             continue
         return i, residual_sample(sampler.rng, ids, probs, guess, q_dist)
-    return len(guesses), sampler.sample(rows[len(guesses)], tail + guesses)
+    return len(guesses), sampler.sample(rows[len(guesses)], context, guesses)
 
 
 def residual_sample(rng: np.random.Generator, ids: np.ndarray, probs: np.ndarray, guess: int,

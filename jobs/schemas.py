@@ -74,6 +74,11 @@ def _check_size(what: str, size: int, limit: int) -> None:
                          f"(set {MAX_PROMPT_BYTES_ENV} to change it)")
 
 
+# SamplingParams fields added after v1 ids were in use, with the default that leaves them out of the id.
+_PARAMS_ADDED_LATER: dict[str, Any] = {"frequency_penalty": 0.0, "presence_penalty": 0.0,
+                                       "no_repeat_ngram_size": 0, "end_at_sentence": False}
+
+
 class InvalidJob(ValueError):
     """A job refused at submission; the message is pydantic's (or ours) naming the bad field."""
 
@@ -169,6 +174,11 @@ class GenerationJob(BaseModel):
     def content_key(self) -> dict[str, Any]:
         """What the id hashes: everything that can change the generated text."""
         params = self.params.model_dump(mode="json")
+        # Knobs added after ids were first handed out count only when set: a job that leaves them
+        # at their defaults keeps the id (and finds the result) it had before they existed.
+        for name, default in _PARAMS_ADDED_LATER.items():
+            if params.get(name) == default:
+                params.pop(name)
         # How tokens are guessed changes nothing in greedy output, and nothing when left to the
         # worker: the id (and a finished result) is shared then; a sampled run's draws differ.
         if params.get("speculative") is None or self.params.temperature == 0:

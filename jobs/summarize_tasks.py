@@ -23,6 +23,7 @@ from typing import Any
 from rq import get_current_job
 from rq.job import Job
 
+from engine.sentences import complete_end
 from jobs.runtime import get_context, run_current_job
 from jobs.schemas import GenerationJob, JobResult, TaskOptions
 
@@ -30,17 +31,17 @@ __all__ = ["summarize_chunk", "reduce_summaries"]  # the tasks; the rest are hel
 
 # A lead-in label on the first line: "Summary:", "Here is a short summary of the text:", "The summary is:".
 _LABEL = re.compile(r"^\s*(?:\*\*)?[^\n:]{0,40}?\bsummary\b[^\n:]{0,40}?(?:\*\*)?\s*:(?:\*\*)?\s*", re.I)
-_SENTENCE_END = re.compile(r"[.!?\u2026][\"'\u201d\u2019)\]]*(?=\s|$)")
 
 
 def tidy_summary(text: str, finish_reason: str | None) -> str:
     """Strip a leading "Summary:" label; when the model ran out of tokens mid-sentence, end the
-    summary at its last complete sentence (if that keeps at least a third of it)."""
+    summary at its last complete sentence or line (engine.sentences: CJK full stops, not after
+    "e.g." or a list number), if that keeps at least a third of it."""
     out = _LABEL.sub("", text.strip(), count=1).strip()
     if finish_reason == "length":
-        ends = [m.end() for m in _SENTENCE_END.finditer(out)]
-        if ends and ends[-1] >= len(out) // 3:
-            out = out[: ends[-1]]
+        end = complete_end(out)
+        if end and end >= len(out) // 3:
+            out = out[:end]
     return out.strip()
 
 

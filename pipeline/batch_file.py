@@ -32,17 +32,16 @@ from jobs.schemas import (
 from engine.defaults import DEFAULT_MODEL
 
 
-# body fields mapped onto SamplingParams (top_k/min_p/repetition_penalty as vLLM accepts them;
-# speculative is rqllm's own)
-_PARAM_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "seed", "speculative")
+# body fields mapped onto SamplingParams (OpenAI's, top_k/min_p/repetition_penalty as vLLM accepts
+# them; speculative, no_repeat_ngram_size and end_at_sentence are rqllm's own)
+_PARAM_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "frequency_penalty",
+                 "presence_penalty", "no_repeat_ngram_size", "end_at_sentence", "seed", "speculative")
 # accepted only with a value that changes nothing
 _NEUTRAL = {
     "n": (1,),
     "stream": (False,),
     "logprobs": (False, None),
     "echo": (False,),
-    "presence_penalty": (0, 0.0),
-    "frequency_penalty": (0, 0.0),
     "best_of": (1,),
 }
 _IGNORED = {"user", "metadata", "store", "service_tier"}

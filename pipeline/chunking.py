@@ -1,4 +1,5 @@
-"""Split a document into chunks that fit a worker's KV budget, measured in the model's own tokens.
+"""Split a document into chunks that fit a worker's KV budget, measured in the model's own tokens,
+following the document's structure.
 
 A chunk is sent to the model wrapped in the map prompt, and the model then writes up to
 ``max_summary_tokens`` more tokens into the same KV cache. So what has to fit is
@@ -9,10 +10,27 @@ The caller states that through ``measure`` (text -> tokens it will cost once wra
 ``limit`` (the most ``measure`` may return). Without ``measure`` the bare chunk is counted with
 ``tokenizer.encode``.
 
-Boundaries are chosen, in order of preference, at paragraph ends (a blank line), sentence ends
-(``.``, ``!``, ``?`` and friends, then whitespace), word ends (whitespace), and only as a last
-resort inside a word (a single "word" longer than the whole budget: a URL, a base64 blob).
-Consecutive chunks overlap by a few tokens of context, cut on a sentence or word start.
+Boundaries, in order of preference: section starts (a Markdown heading - ``#`` or underlined - or
+a plain-text heading line: ALL CAPS, "3. Title", Title Case, standing alone), paragraph ends (a
+blank line; a fenced code block's start and end), sentence ends (engine.sentences: ``.!?…`` then
+whitespace, CJK ``。！？``; list items count as sentences), and only when one sentence is longer
+than the chunk, word ends (whitespace, CJK ``，、；``) and, last, a cut inside a word (a URL, a
+base64 blob). A chunk ends at the strongest boundary that keeps at least ``min_fill`` of the text
+that would fit, else at the furthest sentence end. Inside a fenced code block (```` ``` ```` or
+``~~~``) the only boundaries are its line ends, used only when the block alone is over the chunk.
+A heading is never left as the last line of a chunk.
+
+Consecutive chunks overlap by whole sentences of the previous chunk's tail (at most
+``overlap_tokens``; none when no whole sentence fits, and none across a section start).
+Each chunk carries its section path: the titles of the headings it sits under.
+
+Compared with LangChain's RecursiveCharacterTextSplitter (separators tried in order, pieces merged
+up to the size, overlap from whatever pieces end the previous chunk - words when a sentence did
+not fit; its Markdown separators split at headings and fences but the headings travel with no
+chunk) and LlamaIndex's SentenceSplitter (paragraphs, then sentences, then clause punctuation,
+then words, overlap of trailing pieces in tokens; section paths only from its separate Markdown
+parser): here the sizes are the model's tokens of the wrapped prompt, headings are the strongest
+cut, code blocks stay whole, and the overlap is never a partial sentence.
 
 Everything is a pure function of (text, tokenizer, limits): the same input always gives the same
 chunks, which keeps the map jobs' prompts identical across runs (and cache-friendly).
@@ -24,6 +42,9 @@ import re
 import unicodedata
 from dataclasses import dataclass
 from typing import Callable, Protocol, Sequence
+
+from engine.sentences import sentence_ends
+from pipeline.structure import Heading, code_blocks, inside_block, outline, section_path_at, section_paths
 
 
 class TokenizerLike(Protocol):
@@ -43,40 +64,62 @@ class Chunk:
     end: int
     text: str
     tokens: int  # what `measure` said for this chunk (prompt-wrapped tokens when measure wraps)
+    section_path: tuple[str, ...] = ()  # titles of the headings the chunk's start sits under, outermost first
 
 
 # Boundary strengths. A boundary is a char offset where a chunk may end (and the next begin).
-WORD, SENTENCE, PARAGRAPH = 1, 2, 3
+WORD, SENTENCE, PARAGRAPH, SECTION = 1, 2, 3, 4
 
 _PARAGRAPH_RE = re.compile(r"\n[ \t]*\n\s*")
-# A sentence ends at . ! ? … (possibly doubled, possibly followed by closing quotes/brackets),
-# then whitespace. "e.g. foo" will also count, which is harmless: it is still a fine place to cut.
-_SENTENCE_RE = re.compile(r"(?<=[.!?\u2026])[\"'\u201d\u2019)\]]*\s+")
 _WORD_RE = re.compile(r"\s+")
-# Markdown headings and list items start a new block even without a blank line before them.
+# Clause marks of scripts written without spaces: word-level cuts for a CJK sentence over the chunk.
+_CJK_CLAUSE_RE = re.compile(r"[\uff0c\u3001\uff1b\uff1a]")
+# List items (and headings) start a new block even without a blank line before them.
 _BLOCK_START_RE = re.compile(r"\n(?=[ \t]*(?:#{1,6}\s|[-*+]\s|\d+[.)]\s))")
 
 
-def boundaries(text: str) -> tuple[list[int], list[int]]:
+def boundaries(text: str, blocks: list[tuple[int, int]] | None = None,
+               headings: list[Heading] | None = None) -> tuple[list[int], list[int]]:
     """Sorted candidate cut offsets and their strengths.
 
     An offset is the position right after the whitespace that follows the boundary, so a chunk
     text[a:b] ends with whatever whitespace closed it and the next starts on a word.
     """
+    blocks = code_blocks(text) if blocks is None else blocks
+    headings = outline(text, blocks) if headings is None else headings
     strength: dict[int, int] = {}
 
     def mark(pos: int, level: int) -> None:
-        if 0 < pos < len(text) and strength.get(pos, 0) < level:
+        if 0 < pos < len(text) and strength.get(pos, 0) < level and not inside_block(blocks, pos):
             strength[pos] = level
 
     for m in _WORD_RE.finditer(text):
         mark(m.end(), WORD)
-    for m in _SENTENCE_RE.finditer(text):
-        mark(m.end(), SENTENCE)
+    for m in _CJK_CLAUSE_RE.finditer(text):
+        mark(m.end(), WORD)
+    for end in sentence_ends(text):
+        ws = _WORD_RE.match(text, end)
+        mark(ws.end() if ws else end, SENTENCE)
     for m in _BLOCK_START_RE.finditer(text):
         mark(m.end(), SENTENCE)
     for m in _PARAGRAPH_RE.finditer(text):
         mark(m.end(), PARAGRAPH)
+    for a, b in blocks:
+        # a block is cut at its own line ends only when it alone is over the chunk
+        nl = text.find("\n", a)
+        while 0 <= nl < b - 1:
+            strength[nl + 1] = WORD
+            nl = text.find("\n", nl + 1)
+        ws = _WORD_RE.match(text, b)
+        mark(a, PARAGRAPH)
+        mark(ws.end() if ws else b, PARAGRAPH)
+    for h in headings:
+        if 0 < h.start < len(text):
+            strength[h.start] = SECTION
+    positions = sorted(strength)
+    for h in headings:  # never end a chunk with a heading (nor between a heading and its subheading)
+        for pos in positions[bisect.bisect_right(positions, h.start):bisect.bisect_right(positions, h.body)]:
+            strength.pop(pos, None)
     positions = sorted(strength)
     return positions, [strength[p] for p in positions]
 
@@ -92,9 +135,9 @@ def chunk_text(
 ) -> list[Chunk]:
     """Split ``text`` into chunks whose ``measure`` is at most ``limit``.
 
-    overlap_tokens: how much of the previous chunk's tail (in bare tokens) the next chunk repeats.
-        Kept below a quarter of the limit so chunks always make progress.
-    min_fill: a chunk may end at a stronger boundary (paragraph over sentence over word) only if
+    overlap_tokens: at most this much of the previous chunk's tail (in bare tokens, whole sentences)
+        starts the next chunk. Kept below a quarter of the limit so chunks always make progress.
+    min_fill: a chunk may end at a stronger boundary (section over paragraph over sentence) only if
         that keeps at least this share of the text that would fit; otherwise a weaker boundary
         further on is used. Stops a paragraph break early in the window from making tiny chunks.
     """
@@ -121,7 +164,11 @@ def chunk_text(
             cache[key] = measure(text[a:b].strip())
         return cache[key]
 
-    positions, levels = boundaries(text)
+    blocks = code_blocks(text)
+    headings = outline(text, blocks)
+    paths = section_paths(headings)
+    positions, levels = boundaries(text, blocks, headings)
+    strength = dict(zip(positions, levels))
     n = len(text)
     positions.append(n)
     levels.append(PARAGRAPH)
@@ -142,10 +189,13 @@ def chunk_text(
                 start += 1
             end = _furthest_fit(text, start, positions, levels, cost, limit, min_fill, start)
         chunk_str = text[start:end].strip()
-        chunks.append(Chunk(len(chunks), start, end, chunk_str, cost(start, end)))
+        chunks.append(Chunk(len(chunks), start, end, chunk_str, cost(start, end),
+                            section_path_at(headings, paths, start)))
         if end >= n:
             break
-        nxt = _overlap_start(text, start, end, positions, levels, count, overlap_cap)
+        # No overlap into a new section: its chunk starts at its heading.
+        cap = 0 if strength.get(end) == SECTION else overlap_cap
+        nxt = _overlap_start(text, start, end, positions, levels, count, cap)
         # Skip whitespace so the next chunk starts on a character.
         while nxt < n and text[nxt].isspace():
             nxt += 1
@@ -184,12 +234,19 @@ def _furthest_fit(text, start, positions, levels, cost, limit, min_fill, min_end
         return furthest
     # Prefer the strongest boundary that still keeps min_fill of the text that fits.
     floor = max(start + (furthest - start) * min_fill, min_end + 1)
-    for level in (PARAGRAPH, SENTENCE):
+    for level in (SECTION, PARAGRAPH, SENTENCE):
         for i in range(best, -1, -1):
             if cand[i] < floor:
                 break
             if levels[lo_idx + i] >= level and cost(start, cand[i]) <= limit:
                 return cand[i]
+    # Else the furthest sentence end, however short the chunk: a word-level cut only for a
+    # sentence (or code block) longer than the chunk.
+    for i in range(best, -1, -1):
+        if cand[i] <= min_end:
+            break
+        if levels[lo_idx + i] >= SENTENCE and cost(start, cand[i]) <= limit:
+            return cand[i]
     return furthest
 
 
@@ -222,6 +279,10 @@ def _overlap_start(text, start, end, positions, levels, count, overlap_cap) -> i
     hi_idx = bisect.bisect_left(positions, end)
     window = positions[lo_idx:hi_idx]
     window_levels = levels[lo_idx:hi_idx]
+    # Not back over a section start: the overlap stays in the section the next chunk continues.
+    sections = [i for i, level in enumerate(window_levels) if level >= SECTION]
+    if sections:
+        window, window_levels = window[sections[-1]:], window_levels[sections[-1]:]
     if not window:
         return end
     # Tail cost shrinks as p grows; binary search the first p with count(text[p:end]) <= cap.
@@ -234,12 +295,9 @@ def _overlap_start(text, start, end, positions, levels, count, overlap_cap) -> i
             lo = mid + 1
     if first is None:
         return end
-    # Prefer starting the overlap on a sentence start, unless that keeps less than half of the
-    # overlap a word start would give; then the word start.
-    floor = end - (end - window[first]) * 0.5
+    # Whole sentences only: the earliest sentence (or stronger) start whose tail fits; none fits,
+    # no overlap - a partial sentence would start the next chunk mid-thought.
     for i in range(first, len(window)):
-        if window[i] > floor:
-            break
         if window_levels[i] >= SENTENCE:
             return window[i]
-    return window[first]
+    return end

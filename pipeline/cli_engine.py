@@ -186,6 +186,14 @@ def _load_engine(model: str, threads: int | None, kv_budget: str, no_repack: boo
 @click.option("--top-p", type=float, default=1.0, show_default=True)
 @click.option("--min-p", type=float, default=0.0, show_default=True)
 @click.option("--repetition-penalty", type=float, default=1.0, show_default=True)
+@click.option("--frequency-penalty", type=float, default=0.0, show_default=True,
+              help="OpenAI's: minus this per earlier use of a token in the generated text.")
+@click.option("--presence-penalty", type=float, default=0.0, show_default=True,
+              help="OpenAI's: minus this for a token already in the generated text.")
+@click.option("--no-repeat-ngram", "no_repeat_ngram_size", type=int, default=0, show_default=True,
+              help="Never repeat an n-gram of this many tokens of the generated text (0: off).")
+@click.option("--end-at-sentence", is_flag=True,
+              help="When --max-tokens cuts the text, end it after its last complete sentence.")
 @click.option("--seed", type=int, default=None)
 @click.option("--stop", multiple=True, help="Stop string (repeatable).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of streaming text.")
@@ -193,7 +201,8 @@ def _load_engine(model: str, threads: int | None, kv_budget: str, no_repack: boo
 @no_repack_option
 @speculation_options
 def generate_cmd(model: str, prompt: str, chat: bool, system: str | None, max_tokens: int, temperature: float,
-                 top_k: int, top_p: float, min_p: float, repetition_penalty: float, seed: int | None,
+                 top_k: int, top_p: float, min_p: float, repetition_penalty: float, frequency_penalty: float,
+                 presence_penalty: float, no_repeat_ngram_size: int, end_at_sentence: bool, seed: int | None,
                  stop: tuple[str, ...], as_json: bool, threads: int | None, kv_budget: str, no_repack: bool,
                  prompt_lookup: bool, draft: str | None) -> None:
     """Generate text from PROMPT with MODEL (a known name or a .gguf path)."""
@@ -205,7 +214,10 @@ def generate_cmd(model: str, prompt: str, chat: bool, system: str | None, max_to
         raise click.UsageError("give --prompt-lookup or --draft MODEL, not both")
     try:
         params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                                min_p=min_p, repetition_penalty=repetition_penalty, seed=seed, stop=list(stop),
+                                min_p=min_p, repetition_penalty=repetition_penalty,
+                                frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
+                                no_repeat_ngram_size=no_repeat_ngram_size, end_at_sentence=end_at_sentence,
+                                seed=seed, stop=list(stop),
                                 speculative=speculation_mode(prompt_lookup, draft))
     except ValidationError as exc:
         raise click.ClickException(_pydantic_message(exc)) from None

@@ -44,6 +44,16 @@ def test_id_changes_with_content(change):
     assert job(**change).id != job().id
 
 
+def test_knobs_added_later_keep_earlier_ids_at_their_defaults():
+    """Ids of jobs that do not use the anti-loop knobs are the ones computed before they existed
+    (a resubmitted file finds its finished results)."""
+    assert job().id == "g6258eee33cba946d09f5c3a2fd00cf2a7a9aaad3"
+    assert job(params={"no_repeat_ngram_size": 0, "frequency_penalty": 0.0, "end_at_sentence": False}).id == job().id
+    for knob in ({"no_repeat_ngram_size": 3}, {"frequency_penalty": 0.5}, {"presence_penalty": 0.5},
+                 {"end_at_sentence": True}):
+        assert job(params=knob).id != job().id, knob
+
+
 def test_chat_and_completion_ids_differ():
     chat = validate_job({"model": M, "messages": [{"role": "user", "content": "Hello"}]})
     assert chat.id != job().id

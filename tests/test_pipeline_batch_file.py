@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import json
 
-from jobs.schemas import JobResult, validate_job
+import pytest
+
+from jobs.schemas import InvalidJob, JobResult, validate_job
 from pipeline.batch_file import output_line, parse_lines, request_to_job
 
 M = "smollm2-135m"
@@ -122,3 +124,15 @@ def test_submit_reports_a_text_file_that_is_not_utf8_and_keeps_the_others(tmp_pa
                                 params={"max_tokens": 4})
     assert [j.custom_id for j in jobs] == [str(good)]
     assert len(errors) == 1 and str(bad) in errors[0] and "not UTF-8" in errors[0]
+
+
+def test_openai_penalties_and_the_ngram_guard_reach_the_job():
+    line = {"custom_id": "p", "url": "/v1/chat/completions",
+            "body": {"messages": [{"role": "user", "content": "Hi"}], "frequency_penalty": 0.5,
+                     "presence_penalty": 0.25, "no_repeat_ngram_size": 4, "end_at_sentence": True}}
+    params = request_to_job(line).params
+    assert (params.frequency_penalty, params.presence_penalty, params.no_repeat_ngram_size,
+            params.end_at_sentence) == (0.5, 0.25, 4, True)
+    line["body"]["frequency_penalty"] = 3
+    with pytest.raises(InvalidJob, match="frequency_penalty"):
+        request_to_job(line)

@@ -90,6 +90,28 @@ def test_greedy_output_is_plain_greedy_token_for_token(eng, costs):
         assert 0 < kept[mode] < guessed[mode], (mode, kept[mode], guessed[mode])
 
 
+# The anti-loop knobs read the history (generated tokens, guesses being checked): each guess must be
+# judged with the history plain decoding would have at its position.
+ANTI_LOOP = {"no_repeat_ngram_size": 3, "frequency_penalty": 0.4, "presence_penalty": 0.3, "repetition_penalty": 1.1}
+
+
+def test_greedy_output_with_the_guard_and_penalties_is_plain_greedy(eng, knobs=ANTI_LOOP):
+    eng.set_speculation_costs(EAGER, 0.0)
+    changed = rejected = 0
+    for kwargs, _ in PROMPTS:
+        unguarded = _generate(eng, kwargs, "off")
+        plain = _generate(eng, kwargs, "off", **knobs)
+        changed += plain.ids != unguarded.ids
+        for mode in ("prompt_lookup", "draft"):
+            spec = _generate(eng, kwargs, mode, **knobs)
+            where = f"{mode} on {str(kwargs)[:60]}"
+            assert (spec.ids, spec.text, spec.finish_reason) == (plain.ids, plain.text, plain.finish_reason), where
+            rejected += spec.draft_tokens - spec.accepted_tokens
+    # Meaningful only if the knobs changed some outputs (prompt lookup then guesses the loop the
+    # guard forbids) and guesses were rejected.
+    assert changed >= 2 and rejected > 0, (changed, rejected)
+
+
 def test_stop_strings_max_tokens_and_eos_behave_as_without_speculation(smollm2):
     smollm2.set_speculation_costs(EAGER, 0.0)
     count = {"prompt": "Count: 1, 2, 3, 4, 5,"}

@@ -55,11 +55,21 @@ class TableModel:
 
 def target_probs(logits: np.ndarray, recent: list[int], params: SamplingParams) -> np.ndarray:
     """The distribution plain sampling draws from, written out again here: repetition penalty
-    over the recent tokens, temperature, top-k, then top-p."""
+    over the recent tokens, frequency and presence penalties over the generated ones (after
+    PROMPT), the no-repeat n-gram guard over them, temperature, top-k, then top-p."""
     x = logits.astype(np.float64).copy()
     if params.repetition_penalty != 1.0:
         for t in set(recent[-64:]):
             x[t] = x[t] / params.repetition_penalty if x[t] > 0 else x[t] * params.repetition_penalty
+    generated = recent[len(PROMPT):]
+    for t in set(generated):
+        x[t] -= generated.count(t) * params.frequency_penalty + params.presence_penalty
+    n = params.no_repeat_ngram_size
+    if n and len(generated) >= n - 1:
+        tail = generated[len(generated) - n + 1:]
+        for i in range(len(generated) - n + 1):
+            if generated[i:i + n - 1] == tail:
+                x[generated[i + n - 1]] = -np.inf
     x /= params.temperature
     p = np.exp(x - x.max())
     p /= p.sum()
@@ -95,7 +105,7 @@ def speculative_samples(params: SamplingParams, guesser: str, n: int, seed: int 
         draft.cost_per_guess = 0.0
     samples = []
     for i in range(n):
-        sampler = Sampler(params.model_copy(update={"seed": seed * 1_000_003 + i}))
+        sampler = Sampler(params.model_copy(update={"seed": seed * 1_000_003 + i}), prompt_len=len(PROMPT))
         logits = target.forward(PROMPT, 0)
         proposer = PromptLookup() if draft is None else draft.proposer(sampler)
         decoder = Decoder(target, sampler, list(PROMPT), logits, proposer, DraftPolicy(EAGER))
@@ -126,6 +136,9 @@ CASES = {
     "temperature": SamplingParams(temperature=1.0),
     "top-k, cold": SamplingParams(temperature=0.7, top_k=2),
     "top-p, penalty": SamplingParams(temperature=1.2, top_p=0.8, repetition_penalty=1.3),
+    # guesses rejected by the guard alone, and penalties that change as the guesses are judged
+    "guard, OpenAI penalties": SamplingParams(temperature=1.0, no_repeat_ngram_size=2, frequency_penalty=0.6,
+                                              presence_penalty=0.4),
 }
 
 

@@ -199,6 +199,11 @@ def test_tidy_summary():
     assert tidy_summary("Decisions: the pool stays at 64.", "stop") == "Decisions: the pool stays at 64."
     assert tidy_summary("One sentence done. Another one that got cu", "length") == "One sentence done."
     assert tidy_summary("No sentence end at all", "length") == "No sentence end at all"
+    assert tidy_summary("See e.g. the manual for the steps. Then run it wi", "length") == \
+           "See e.g. the manual for the steps."
+    assert tidy_summary("東京は大きい。人が多い。まだ", "length") == "東京は大きい。人が多い。"
+    assert tidy_summary("- pool size is 64\n- retries are capped at 3\n- the cach", "length") == \
+           "- pool size is 64\n- retries are capped at 3"
 
 
 def test_part_labels_copied_by_the_model_are_removed():

@@ -1,0 +1,273 @@
+"""How good are `rqllm summarize`'s summaries? Reference-free figures per model and prompt template
+on a corpus of 16 documents of mixed kinds (bench/quality_corpus.toml), in one table (issue 17).
+
+    python bench/bench_summary_quality.py                                   # smollm2-135m, all documents
+    python bench/bench_summary_quality.py --models smollm2-135m gemma3-270m /path/other.gguf \\
+        --templates default my-template.toml
+    python bench/bench_summary_quality.py --docs apache-2.0 team-sync-notes rq-readme --json out.json
+    python bench/bench_summary_quality.py --collect-only /tmp/corpus      # just write the corpus files
+
+Each model x template runs the real CLI - `rqllm summarize CORPUS_DIR --format jsonl --model M
+[--template T]` in embedded mode (its own redis-server and workers) - and is timed from start to
+exit. The corpus files are collected from installed packages (bench/quality_corpus.toml says which)
+into a temporary folder, or into --corpus-dir.
+
+Columns (bench/summary_metrics.py defines them): recall = key-term recall (the share of each
+document's 8 most distinctive words by tf-idf over the whole corpus that its summary uses; higher is
+better), repeat = share of word 4-grams occurring more than once (lower), cut = summaries ending
+mid-sentence, unsup = share of the summaries' names, numbers and capitalised terms that are not in
+the document (0 is the goal), framed = summaries about the text rather than of it, echo = summaries
+repeating the prompt's instructions (a model that cannot chat), words = mean
+summary length, wall = seconds for the whole run. Goals (issue 17): recall >= 0.55, repeat <= 0.05,
+cut 0, unsup 0.
+"""
+from __future__ import annotations
+
+import argparse
+import email
+import importlib.metadata
+import json
+import os
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+import tomllib
+from dataclasses import asdict
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+import summary_metrics as metrics  # noqa: E402
+
+MANIFEST = ROOT / "bench" / "quality_corpus.toml"
+
+
+class CorpusError(RuntimeError):
+    """A corpus document that cannot be collected, naming it and what would provide it."""
+
+
+class CorpusEntry(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]*$")
+    kind: Literal["legal", "technical", "narrative", "notes", "code"]
+    source: Literal["debian", "pypi", "stdlib", "repo"]
+    licence: str = Field(min_length=1)
+    path: str | None = None
+    package: str | None = None
+    between: tuple[str, str] | None = None
+    max_chars: int | None = Field(None, ge=1000)
+
+    @model_validator(mode="after")
+    def _source_fields(self) -> CorpusEntry:
+        if self.source in ("debian", "stdlib", "repo") and not self.path:
+            raise ValueError(f"document {self.name}: a {self.source} source needs `path`")
+        if self.source in ("debian", "pypi") and not self.package:
+            raise ValueError(f"document {self.name}: a {self.source} source needs `package`")
+        return self
+
+
+class Manifest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    document: list[CorpusEntry] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> Manifest:
+        names = [d.name for d in self.document]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"document names repeat: {', '.join(dupes)}")
+        return self
+
+
+def read_manifest(path: Path = MANIFEST) -> Manifest:
+    try:
+        return Manifest.model_validate(tomllib.loads(path.read_text(encoding="utf-8")))
+    except (OSError, tomllib.TOMLDecodeError, ValidationError) as e:
+        raise CorpusError(f"{path}: {e}") from None
+
+
+def document_text(entry: CorpusEntry) -> tuple[str, str]:
+    """(text, file suffix) of one corpus document."""
+    if entry.source == "pypi":
+        try:
+            raw = importlib.metadata.distribution(entry.package).read_text("METADATA")
+        except importlib.metadata.PackageNotFoundError:
+            raise CorpusError(f"document {entry.name}: PyPI package {entry.package} is not installed "
+                              f"(pip install {entry.package})") from None
+        message = email.message_from_string(raw or "")
+        text = message.get_payload() or message.get("Description") or ""
+        suffix = ".rst" if "rst" in (message.get("Description-Content-Type") or "") else ".md"
+    else:
+        base = {"debian": Path("/"), "stdlib": Path(sysconfig.get_paths()["stdlib"]), "repo": ROOT}[entry.source]
+        path = base / entry.path
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as e:
+            hint = f" (Debian package {entry.package})" if entry.source == "debian" else ""
+            raise CorpusError(f"document {entry.name}: cannot read {path}{hint}: {e.strerror or e}") from None
+        suffix = path.suffix if path.suffix in (".md", ".rst") else ".txt"
+    if entry.between is not None:
+        first, after = entry.between
+        start, stop = text.find(first), text.find(after)
+        if start < 0 or stop <= start:
+            raise CorpusError(f"document {entry.name}: the text between {first!r} and {after!r} is not there")
+        text = text[start:stop]
+    if entry.max_chars is not None and len(text) > entry.max_chars:
+        cut = text.rfind("\n\n", 0, entry.max_chars)
+        text = text[:cut if cut > 0 else entry.max_chars]
+    if not text.strip():
+        raise CorpusError(f"document {entry.name}: empty")
+    return text.strip() + "\n", suffix
+
+
+def collect_corpus(dest: Path, names: list[str] | None = None, manifest: Manifest | None = None) -> dict[str, Path]:
+    """Write the corpus documents (all, or `names`) into `dest`; {name: file}."""
+    manifest = manifest or read_manifest()
+    known = {d.name: d for d in manifest.document}
+    unknown = sorted(set(names or []) - set(known))
+    if unknown:
+        raise CorpusError(f"unknown document(s): {', '.join(unknown)}; the corpus has {', '.join(known)}")
+    dest.mkdir(parents=True, exist_ok=True)
+    files = {}
+    for entry in manifest.document:
+        if names and entry.name not in names:
+            continue
+        text, suffix = document_text(entry)
+        files[entry.name] = dest / f"{entry.name}{suffix}"
+        files[entry.name].write_text(text, encoding="utf-8")
+    return files
+
+
+def summarize_command(corpus_dir: Path, out: Path, model: str, template: str | None, args: argparse.Namespace) -> list[str]:
+    cmd = ["summarize", str(corpus_dir), "--format", "jsonl", "-o", str(out), "--model", model,
+           "--max-summary-tokens", str(args.max_summary_tokens)]
+    if template:
+        cmd += ["--template", template]
+    if args.kv_budget:
+        cmd += ["--kv-budget", args.kv_budget]
+    if args.workers:
+        cmd += ["--workers", str(args.workers)]
+    return cmd
+
+
+def run_summarize(cmd: list[str]) -> tuple[float, str]:
+    """Run `rqllm <cmd>` from this checkout; (wall seconds, stderr)."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    env.pop("REDIS_URL", None)  # embedded mode: the run's own redis-server and workers
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-c", "from pipeline.cli import main; main()", *cmd], env=env,
+                          capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise RuntimeError(f"rqllm {' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
+    return wall, proc.stderr
+
+
+def chat_note(model: str) -> str:
+    from engine.chat_capability import model_chat_capability
+    from engine.registry import resolve
+
+    try:
+        cap = model_chat_capability(resolve(model, auto_pull=False))
+    except Exception as e:  # noqa: BLE001 - a note in the table, not a failure of the run
+        return f"? ({type(e).__name__})"
+    return "template" if cap.has_template else ("instruct name" if cap.can_chat else "NO (base model)")
+
+
+def template_instructions(template: str | None) -> str:
+    """The template's text (every message of map and reduce), for the echo check."""
+    from pipeline.summarize import Templates
+
+    t = Templates.load(template)
+    return "\n".join([t.map_system, t.map_user, t.reduce_system, t.reduce_user])
+
+
+def score_run(records: list[dict], texts: dict[str, str], terms: dict[str, list[str]],
+              instructions: str = "") -> list[metrics.SummaryScore]:
+    scores = []
+    for rec in records:
+        name = Path(rec["path"]).stem
+        if rec.get("summary") is None:
+            raise RuntimeError(f"{name}: no summary ({rec.get('error')})")
+        scores.append(metrics.score_summary(name, rec["summary"], texts[name], terms[name],
+                                            truncated=bool(rec.get("truncated")), instructions=instructions))
+    return scores
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", nargs="+", default=["smollm2-135m"], help="names `rqllm models` knows, or .gguf paths")
+    ap.add_argument("--templates", nargs="+", default=["default"], help="'default' or template files (--template)")
+    ap.add_argument("--docs", nargs="+", default=None, help="a subset of the corpus, by name (default: all)")
+    ap.add_argument("--corpus-dir", type=Path, default=None, help="collect the corpus here (default: a temp dir)")
+    ap.add_argument("--collect-only", type=Path, default=None, metavar="DIR", help="write the corpus to DIR and stop")
+    ap.add_argument("--max-summary-tokens", type=int, default=160)
+    ap.add_argument("--kv-budget", default=None)
+    ap.add_argument("--workers", type=int, default=None)
+    ap.add_argument("--per-doc", action="store_true", help="also print each document's figures and summary")
+    ap.add_argument("--json", type=Path, default=None, help="write every figure and summary here")
+    args = ap.parse_args()
+
+    manifest = read_manifest()
+    if args.collect_only:
+        files = collect_corpus(args.collect_only, args.docs, manifest)
+        print(f"{len(files)} documents in {args.collect_only}")
+        return
+    # Key terms come from the whole corpus, whichever documents run: figures stay comparable.
+    texts = {e.name: document_text(e)[0] for e in manifest.document}
+    terms = metrics.key_terms(texts)
+    tmp = tempfile.TemporaryDirectory(prefix="rqllm-quality-")
+    corpus_dir = args.corpus_dir or Path(tmp.name) / "corpus"
+    files = collect_corpus(corpus_dir, args.docs, manifest)
+    print(f"corpus: {len(files)} documents in {corpus_dir}", file=sys.stderr)
+
+    rows, details = [], []
+    for model in args.models:
+        chat = chat_note(model)
+        for template in args.templates:
+            out = Path(tmp.name) / "summaries.jsonl"
+            cmd = summarize_command(corpus_dir, out, model, None if template == "default" else template, args)
+            print(f"rqllm {' '.join(cmd)}", file=sys.stderr)
+            wall, _ = run_summarize(cmd)
+            records = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines() if line.strip()]
+            scores = score_run(records, texts, terms, template_instructions(None if template == "default" else template))
+            total = metrics.score_corpus(scores)
+            rows.append((model, template, chat, total, wall))
+            details.append({"model": model, "template": template, "chat": chat, "command": "rqllm " + " ".join(cmd),
+                            "wall_seconds": round(wall, 1), "total": asdict(total),
+                            "documents": [dict(asdict(s), summary=r["summary"], truncated=bool(r.get("truncated")),
+                                               chunks=r.get("chunks"),
+                                               seconds=r.get("seconds"), tokens_out=r.get("tokens_out"))
+                                          for s, r in zip(scores, records)]})
+            if args.per_doc:
+                for s, r in sorted(zip(scores, records), key=lambda x: x[0].name):
+                    print(f"\n## {s.name} ({model}, {template}): recall {s.key_term_recall:.2f} repeat "
+                          f"{s.repetition:.2f} cut {int(s.cut_off)} unsup {s.unsupported:.2f} "
+                          f"{list(s.unsupported_words)[:6]} framed {int(s.framing)} echo {int(s.echo)}\nkey terms: "
+                          f"{', '.join(s.key_terms)}\n{r['summary']}")
+    print()
+    print("| model | template | chat | docs | recall | repeat | cut | unsup | framed | echo | words | wall s |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for model, template, chat, t, wall in rows:
+        n = t.documents
+        print(f"| {model} | {template} | {chat} | {n} | {t.key_term_recall:.2f} | {t.repetition:.2f} | {t.cut_off}/{n} | "
+              f"{t.unsupported:.2f} | {t.framing}/{n} | {t.echo}/{n} | {t.words:.0f} | {wall:.0f} |")
+    if args.json:
+        args.json.write_text(json.dumps({"runs": details}, indent=1, ensure_ascii=False), encoding="utf-8")
+    tmp.cleanup()
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except CorpusError as e:
+        raise SystemExit(f"error: {e}") from None
