@@ -25,7 +25,7 @@ import mmap
 import os
 import struct
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -521,6 +521,24 @@ class GGUFFile:
         except KeyError:
             raise KeyError(f"{self.path}: no tensor named {name!r}") from None
         return np.frombuffer(self._mm, dtype=np.uint8, count=t.nbytes, offset=t.offset)
+
+    def advise_random_reads(self, except_tensors: Iterable[str] = ()) -> None:
+        """Tell the kernel the tensor data is read in small scattered pieces (MADV_RANDOM), except
+        the named tensors (read whole, as before). For a worker computing on the repacked cache: it
+        reads only norms and embedding rows here, and a fault with the default read-around would
+        read up to the device's read-ahead (8 MiB on some VMs) around each of them."""
+        if self._mm is None or not hasattr(mmap, "MADV_RANDOM"):
+            return
+        page = mmap.PAGESIZE
+        lo = self.data_offset - self.data_offset % page
+        try:
+            self._mm.madvise(mmap.MADV_RANDOM, lo, self.size - lo)
+            for name in except_tensors:
+                t = self.tensors[name]
+                start = t.offset - t.offset % page
+                self._mm.madvise(mmap.MADV_NORMAL, start, t.offset + t.nbytes - start)
+        except OSError:   # advice only: a kernel that refuses it changes nothing we rely on
+            pass
 
     def close(self) -> None:
         """Unmap the file.  If tensor_data() views are still alive the mapping is

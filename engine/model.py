@@ -246,6 +246,7 @@ def _repacked_weights(gguf: GGUFFile, weights: Weights, repack: bool | None, thr
     if repacked is None:
         return None, WeightLayout(None, "GGUF layout: no weight matrix has a type the R16 layout covers")
     weights.use_repacked(repacked.addresses)
+    gguf.advise_random_reads(except_tensors=set(weights.matmul_names()) - set(repacked.addresses))
     return repacked, WeightLayout(repacked.path, repacked.describe())
 
 
