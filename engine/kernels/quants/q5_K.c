@@ -53,21 +53,16 @@ static float dot_q5_K_ref(int n, const void *row, const rq_act *x) {
 
 #ifdef RQ_HAVE_X86
 
-A256 AINL void q45k_row_256(const int t, const uint8_t *row, int n, const tile *tv, float *res, const int T) {
+/* One row against a tile of T <= 4 tokens, one 32-element block per vector (blk_256). */
+A256 AINL void q5k_row_256(const uint8_t *row, int n, const tile *tv, float *res, const int T) {
     const int nsb = n / QK_K;
     const int P = NPAR256(T);
     ACC_DECL_256(T);
     const __m256i m0f = _mm256_set1_epi8(0x0F);
     for (int i = 0; i < nsb; i++) {
-        const uint8_t *qs, *qh = NULL, *scales;
-        uint16_t dh, dminh;
-        if (t == RQ_Q4_K) {
-            const blk_q4_K *x = (const blk_q4_K *)row + i;
-            scales = x->scales; dh = x->d; dminh = x->dmin; qs = x->qs;
-        } else {
-            const blk_q5_K *x = (const blk_q5_K *)row + i;
-            scales = x->scales; dh = x->d; dminh = x->dmin; qs = x->qs; qh = x->qh;
-        }
+        const blk_q5_K *sb = (const blk_q5_K *)row + i;
+        const uint8_t *qs = sb->qs, *qh = sb->qh, *scales = sb->scales;
+        const uint16_t dh = sb->d, dminh = sb->dmin;
         uint32_t u0, u1, u2, u3;
         k4_unpack(scales, &u0, &u1, &u2, &u3);
         __m128i v = _mm_set_epi32((int)u3, (int)u2, (int)u1, (int)u0);
@@ -76,18 +71,15 @@ A256 AINL void q45k_row_256(const int t, const uint8_t *row, int n, const tile *
                                    _mm256_set1_ps(-_cvtsh_ss(dminh)));
         kmin_256(_mm256_permutevar8x32_ps(dmn, _mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3)),
                  _mm256_permutevar8x32_ps(dmn, _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7)), tv, i, T, acc[0], acc[P - 1]);
-        __m256i H = _mm256_setzero_si256();
-        if (t == RQ_Q5_K) H = _mm256_loadu_si256((const __m256i *)qh);
+        __m256i H = _mm256_loadu_si256((const __m256i *)qh);
         for (int c = 0; c < 4; c++) {
             __m256i x = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
             for (int e = 0; e < 2; e++) {
                 const int j = 2 * c + e;
                 __m256i U = _mm256_and_si256(e ? _mm256_srli_epi16(x, 4) : x, m0f);
-                if (t == RQ_Q5_K) {
-                    const __m256i bit = _mm256_set1_epi8((char)(1 << j));
-                    __m256i hb = _mm256_cmpeq_epi8(_mm256_and_si256(H, bit), bit);
-                    U = _mm256_or_si256(U, _mm256_and_si256(hb, _mm256_set1_epi8(16)));
-                }
+                const __m256i bit = _mm256_set1_epi8((char)(1 << j));
+                __m256i hb = _mm256_cmpeq_epi8(_mm256_and_si256(H, bit), bit);
+                U = _mm256_or_si256(U, _mm256_and_si256(hb, _mm256_set1_epi8(16)));
                 __m256 WD = _mm256_permutevar8x32_ps(dsc, _mm256_set1_epi32(j));
                 blk_256(U, WD, tv, 8 * i + j, T, 0, acc[e & (P - 1)]);
             }
@@ -96,6 +88,6 @@ A256 AINL void q45k_row_256(const int t, const uint8_t *row, int n, const tile *
     finish_256(acc, res, T);
 }
 
-KERN256(k256_q5_K, q45k_row_256, RQ_Q5_K, row, n, tv, res)
+KERN256(k256_q5_K, q5k_row_256, row, n, tv, res)
 
 #endif /* x86 */
