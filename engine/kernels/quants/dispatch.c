@@ -3,31 +3,26 @@
  * kernel path (one process-wide state, g_path), the dispatched activation quantization and
  * single dot product. */
 
-/* Kernel for (path, type) and the largest token tile it takes; NULL: use the scalar reference. */
-static kern_fn simd_kernel(int path, int t, int *tmax, int *ub) {
+/* Kernels for (path, type) and the largest token tile they take; 0: use the scalar reference.
+ * *k: one row against a tile, or NULL; *rk: the multi-row kernel of the slot-packed types, or
+ * NULL: they pack (row, token) slots (see legacy_slots_256, krows_256), need the tile's
+ * td4/nq4/ds4 arrays, and run every tile a matmul gives them (the legacy types have no *k). */
+static int simd_kernels(int path, int t, kern_fn *k, rows_fn *rk, int *tmax, int *ub) {
+    *k = NULL;
+    *rk = NULL;
     *tmax = 1;
     *ub = 1;
 #ifdef RQ_HAVE_X86
     if (path == RQ_PATH_AVX512) path = RQ_PATH_AVX2;   /* see the top of v16.c */
     if (path == RQ_PATH_AVX2) {
         *tmax = pf8_type(t, 1) ? 8 : TMAX2;   /* 8-token tiles: pf8_row_256 */
-        return kernels(t)->k256;
+        *k = kernels(t)->k256;
+        *rk = slot_packed(t, *ub) ? kernels(t)->r256 : NULL;
     }
 #else
     (void)path; (void)t;
 #endif
-    return NULL;
-}
-
-/* Multi-row kernel for (path, type), or NULL: the AVX2 legacy kernels, which pack (row, token)
- * slots (see legacy_slots_256) and need the tile's td4/nq4/ds4 arrays. */
-static rows_fn simd_rows_kernel(int path, int t) {
-#ifdef RQ_HAVE_X86
-    if (path == RQ_PATH_AVX512 || path == RQ_PATH_AVX2) return kernels(t)->r256;
-#else
-    (void)path; (void)t;
-#endif
-    return NULL;
+    return *k || *rk;
 }
 
 /* 8-token prefill kernels for (path, type) (see pf8_row_256): 0 if none. */
@@ -115,8 +110,9 @@ void rq_quantize_act(const float *x, int n, rq_act *a) {
 
 float rq_vec_dot(int t, int n, const void *row, const rq_act *x) {
     int path = rq_kernel_path(), tmax, ub;
-    kern_fn k = path == RQ_PATH_SCALAR ? NULL : simd_kernel(path, t, &tmax, &ub);
-    if (!k) return rq_vec_dot_ref(t, n, row, x);
+    kern_fn k;
+    rows_fn rk;
+    if (path == RQ_PATH_SCALAR || !simd_kernels(path, t, &k, &rk, &tmax, &ub)) return rq_vec_dot_ref(t, n, row, x);
     int nb = n / QK;
     size_t need = tile_bytes(t, ub, 1, nb);
     _Alignas(64) uint8_t sbuf[8192];
@@ -125,7 +121,6 @@ float rq_vec_dot(int t, int n, const void *row, const rq_act *x) {
     tile tl;
     prep_tile(t, ub, x, 1, nb, mem, &tl);
     float res = 0.0f;
-    rows_fn rk = slot_packed(t, ub) ? simd_rows_kernel(path, t) : NULL;
     if (rk) rk(row, rq_row_bytes(t, n), 0, 1, n, &tl, &res, 1, 0);
     else k(row, n, &tl, &res);
     if (mem != sbuf) free(mem);

@@ -204,73 +204,6 @@ A256 AINL __m256i bits_to_bytes_256(uint32_t x) {
     return _mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit);
 }
 
-A256 AINL void legacy_group_256(const int t, const uint8_t *g, const int cnt, const tile *tv, size_t b,
-                                const int T, __m256 (*acc)[TMAX2]) {
-    const int bs = legacy_bs(t);
-    const int P = NPAR256(T);
-    const int offs = type_offset(t) != 0 && t != RQ_Q8_0;
-    const __m256i m0f = _mm256_set1_epi8(0x0F);
-    const uint8_t *blk[4];
-    for (int j = 0; j < 4; j++) blk[j] = j < cnt ? g + (size_t)j * bs : NULL;
-    __m256 dm;
-    if (type_has_min(t)) {
-        __m128i h = _mm_set_epi32(cnt > 3 ? (int)load_u32(blk[3]) : 0, cnt > 2 ? (int)load_u32(blk[2]) : 0,
-                                  cnt > 1 ? (int)load_u32(blk[1]) : 0, (int)load_u32(blk[0]));
-        dm = _mm256_cvtph_ps(h); /* dA mA dB mB dC mC dD mD */
-    } else {
-        __m128i h = _mm_set_epi16(0, 0, 0, 0, cnt > 3 ? (short)load_u16(blk[3]) : 0, cnt > 2 ? (short)load_u16(blk[2]) : 0,
-                                  cnt > 1 ? (short)load_u16(blk[1]) : 0, (short)load_u16(blk[0]));
-        dm = _mm256_castps128_ps256(_mm_cvtph_ps(h));
-    }
-    for (int j = 0; j < 4; j++) {
-        if (j >= cnt) break;
-        const uint8_t *A = blk[j];
-        const int pi = (P == 2) ? (j & 1) : 0;
-        __m256 WD = _mm256_permutevar8x32_ps(dm, _mm256_set1_epi32(type_has_min(t) ? 2 * j : j));
-        if (t == RQ_Q8_0) {
-            /* signed x signed via |w| * sign(q, w): 128*127*2 fits vpmaddubsw; no offset needed */
-            __m256i w = _mm256_loadu_si256((const __m256i *)(A + 2));
-            __m256i aw = _mm256_sign_epi8(w, w);
-            const int8_t *qb = tv->qs + 32 * (size_t)(b + j) * T;
-            const float *tb = tv->td + 8 * (size_t)(b + j) * T;
-            for (int k = 0; k < T; k++) {
-                __m256i q = _mm256_loadu_si256((const __m256i *)(qb + 32 * k));
-                __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(q, w)), _mm256_set1_epi16(1));
-                __m256 s = _mm256_mul_ps(WD, _mm256_loadu_ps(tb + 8 * k));
-                acc[pi][k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), s, acc[pi][k]);
-            }
-            continue;
-        }
-        __m128i x = _mm_loadu_si128((const __m128i *)(A + legacy_qoff(t)));
-        __m256i U = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(x, 4), x), m0f);
-        if (t == RQ_Q5_0 || t == RQ_Q5_1) {
-            __m256i hb = bits_to_bytes_256(load_u32(A + ((t == RQ_Q5_0) ? 2 : 4)));
-            U = _mm256_or_si256(U, _mm256_and_si256(hb, _mm256_set1_epi8(16)));
-        }
-        blk_256(U, WD, tv, b + j, T, offs, acc[pi]);
-    }
-    if (type_has_min(t)) {
-        __m256 MEXP = _mm256_permutevar8x32_ps(dm, _mm256_setr_epi32(1, 1, 3, 3, 5, 5, 7, 7));
-        const float *db = tv->ds + (b >> 3) * (size_t)T * 16 + 2 * (b & 4);
-        for (int k = 0; k < T; k++) acc[P - 1][k] = _mm256_fmadd_ps(MEXP, _mm256_loadu_ps(db + 16 * k), acc[P - 1][k]);
-    }
-}
-
-A256 AINL void legacy_row_256(const int t, const uint8_t *row, int n, const tile *tv, float *res, const int T) {
-    const int bs = legacy_bs(t);
-    const size_t nb = (size_t)(n / QK);
-    ACC_DECL_256(T);
-    size_t b = 0;
-    for (; b + 4 <= nb; b += 4) legacy_group_256(t, row + b * bs, 4, tv, b, T, acc);
-    switch (nb - b) {   /* tail group, specialized on its size */
-    case 1: legacy_group_256(t, row + b * bs, 1, tv, b, T, acc); break;
-    case 2: legacy_group_256(t, row + b * bs, 2, tv, b, T, acc); break;
-    case 3: legacy_group_256(t, row + b * bs, 3, tv, b, T, acc); break;
-    default: break;
-    }
-    finish_256(acc, res, T);
-}
-
 /* --- Legacy types, packed slots ------------------------------------------------------------
  * A "slot" is one (row, token) pair. Four slots share a vector: lane s holds slot s's sum over
  * elements 0-15 of each block, lane s + 4 over elements 16-31. Slots are 4 tokens of one row
@@ -445,12 +378,6 @@ ROWS256(r256_q4_1, RQ_Q4_1)
 ROWS256(r256_q5_0, RQ_Q5_0)
 ROWS256(r256_q5_1, RQ_Q5_1)
 ROWS256(r256_q8_0, RQ_Q8_0)
-
-KERN256(k256_q4_0, legacy_row_256, RQ_Q4_0, row, n, tv, res)
-KERN256(k256_q4_1, legacy_row_256, RQ_Q4_1, row, n, tv, res)
-KERN256(k256_q5_0, legacy_row_256, RQ_Q5_0, row, n, tv, res)
-KERN256(k256_q5_1, legacy_row_256, RQ_Q5_1, row, n, tv, res)
-KERN256(k256_q8_0, legacy_row_256, RQ_Q8_0, row, n, tv, res)
 
 /* --- Prefill (see pf8.c) ---------------------------------------------------------------------- */
 

@@ -32,8 +32,8 @@ typedef struct {
 /* Rows of weights unpacked at a time for the prefill kernels: about 96 KiB, stays in L2. */
 #define PF8_CHUNK_BYTES (96 * 1024)
 
-static int tiles_alloc(tileset *ts, int path, int t, int tmax, int ub, int cols, int ntok, int nthreads) {
-    ts->rk = slot_packed(t, ub) ? simd_rows_kernel(path, t) : NULL;
+static int tiles_alloc(tileset *ts, int path, int t, rows_fn rk, int tmax, int ub, int cols, int ntok, int nthreads) {
+    ts->rk = rk;
     ts->ntiles = (ntok + tmax - 1) / tmax;
     ts->tmax = tmax;
     ts->ub = ub;
@@ -211,9 +211,11 @@ void rq_matmul_rows(int t, const void *W, int cols, int r0, int r1,
 #ifdef RQ_HAVE_X86
     if (v16_use(path, t, ntok) && v16_matmul_rows(t, W, cols, r0, r1, acts, ntok, out, ldo) == 0) return;
 #endif
-    kern_fn k = path == RQ_PATH_SCALAR ? NULL : simd_kernel(path, t, &tmax, &ub);
+    kern_fn k = NULL;
+    rows_fn rk = NULL;
+    const int simd = path != RQ_PATH_SCALAR && simd_kernels(path, t, &k, &rk, &tmax, &ub);
     tileset ts;
-    if (k && tiles_alloc(&ts, path, t, tmax, ub, cols, ntok, 1) == 0) {
+    if (simd && tiles_alloc(&ts, path, t, rk, tmax, ub, cols, ntok, 1) == 0) {
         for (int i = 0; i < ts.ntiles; i++) tiles_prep(&ts, t, acts, ntok, i);
         tiles_run(&ts, k, t, W, cols, r0, r1, out, ldo);
         tiles_free(&ts);
@@ -251,7 +253,9 @@ static void matmul_in_team(int t, const uint8_t *W, int rows, int cols,
                            const rq_act *acts, int ntok, float *out, int ldo, int barrier) {
     int nth = omp_get_num_threads();
     int path = rq_kernel_path(), tmax = 1, ub = 1;
-    kern_fn k = (path == RQ_PATH_SCALAR || !rq_type_supported(t)) ? NULL : simd_kernel(path, t, &tmax, &ub);
+    kern_fn k = NULL;
+    rows_fn rk = NULL;
+    const int simd = path != RQ_PATH_SCALAR && rq_type_supported(t) && simd_kernels(path, t, &k, &rk, &tmax, &ub);
     if (!rq_type_supported(t)) {
 #pragma omp single
         fill_nan(0, rows, ntok, out, ldo);
@@ -285,13 +289,13 @@ static void matmul_in_team(int t, const uint8_t *W, int rows, int cols,
         }
     }
 #endif
-    int prefill = k && ntok > 2 * tmax;
+    int prefill = simd && ntok > 2 * tmax;
     int cr = chunk_rows(t, cols, rows, nth, prefill);
     int nch = (rows + cr - 1) / cr;
     if (!prefill) {
         /* decode-sized: each thread prepares its own (small) token tiles, no extra barrier */
         tileset ts;
-        int have = k && tiles_alloc(&ts, path, t, tmax, ub, cols, ntok, 1) == 0;
+        int have = simd && tiles_alloc(&ts, path, t, rk, tmax, ub, cols, ntok, 1) == 0;
         if (have)
             for (int i = 0; i < ts.ntiles; i++) tiles_prep(&ts, t, acts, ntok, i);
 #pragma omp for schedule(static, 1) nowait
@@ -312,7 +316,7 @@ static void matmul_in_team(int t, const uint8_t *W, int rows, int cols,
 #pragma omp single copyprivate(ts, ok)
     {
         ts = malloc(sizeof(tileset));
-        ok = ts && tiles_alloc(ts, path, t, tmax, ub, cols, ntok, nth) == 0;
+        ok = ts && tiles_alloc(ts, path, t, rk, tmax, ub, cols, ntok, nth) == 0;
         if (!ok) { free(ts); ts = NULL; }
     }
     if (!ok) {

@@ -99,7 +99,7 @@ float rq_vec_dot_ref(int t, int n, const void *row, const rq_act *x) {
 /* Every SIMD kernel of a type, by family; NULL where the family does not cover it (TRAITS says
  * which do: rq_kernels_init checks that the two agree). */
 typedef struct {
-    kern_fn k256;              /* AVX2 row x token tile (every type) */
+    kern_fn k256;              /* AVX2 row x token tile (every type but the legacy ones: r256 runs all their tiles) */
     rows_fn r256;              /* AVX2 slot-packed rows (packed types) */
     pf8_unpack_fn pf8u;        /* AVX2 8-token prefill (pf8 types) */
     pf8_rows_fn pf8r;
@@ -109,6 +109,7 @@ typedef struct {
 } type_kernels;
 
 #define PACKED_KERNELS(sfx) k256_##sfx, r256_##sfx
+#define SLOT_KERNELS(sfx) NULL, r256_##sfx
 #define LAYOUT_KERNELS(sfx) v16r_##sfx, r16g_##sfx, r16g256_##sfx
 static const type_kernels KERNELS[RQ_BF16 + 1] = {
     [RQ_F32] = {k256_f32},
@@ -117,11 +118,11 @@ static const type_kernels KERNELS[RQ_BF16 + 1] = {
     [RQ_Q2_K] = {k256_q2_K},
     [RQ_Q3_K] = {k256_q3_K},
     [RQ_Q5_K] = {k256_q5_K},
-    [RQ_Q4_0] = {PACKED_KERNELS(q4_0), pf8u_q4_0, pf8r_q4_0, LAYOUT_KERNELS(q4_0)},
-    [RQ_Q4_1] = {PACKED_KERNELS(q4_1), pf8u_q4_1, pf8r_q4_1, LAYOUT_KERNELS(q4_1)},
-    [RQ_Q5_0] = {PACKED_KERNELS(q5_0), pf8u_q5_0, pf8r_q5_0, LAYOUT_KERNELS(q5_0)},
-    [RQ_Q5_1] = {PACKED_KERNELS(q5_1), pf8u_q5_1, pf8r_q5_1, LAYOUT_KERNELS(q5_1)},
-    [RQ_Q8_0] = {PACKED_KERNELS(q8_0), NULL, NULL, LAYOUT_KERNELS(q8_0)},
+    [RQ_Q4_0] = {SLOT_KERNELS(q4_0), pf8u_q4_0, pf8r_q4_0, LAYOUT_KERNELS(q4_0)},
+    [RQ_Q4_1] = {SLOT_KERNELS(q4_1), pf8u_q4_1, pf8r_q4_1, LAYOUT_KERNELS(q4_1)},
+    [RQ_Q5_0] = {SLOT_KERNELS(q5_0), pf8u_q5_0, pf8r_q5_0, LAYOUT_KERNELS(q5_0)},
+    [RQ_Q5_1] = {SLOT_KERNELS(q5_1), pf8u_q5_1, pf8r_q5_1, LAYOUT_KERNELS(q5_1)},
+    [RQ_Q8_0] = {SLOT_KERNELS(q8_0), NULL, NULL, LAYOUT_KERNELS(q8_0)},
     [RQ_Q4_K] = {PACKED_KERNELS(q4_K), pf8u_q4_K, pf8r_q4_K, LAYOUT_KERNELS(q4_K)},
     [RQ_Q6_K] = {PACKED_KERNELS(q6_K), pf8u_q6_K, pf8r_q6_K, LAYOUT_KERNELS(q6_K)},
 };
@@ -138,7 +139,7 @@ static int kernel_table_agrees(void) {
         const type_kernels *k = kernels(t);
         if (!tr->block_elems) continue;
         const int packed = k->r256 && k->v16 && k->r16_512 && k->r16_256;
-        if (!k->k256 || packed != tr->packed || (k->r256 || k->v16 || k->r16_512 || k->r16_256) != tr->packed ||
+        if (!(k->k256 || k->r256) || packed != tr->packed || (k->r256 || k->v16 || k->r16_512 || k->r16_256) != tr->packed ||
             (k->pf8u && k->pf8r) != tr->pf8 || (k->pf8u || k->pf8r) != tr->pf8)
             return 0;
     }
