@@ -18,6 +18,9 @@ from setuptools import Extension
 KERNELS = "engine/kernels"
 # C sources compiled into the kernels module (a new kernel file goes here).
 C_SOURCES = ["quants.c", "forward.c"]
+# Parts of quants.c's translation unit (#included by it, not compiled alone): listed as depends so
+# that a change to one rebuilds the module.
+C_PARTS = "quants"
 COMPILE_ARGS = ["-O3", "-std=gnu11", "-fopenmp", "-fno-math-errno", "-Wall", "-Wno-unused-function"]
 CYTHON_DIRECTIVES = {"boundscheck": False, "wraparound": False}
 
@@ -29,6 +32,8 @@ def kernel_extension(name="engine.kernels._kernels", pyx=f"{KERNELS}/_kernels.py
     return Extension(
         name,
         [pyx] + [os.path.join(kdir, c) for c in C_SOURCES],
+        depends=sorted(glob.glob(os.path.join(kdir, C_PARTS, "*.c"))) +
+        [os.path.join(kdir, h) for h in ("quants.h", "forward.h", "simd.h", "simde_compat.h")],
         include_dirs=[kdir, numpy.get_include()],
         extra_compile_args=list(COMPILE_ARGS),
         extra_link_args=["-fopenmp"],

@@ -51,11 +51,11 @@ def simde_include_dir() -> Path | None:
 
 def _inputs(root: Path) -> list[Path]:
     """Files of the checkout `root` that decide the build: the kernel sources (not Cython's
-    generated C) and setup.py."""
+    generated C), the parts quants.c includes (engine/kernels/quants/) and setup.py."""
     kdir = root / "engine" / "kernels"
     return [p for p in sorted(kdir.iterdir())
             if p.suffix in (".c", ".h", ".pyx", ".pxi") and not (p.suffix == ".c" and p.name.startswith("_"))] + \
-        [root / "setup.py"]
+        sorted((kdir / "quants").glob("*.c")) + [root / "setup.py"]
 
 
 def build_key(root: Path, include: Path) -> str:

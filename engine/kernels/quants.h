@@ -116,7 +116,7 @@ void rq_matmul_ref(int t, const void *W, int rows, int cols,
                    const rq_act *acts, int ntok, float *out, int ldo);
 
 /* Repacked weights ("R16"): a matrix's rows in groups of 16, the same bits rearranged so that one
- * 64-byte load holds the same 4 elements of 16 rows (quants.c, section R16). Made once per model
+ * 64-byte load holds the same 4 elements of 16 rows (quants/r16_layout.c). Made once per model
  * file (engine/repack.py keeps them in a shared cache file) and used by the AVX-512 path; results
  * equal the GGUF layout's bit for bit. Types: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K. */
 int rq_r16_supported(int t);

@@ -1,0 +1,636 @@
+/* Part of quants.c's single translation unit (#included there, in a fixed order; not compiled
+ * alone). The matmul drivers: token tiles shared by the threads, row chunks, the
+ * OpenMP teams, the AVX-512 prefill and R16 drivers, the multi-op and reference matmuls. */
+
+static void matmul_rows_ref(int t, const void *W, int cols, int r0, int r1,
+                            const rq_act *acts, int ntok, float *out, int ldo) {
+    dot_fn f = ref_dot(t);
+    size_t rb = rq_row_bytes(t, cols);
+    const uint8_t *w = W;
+    for (int r = r0; r < r1; r++) {
+        const void *row = w + (size_t)r * rb;
+        for (int k = 0; k < ntok; k++) out[(size_t)k * ldo + r] = f(cols, row, &acts[k]);
+    }
+}
+
+/* Token tiles of one matmul: prepared once, shared by every thread. */
+typedef struct {
+    int ntiles, tmax, ub, nb;
+    size_t full;      /* bytes per tile */
+    rows_fn rk;       /* multi-row kernel, or NULL: one row at a time */
+    tile *tl;
+    uint8_t *mem;
+    /* 8-token prefill kernels (tiles of T >= PF8_MIN_T), or NULL; one unpack buffer of
+     * pf8_rows rows per thread that may run tiles_run on this set */
+    pf8_unpack_fn pf8u;
+    pf8_rows_fn pf8r;
+    int pf8_nbuf, pf8_rows;
+    size_t pf8_us;
+    uint8_t *pf8_buf;
+} tileset;
+
+/* Rows of weights unpacked at a time for the prefill kernels: about 96 KiB, stays in L2. */
+#define PF8_CHUNK_BYTES (96 * 1024)
+
+static int tiles_alloc(tileset *ts, int path, int t, rows_fn rk, int tmax, int ub, int cols, int ntok, int nthreads) {
+    ts->rk = rk;
+    ts->ntiles = (ntok + tmax - 1) / tmax;
+    ts->tmax = tmax;
+    ts->ub = ub;
+    ts->nb = cols / QK;
+    ts->full = tile_bytes(t, ub, ntok < tmax ? ntok : tmax, ts->nb);   /* no tile holds more tokens */
+    ts->pf8_buf = NULL;
+    ts->pf8_nbuf = 0;
+    if (!(tmax >= PF8_MIN_T && ntok >= PF8_MIN_T && simd_pf8(path, t, &ts->pf8u, &ts->pf8r))) ts->pf8r = NULL;
+    ts->tl = malloc(sizeof(tile) * (size_t)ts->ntiles);
+    ts->mem = ts->full ? aligned_alloc(64, ts->full * (size_t)ts->ntiles) : NULL;
+    if (ts->pf8r) {
+        ts->pf8_us = pf8_urow_bytes(ts->nb);
+        ts->pf8_rows = (int)(PF8_CHUNK_BYTES / ts->pf8_us);
+        if (ts->pf8_rows < 4) ts->pf8_rows = 4;
+        ts->pf8_nbuf = nthreads > 0 ? nthreads : 1;
+        ts->pf8_buf = aligned_alloc(64, ts->pf8_us * (size_t)ts->pf8_rows * (size_t)ts->pf8_nbuf);
+    }
+    if (!ts->tl || (ts->full && !ts->mem) || (ts->pf8r && !ts->pf8_buf)) {
+        free(ts->tl);
+        free(ts->mem);
+        free(ts->pf8_buf);
+        return -1;
+    }
+    return 0;
+}
+
+static void tiles_free(tileset *ts) {
+    free(ts->tl);
+    free(ts->mem);
+    free(ts->pf8_buf);
+}
+
+static void tiles_prep(tileset *ts, int t, const rq_act *acts, int ntok, int i) {
+    int k0 = i * ts->tmax, T = ntok - k0 < ts->tmax ? ntok - k0 : ts->tmax;
+    prep_tile(t, ts->ub, acts + k0, T, ts->nb, ts->full ? ts->mem + ts->full * (size_t)i : NULL, &ts->tl[i]);
+}
+
+/* Tiles of T >= PF8_MIN_T with the 8-token prefill kernels, others as in tiles_run: each row
+ * chunk is unpacked once into this thread's buffer, then every tile passes over it. */
+static void tiles_run_pf8(const tileset *ts, kern_fn kern, int t, const uint8_t *W, int cols, int r0, int r1,
+                          float *out, int ldo) {
+    size_t rb = rq_row_bytes(t, cols);
+    int tid = 0;
+#ifdef _OPENMP
+    if (ts->pf8_nbuf > 1) tid = omp_get_thread_num();
+#endif
+    uint8_t *buf = ts->pf8_buf + ts->pf8_us * (size_t)ts->pf8_rows * (size_t)tid;
+    const int R = ts->pf8_rows;
+    float res[TMAX];
+    for (int rc = r0; rc < r1; rc += R) {
+        int re = rc + R < r1 ? rc + R : r1;
+        ts->pf8u(W, rb, rc, re, ts->nb, buf);
+        for (int i = 0; i < ts->ntiles; i++) {
+            const tile *tl = &ts->tl[i];
+            int k0 = i * ts->tmax, T = tl->T;
+            if (T >= PF8_MIN_T) ts->pf8r(buf, rc, re, ts->nb, tl, out, ldo, k0);
+            else if (ts->rk) ts->rk(W, rb, rc, re, cols, tl, out, ldo, k0);
+            else
+                for (int r = rc; r < re; r++) {
+                    kern(W + (size_t)r * rb, cols, tl, res);
+                    for (int j = 0; j < T; j++) out[(size_t)(k0 + j) * ldo + r] = res[j];
+                }
+        }
+    }
+}
+
+static void tiles_run(const tileset *ts, kern_fn kern, int t, const uint8_t *W, int cols, int r0, int r1,
+                      float *out, int ldo) {
+    if (ts->pf8r) {
+        tiles_run_pf8(ts, kern, t, W, cols, r0, r1, out, ldo);
+        return;
+    }
+    size_t rb = rq_row_bytes(t, cols);
+    /* With several tiles, row chunks small enough to stay in L2 while every tile passes over them. */
+    int R = r1 - r0;
+    if (ts->ntiles > 1) {
+        R = (int)((size_t)(128 * 1024) / (rb ? rb : 1));
+        if (R < 4) R = 4;
+    }
+    float res[TMAX];
+    for (int rc = r0; rc < r1; rc += R) {
+        int re = rc + R < r1 ? rc + R : r1;
+        for (int i = 0; i < ts->ntiles; i++) {
+            const tile *tl = &ts->tl[i];
+            int k0 = i * ts->tmax, T = tl->T;
+            if (ts->rk) {
+                ts->rk(W, rb, rc, re, cols, tl, out, ldo, k0);
+                continue;
+            }
+            for (int r = rc; r < re; r++) {
+                kern(W + (size_t)r * rb, cols, tl, res);
+                for (int j = 0; j < T; j++) out[(size_t)(k0 + j) * ldo + r] = res[j];
+            }
+        }
+    }
+}
+
+/* ---- AVX-512 VNNI prefill driver (see v16_pass) ---- */
+typedef struct {
+    v16_rows_fn fn;
+    v16_toks tk;
+    int nbuf, gmax;
+    size_t tmp_bytes, grp_bytes;
+    uint8_t *buf;   /* nbuf x (tmp + gmax groups) */
+} v16_set;
+
+static int v16_use(int path, int t, int ntok) {
+#ifdef RQ_HAVE_X86
+    return path == RQ_PATH_AVX512 && v16_type(t) && ntok >= V16_MIN_TOK;
+#else
+    (void)path; (void)t; (void)ntok;
+    return 0;
+#endif
+}
+
+#ifdef RQ_HAVE_X86
+static int v16_alloc(v16_set *vs, int t, int cols, int ntok, int nbuf) {
+    const int nb = cols / QK;
+    vs->fn = kernels(t)->v16;
+    vs->tk.nb = nb;
+    vs->tk.ntiles = (ntok + 7) / 8;
+    vs->tk.mem = aligned_alloc(64, (size_t)vs->tk.ntiles * nb * V16_TILE_BLOCK_BYTES);
+    vs->nbuf = nbuf;
+    vs->tmp_bytes = 16 * pf8_urow_bytes(nb);
+    size_t gb = (v16_group_bytes(nb) + 63) & ~(size_t)63;
+    vs->gmax = (int)(V16_L2_BYTES / gb);
+    if (vs->gmax < 1) vs->gmax = 1;
+    if (vs->gmax > 8) vs->gmax = 8;
+    vs->grp_bytes = gb * (size_t)vs->gmax;
+    vs->buf = aligned_alloc(64, (vs->tmp_bytes + vs->grp_bytes) * (size_t)nbuf);
+    if (!vs->fn || !vs->tk.mem || !vs->buf) {
+        free(vs->tk.mem);
+        free(vs->buf);
+        return -1;
+    }
+    return 0;
+}
+
+static void v16_free(v16_set *vs) {
+    free(vs->tk.mem);
+    free(vs->buf);
+}
+
+static void v16_run(const v16_set *vs, int t, const uint8_t *W, int cols, int r0, int r1, int ntok, float *out,
+                    int ldo, int buf_id) {
+    uint8_t *tmp = vs->buf + (vs->tmp_bytes + vs->grp_bytes) * (size_t)buf_id;
+    vs->fn(W, rq_row_bytes(t, cols), r0, r1, vs->tk.nb, ntok, &vs->tk, out, ldo, tmp, tmp + vs->tmp_bytes, vs->gmax);
+}
+
+/* Single-threaded: rows [r0, r1). Returns 0 when done, -1 when out of memory (nothing written). */
+static int v16_matmul_rows(int t, const uint8_t *W, int cols, int r0, int r1, const rq_act *acts, int ntok,
+                           float *out, int ldo) {
+    v16_set vs;
+    if (v16_alloc(&vs, t, cols, ntok, 1) != 0) return -1;
+    for (int i = 0; i < vs.tk.ntiles; i++) v16_prep_tile(t, acts, ntok, i, &vs.tk);
+    v16_run(&vs, t, W, cols, r0, r1, ntok, out, ldo, 0);
+    v16_free(&vs);
+    return 0;
+}
+#endif
+
+static void fill_nan(int r0, int r1, int ntok, float *out, int ldo) {
+    for (int k = 0; k < ntok; k++)
+        for (int r = r0; r < r1; r++) out[(size_t)k * ldo + r] = NAN;
+}
+
+void rq_matmul_rows(int t, const void *W, int cols, int r0, int r1,
+                    const rq_act *acts, int ntok, float *out, int ldo) {
+    if (r1 <= r0 || ntok <= 0) return;
+    if (!rq_type_supported(t)) {
+        fill_nan(r0, r1, ntok, out, ldo);
+        return;
+    }
+    int path = rq_kernel_path(), tmax, ub;
+#ifdef RQ_HAVE_X86
+    if (v16_use(path, t, ntok) && v16_matmul_rows(t, W, cols, r0, r1, acts, ntok, out, ldo) == 0) return;
+#endif
+    kern_fn k = NULL;
+    rows_fn rk = NULL;
+    const int simd = path != RQ_PATH_SCALAR && simd_kernels(path, t, &k, &rk, &tmax, &ub);
+    tileset ts;
+    if (simd && tiles_alloc(&ts, path, t, rk, tmax, ub, cols, ntok, 1) == 0) {
+        for (int i = 0; i < ts.ntiles; i++) tiles_prep(&ts, t, acts, ntok, i);
+        tiles_run(&ts, k, t, W, cols, r0, r1, out, ldo);
+        tiles_free(&ts);
+        return;
+    }
+    matmul_rows_ref(t, W, cols, r0, r1, acts, ntok, out, ldo);
+}
+
+/* Below this much weight data (decode-sized calls), opening a parallel region costs more than
+ * it saves. */
+#define RQ_SERIAL_BYTES (64 * 1024)
+
+/* Rows per work item when threads share a matmul, a multiple of 16. Decode: one contiguous
+ * share per thread. Prefill: L2-sized items handed out dynamically (a thread slowed down by
+ * other load on its core takes fewer). */
+static int chunk_rows(int t, int cols, int rows, int nth, int prefill) {
+    long c;
+    if (prefill) {
+        size_t rb = rq_row_bytes(t, cols);
+        c = (long)((size_t)(128 * 1024) / (rb ? rb : 1));
+        long cap = rows / (2 * (long)nth);
+        if (c > cap) c = cap;
+    } else {
+        c = (rows + nth - 1) / nth;
+    }
+    c = (c + 15) / 16 * 16;
+    return c < 16 ? 16 : (int)c;
+}
+
+#ifdef _OPENMP
+/* Body shared by rq_matmul (inside its own region) and rq_matmul_team (inside the caller's):
+ * called by every thread of the current team. out is complete for all threads on return when
+ * barrier is set (rq_matmul relies on the join at the end of its region instead). */
+static void matmul_in_team(int t, const uint8_t *W, int rows, int cols,
+                           const rq_act *acts, int ntok, float *out, int ldo, int barrier) {
+    int nth = omp_get_num_threads();
+    int path = rq_kernel_path(), tmax = 1, ub = 1;
+    kern_fn k = NULL;
+    rows_fn rk = NULL;
+    const int simd = path != RQ_PATH_SCALAR && rq_type_supported(t) && simd_kernels(path, t, &k, &rk, &tmax, &ub);
+    if (!rq_type_supported(t)) {
+#pragma omp single
+        fill_nan(0, rows, ntok, out, ldo);
+        return;
+    }
+#ifdef RQ_HAVE_X86
+    if (v16_use(path, t, ntok)) {
+        v16_set *vs = NULL;
+        int ok = 0;
+#pragma omp single copyprivate(vs, ok)
+        {
+            vs = malloc(sizeof(v16_set));
+            ok = vs && v16_alloc(vs, t, cols, ntok, nth) == 0;
+            if (!ok) { free(vs); vs = NULL; }
+        }
+        if (ok) {
+            const int cr16 = chunk_rows(t, cols, rows, nth, 1), nch16 = (rows + cr16 - 1) / cr16;
+#pragma omp for schedule(static)
+            for (int i = 0; i < vs->tk.ntiles; i++) v16_prep_tile(t, acts, ntok, i, &vs->tk);
+#pragma omp for schedule(dynamic, 1)
+            for (int c = 0; c < nch16; c++) {
+                int r0 = c * cr16, r1 = r0 + cr16 < rows ? r0 + cr16 : rows;
+                v16_run(vs, t, W, cols, r0, r1, ntok, out, ldo, omp_get_thread_num());
+            }
+#pragma omp single nowait
+            {
+                v16_free(vs);
+                free(vs);
+            }
+            return;   /* the loop's barrier: out is complete */
+        }
+    }
+#endif
+    int prefill = simd && ntok > 2 * tmax;
+    int cr = chunk_rows(t, cols, rows, nth, prefill);
+    int nch = (rows + cr - 1) / cr;
+    if (!prefill) {
+        /* decode-sized: each thread prepares its own (small) token tiles, no extra barrier */
+        tileset ts;
+        int have = simd && tiles_alloc(&ts, path, t, rk, tmax, ub, cols, ntok, 1) == 0;
+        if (have)
+            for (int i = 0; i < ts.ntiles; i++) tiles_prep(&ts, t, acts, ntok, i);
+#pragma omp for schedule(static, 1) nowait
+        for (int c = 0; c < nch; c++) {
+            int r0 = c * cr, r1 = r0 + cr < rows ? r0 + cr : rows;
+            if (have) tiles_run(&ts, k, t, W, cols, r0, r1, out, ldo);
+            else matmul_rows_ref(t, W, cols, r0, r1, acts, ntok, out, ldo);
+        }
+        if (have) tiles_free(&ts);
+        if (barrier) {
+#pragma omp barrier
+        }
+        return;
+    }
+    /* prefill: one shared set of token tiles, prepared by the whole team */
+    tileset *ts = NULL;
+    int ok = 0;
+#pragma omp single copyprivate(ts, ok)
+    {
+        ts = malloc(sizeof(tileset));
+        ok = ts && tiles_alloc(ts, path, t, rk, tmax, ub, cols, ntok, nth) == 0;
+        if (!ok) { free(ts); ts = NULL; }
+    }
+    if (!ok) {
+#pragma omp for schedule(dynamic, 1)
+        for (int c = 0; c < nch; c++) {
+            int r0 = c * cr, r1 = r0 + cr < rows ? r0 + cr : rows;
+            matmul_rows_ref(t, W, cols, r0, r1, acts, ntok, out, ldo);
+        }
+        return;
+    }
+#pragma omp for schedule(static)
+    for (int i = 0; i < ts->ntiles; i++) tiles_prep(ts, t, acts, ntok, i);
+#pragma omp for schedule(dynamic, 1)
+    for (int c = 0; c < nch; c++) {
+        int r0 = c * cr, r1 = r0 + cr < rows ? r0 + cr : rows;
+        tiles_run(ts, k, t, W, cols, r0, r1, out, ldo);
+    }
+#pragma omp single nowait
+    {
+        tiles_free(ts);
+        free(ts);
+    }
+}
+#endif
+
+void rq_matmul(int t, const void *W, int rows, int cols,
+               const rq_act *acts, int ntok, float *out, int ldo, int nthreads) {
+    rq_kernels_init();
+    if (rows <= 0 || ntok <= 0) return;
+    if (!rq_type_supported(t)) {
+        fill_nan(0, rows, ntok, out, ldo);
+        return;
+    }
+#ifdef _OPENMP
+    int nt = nthreads > 0 ? nthreads : omp_get_max_threads();
+    int nchunk = (rows + 15) / 16;
+    if (nt > nchunk) nt = nchunk;
+    if (ntok <= 2 && rq_row_bytes(t, cols) * (size_t)rows < RQ_SERIAL_BYTES) nt = 1;
+    if (nt <= 1) {
+        rq_matmul_rows(t, W, cols, 0, rows, acts, ntok, out, ldo);
+        return;
+    }
+#pragma omp parallel num_threads(nt)
+    matmul_in_team(t, W, rows, cols, acts, ntok, out, ldo, 0);   /* the region's end joins */
+#else
+    (void)nthreads;
+    rq_matmul_rows(t, W, cols, 0, rows, acts, ntok, out, ldo);
+#endif
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Repacked (R16) weights                                                                      */
+
+int rq_r16_supported(int t) { return r16_type(t); }
+
+int rq_r16_layout_version(void) { return R16_V; }
+
+int rq_r16_usable(void) {
+#ifdef RQ_HAVE_X86
+    const int path = rq_kernel_path();
+    return path == RQ_PATH_AVX512 || path == RQ_PATH_AVX2;
+#else
+    return 0;
+#endif
+}
+
+size_t rq_r16_bytes(int t, int rows, int cols) {
+    if (!r16_type(t) || rows <= 0 || cols <= 0 || cols % rq_block_elems(t)) return 0;
+    return r16_bytes(t, rows, cols);
+}
+
+void rq_r16_repack(int t, const void *W, int rows, int cols, void *R, int g0, int g1, int nthreads) {
+    if (!rq_r16_bytes(t, rows, cols)) return;
+    const int ng = (rows + 15) / 16;
+    if (g0 < 0) g0 = 0;
+    if (g1 > ng) g1 = ng;
+#ifdef _OPENMP
+    int nt = nthreads > 0 ? nthreads : omp_get_max_threads();
+#pragma omp parallel for num_threads(nt) schedule(dynamic, 4)
+#endif
+    for (int g = g0; g < g1; g++) r16_repack_groups(t, W, rows, cols, R, g, g + 1);
+    (void)nthreads;
+}
+
+#ifdef RQ_HAVE_X86
+/* Token tile i (8 tokens, fewer at the end: zero-padded) in the AVX2 prefill kernels' form. */
+static void r16_prep_pf8_tile(int t, const rq_act *acts, int ntok, int i, int nb, uint8_t *mem, tile *tl) {
+    const int k0 = 8 * i, T = ntok - k0 < 8 ? ntok - k0 : 8;
+    memset(tl, 0, sizeof(*tl));
+    tl->T = T;
+    if (T < 8) memset(mem, 0, pf8_tile_bytes(nb));
+    prep_tile_pf8(t, acts + k0, T, nb, mem, tl);
+}
+
+static void r16_matmul(int t, const uint8_t *R, int rows, int cols, const rq_act *acts, int ntok, float *out,
+                       int ldo, int nthreads) {
+    const int nb = cols / QK, ng = (rows + 15) / 16;
+    const int expand = ntok >= R16_EXPAND_MIN_TOK;
+    v16_toks tk = {nb, (ntok + 7) / 8, NULL, NULL};
+    tk.mem = aligned_alloc(64, (size_t)tk.ntiles * nb * V16_TILE_BLOCK_BYTES);
+    uint8_t *pf8mem = NULL;
+    if (expand && rq_kernel_path() == RQ_PATH_AVX2 && pf8_type(t, 1)) {   /* see r16_to_pf8_rows_256 */
+        tk.pf8 = calloc((size_t)tk.ntiles, sizeof(tile));
+        pf8mem = aligned_alloc(64, (size_t)tk.ntiles * ((pf8_tile_bytes(nb) + 63) & ~(size_t)63));
+        if (!tk.pf8 || !pf8mem) { free(tk.pf8); free(pf8mem); tk.pf8 = NULL; pf8mem = NULL; }
+    }
+    int nt = 1;
+#ifdef _OPENMP
+    nt = nthreads > 0 ? nthreads : omp_get_max_threads();
+    if (!expand && r16_bytes(t, rows, cols) < RQ_SERIAL_BYTES) nt = 1;
+#endif
+    if (nt > ng) nt = ng;
+    size_t vb = (v16_group_bytes(nb) + 63) & ~(size_t)63;
+    if (16 * pf8_urow_bytes(nb) > vb) vb = 16 * pf8_urow_bytes(nb);   /* the buffer also holds pf8 rows */
+    int gmax = (int)(V16_L2_BYTES / vb);
+    gmax = gmax < 1 ? 1 : gmax > 8 ? 8 : gmax;
+    uint8_t *grp = expand ? aligned_alloc(64, vb * (size_t)gmax * (size_t)nt) : NULL;
+    r16_groups_fn fn = r16_path_kernel(rq_kernel_path(), t);
+    if (!tk.mem || (expand && !grp)) {   /* out of memory: NaN, as for an unsupported type */
+        free(tk.mem);
+        free(grp);
+        free(tk.pf8);
+        free(pf8mem);
+        fill_nan(0, rows, ntok, out, ldo);
+        return;
+    }
+    const size_t pf8b = (pf8_tile_bytes(nb) + 63) & ~(size_t)63;
+    if (nt <= 1) {
+        for (int i = 0; i < tk.ntiles; i++) v16_prep_tile(t, acts, ntok, i, &tk);
+        for (int i = 0; tk.pf8 && i < tk.ntiles; i++) r16_prep_pf8_tile(t, acts, ntok, i, nb, pf8mem + pf8b * (size_t)i, &tk.pf8[i]);
+        fn(R, rows, 0, ng, nb, ntok, &tk, out, ldo, grp, gmax);
+    } else {
+#ifdef _OPENMP
+#pragma omp parallel num_threads(nt)
+        {
+#pragma omp for schedule(static)
+            for (int i = 0; i < tk.ntiles; i++) {
+                v16_prep_tile(t, acts, ntok, i, &tk);
+                if (tk.pf8) r16_prep_pf8_tile(t, acts, ntok, i, nb, pf8mem + pf8b * (size_t)i, &tk.pf8[i]);
+            }
+            if (expand) {
+                const int nch = (ng + gmax - 1) / gmax;
+                uint8_t *mine = grp + vb * (size_t)gmax * (size_t)omp_get_thread_num();
+#pragma omp for schedule(dynamic, 1)
+                for (int c = 0; c < nch; c++) {
+                    const int g0 = c * gmax, g1 = g0 + gmax < ng ? g0 + gmax : ng;
+                    fn(R, rows, g0, g1, nb, ntok, &tk, out, ldo, mine, gmax);
+                }
+            } else {   /* decode-sized: one contiguous share of the groups per thread, by bytes */
+                const int me = omp_get_thread_num(), nth = omp_get_num_threads();
+                const int g0 = (int)((long)ng * me / nth), g1 = (int)((long)ng * (me + 1) / nth);
+                if (g1 > g0) fn(R, rows, g0, g1, nb, ntok, &tk, out, ldo, NULL, gmax);
+            }
+        }
+#endif
+    }
+    free(tk.mem);
+    free(grp);
+    free(tk.pf8);
+    free(pf8mem);
+}
+#endif
+
+void rq_matmul_r16(int t, const void *W, const void *R, int rows, int cols, const rq_act *acts, int ntok,
+                   float *out, int ldo, int nthreads) {
+    rq_kernels_init();
+#ifdef RQ_HAVE_X86
+    if (R && rows > 0 && ntok > 0 && r16_type(t) && rq_r16_usable()) {
+        r16_matmul(t, R, rows, cols, acts, ntok, out, ldo, nthreads);
+        return;
+    }
+#endif
+    rq_matmul(t, W, rows, cols, acts, ntok, out, ldo, nthreads);
+}
+
+/* First row of op (byte offset `base` in the concatenation, rb bytes a row, rows rows) at or
+ * after byte `at`, rounded up to 16 rows: neighbouring threads' ranges meet exactly. */
+static int multi_row_at(size_t at, size_t base, size_t rb, int rows) {
+    if (at <= base) return 0;
+    size_t r = (at - base + rb - 1) / rb;
+    r = (r + 15) / 16 * 16;
+    return r > (size_t)rows ? rows : (int)r;
+}
+
+#ifdef RQ_HAVE_X86
+/* Decode-sized calls (ntok <= 2) whose ops all have R16 copies: one parallel job over the ops'
+ * concatenated groups, split by bytes, with one token tile (q/k/v or gate/up of a decode step pay
+ * for one region and one tile, not one per op). Returns -1 when it does not apply. */
+static int r16_matmul_multi(const rq_matmul_op *ops, int nops, int cols, const rq_act *acts, int ntok, int nthreads) {
+    if (ntok > 2 || nops > 8) return -1;
+    size_t gb[8], total = 0;
+    for (int i = 0; i < nops; i++) {
+        if (!ops[i].r16 || !r16_type(ops[i].type)) return -1;
+        gb[i] = r16_group_bytes_t(ops[i].type, cols / QK);
+        total += gb[i] * (size_t)((ops[i].rows + 15) / 16);
+    }
+    const int nb = cols / QK;
+    const size_t tbytes = (size_t)nb * V16_TILE_BLOCK_BYTES;
+    uint8_t *mem = aligned_alloc(64, tbytes * (size_t)nops);
+    if (!mem) return -1;
+    v16_toks tk[8];
+    for (int i = 0; i < nops; i++) {   /* one tile per op: nq depends on the type's offset */
+        tk[i].nb = nb;
+        tk[i].ntiles = 1;
+        tk[i].mem = mem + tbytes * (size_t)i;
+        v16_prep_tile(ops[i].type, acts, ntok, 0, &tk[i]);
+    }
+    int nt = 1;
+#ifdef _OPENMP
+    nt = nthreads > 0 ? nthreads : omp_get_max_threads();
+    if (total < RQ_SERIAL_BYTES) nt = 1;
+#endif
+#ifdef _OPENMP
+#pragma omp parallel num_threads(nt)
+#endif
+    {
+        int me = 0, nth = 1;
+#ifdef _OPENMP
+        me = omp_get_thread_num();
+        nth = omp_get_num_threads();
+#endif
+        const size_t lo = total * (size_t)me / (size_t)nth, hi = total * (size_t)(me + 1) / (size_t)nth;
+        size_t base = 0;
+        for (int i = 0; i < nops; i++) {
+            const int ng = (ops[i].rows + 15) / 16;
+            const size_t end = base + gb[i] * (size_t)ng;
+            /* groups whose first byte lies in [lo, hi) */
+            const int g0 = lo <= base ? 0 : (int)((lo - base + gb[i] - 1) / gb[i]);
+            const int g1 = hi >= end ? ng : (int)((hi - base + gb[i] - 1) / gb[i]);
+            if (g1 > g0 && g0 < ng)
+                r16_path_kernel(rq_kernel_path(), ops[i].type)(ops[i].r16, ops[i].rows, g0, g1 < ng ? g1 : ng, nb, ntok, &tk[i], ops[i].out, ops[i].ldo, NULL, 1);
+            base = end;
+        }
+    }
+    free(mem);
+    return 0;
+}
+#endif
+
+void rq_matmul_multi(const rq_matmul_op *ops, int nops, int cols, const rq_act *acts, int ntok, int nthreads) {
+    rq_kernels_init();
+    if (rq_r16_usable()) {
+        int any = 0;
+        for (int i = 0; i < nops; i++) any |= ops[i].r16 != NULL;
+        if (any) {
+#ifdef RQ_HAVE_X86
+            if (r16_matmul_multi(ops, nops, cols, acts, ntok, nthreads) == 0) return;
+#endif
+            /* many tokens or mixed ops: one by one (each splits its groups across the threads) */
+            for (int i = 0; i < nops; i++)
+                rq_matmul_r16(ops[i].type, ops[i].W, ops[i].r16, ops[i].rows, cols, acts, ntok, ops[i].out, ops[i].ldo, nthreads);
+            return;
+        }
+    }
+    size_t total = 0;
+    int simple = ntok > 2;
+    for (int i = 0; i < nops; i++) {
+        if (!rq_type_supported(ops[i].type)) simple = 1;
+        total += rq_row_bytes(ops[i].type, cols) * (size_t)ops[i].rows;
+    }
+#ifdef _OPENMP
+    int nt = nthreads > 0 ? nthreads : omp_get_max_threads();
+    if (total < RQ_SERIAL_BYTES) nt = 1;
+#else
+    int nt = 1;
+#endif
+    if (simple || nt <= 1) {
+        for (int i = 0; i < nops; i++)
+            rq_matmul(ops[i].type, ops[i].W, ops[i].rows, cols, acts, ntok, ops[i].out, ops[i].ldo, nthreads);
+        return;
+    }
+#ifdef _OPENMP
+#pragma omp parallel num_threads(nt)
+    {
+        const int me = omp_get_thread_num(), nth = omp_get_num_threads();
+        const size_t lo = total * (size_t)me / (size_t)nth, hi = total * (size_t)(me + 1) / (size_t)nth;
+        size_t base = 0;
+        for (int i = 0; i < nops; i++) {
+            const size_t rb = rq_row_bytes(ops[i].type, cols);
+            const int r0 = multi_row_at(lo, base, rb, ops[i].rows);
+            const int r1 = me == nth - 1 ? ops[i].rows : multi_row_at(hi, base, rb, ops[i].rows);
+            if (r1 > r0) rq_matmul_rows(ops[i].type, ops[i].W, cols, r0, r1, acts, ntok, ops[i].out, ops[i].ldo);
+            base += rb * (size_t)ops[i].rows;
+        }
+    }
+#endif
+}
+
+void rq_matmul_team(int t, const void *W, int rows, int cols,
+                    const rq_act *acts, int ntok, float *out, int ldo) {
+    rq_kernels_init();
+    if (rows <= 0 || ntok <= 0) return;
+#ifdef _OPENMP
+    if (omp_get_num_threads() > 1) {
+        matmul_in_team(t, W, rows, cols, acts, ntok, out, ldo, 1);   /* ends with a barrier */
+        return;
+    }
+#endif
+    rq_matmul_rows(t, W, cols, 0, rows, acts, ntok, out, ldo);
+}
+
+void rq_matmul_ref(int t, const void *W, int rows, int cols,
+                   const rq_act *acts, int ntok, float *out, int ldo) {
+    size_t rb = rq_row_bytes(t, cols);
+    float *buf = malloc((size_t)cols * sizeof(float));
+    if (!buf) return;
+    for (int r = 0; r < rows; r++) {
+        rq_dequant_row(t, (const uint8_t *)W + (size_t)r * rb, buf, cols);
+        for (int k = 0; k < ntok; k++) {
+            const float *x = acts[k].f;
+            double s = 0.0;
+            for (int i = 0; i < cols; i++) s += (double)buf[i] * (double)x[i];
+            out[(size_t)k * ldo + r] = (float)s;
+        }
+    }
+    free(buf);
+}

@@ -1,0 +1,121 @@
+/* Part of quants.c's single translation unit (#included there, in a fixed order; not compiled
+ * alone). x86: the AVX2 8-token prefill driver, generic over the types (each type's
+ * pf8_unpack_* is in its file): unpacking a row chunk, the parity passes, the PF8_256 kernels
+ * of the KERNELS table. */
+
+#ifdef RQ_HAVE_X86
+
+/* --- Prefill: 8 tokens x 1 row per vector, on weights unpacked once per row chunk ----------
+ * Tiles of T >= 3 tokens. A row chunk's weights are first unpacked (pf8_unpack_*) to, per row
+ * and block b: 32 unsigned bytes in element order (offsets not removed), the float weight scale
+ * of each 16-element half (WD) and the float min (M, types with mins). Then every tile passes
+ * over the chunk, one row at a time: each 32-bit lane is one token k of the tile. Per half h of
+ * block b, dword j (4 elements) of the weights is broadcast and multiplied with dword j of the
+ * 8 tokens (tile.qs8) by vpmaddubsw; the int16 sums of a half add up exactly (U <= 31: 4 x 7874;
+ * Q6_K U <= 63: pairs only), and one vpmaddwd gives the exact half sum P per token: no
+ * horizontal adds (vphaddd costs ~2.5 cycles on Zen 3). The float sequence per (row, token) lane is that of legacy_slots_256 /
+ * q4k_slots_256 / q6k_slots_256 exactly (so results do not depend on the tile):
+ *     acc_(b&1),h = fma(float(P_b,h + NQ), WD_b,h * d_b, acc_(b&1),h)
+ *     accM_(b&1)  = fma(M_b, d_b * S_b, accM_(b&1))      (mins; a padded fma(0, 0, .) if nb is odd)
+ *     result = ((acc_0,0 + acc_1,0) + (acc_0,1 + acc_1,1)) + (accM_0 + accM_1) */
+
+/* One parity pass over blocks b = par, par + 2, ... of R rows (unpacked at ur[r]) for the
+ * tile's 8 token lanes: acc[r][h] (half h) and accM[r] (mins). Even and odd blocks feed
+ * separate accumulators, so doing all even blocks first keeps every lane's sequence while half
+ * as many accumulators are live. A half's 16 weight bytes are loaded into both 128-bit lanes
+ * and each dword broadcast with vpshufd (not a load port, not the multiply pipes); the
+ * tokens' dwords are loaded once for the R rows. */
+A256 AINL void pf8_pass(const int t, const int R, const uint8_t *const *ur, int nb, const tile *tv, const int par,
+                        __m256 (*acc)[2], __m256 *accM) {
+    const int offs = type_offset(t) != 0, mins = type_has_min(t), q6 = (t == RQ_Q6_K);
+    const __m256i ones = _mm256_set1_epi16(1);
+    const float *WD[2];
+    for (int r = 0; r < R; r++) WD[r] = (const float *)(ur[r] + 32 * (size_t)nb);
+    for (int b = par; b < nb; b += 2) {
+        const int8_t *q = tv->qs8 + 256 * (size_t)b;
+        const __m256 td = _mm256_loadu_ps(tv->td8 + 8 * (size_t)b);
+        __m256 s[2];
+        if (!q6)
+            for (int r = 0; r < R; r++) s[r] = _mm256_mul_ps(_mm256_broadcast_ss(WD[r] + 2 * b), td);
+        for (int h = 0; h < 2; h++) {
+            const __m256i *qh = (const __m256i *)(q + 128 * h);
+            for (int r = 0; r < R; r++) {
+                const __m256i W = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)(ur[r] + 32 * (size_t)b + 16 * h)));
+                __m256i p0 = _mm256_maddubs_epi16(_mm256_shuffle_epi32(W, 0x00), _mm256_loadu_si256(qh));
+                __m256i p1 = _mm256_maddubs_epi16(_mm256_shuffle_epi32(W, 0x55), _mm256_loadu_si256(qh + 1));
+                __m256i p2 = _mm256_maddubs_epi16(_mm256_shuffle_epi32(W, 0xAA), _mm256_loadu_si256(qh + 2));
+                __m256i p3 = _mm256_maddubs_epi16(_mm256_shuffle_epi32(W, 0xFF), _mm256_loadu_si256(qh + 3));
+                __m256i P;
+                if (q6)   /* U <= 63: only pairs of vpmaddubsw sums fit in int16 */
+                    P = _mm256_add_epi32(_mm256_madd_epi16(_mm256_add_epi16(p0, p1), ones),
+                                         _mm256_madd_epi16(_mm256_add_epi16(p2, p3), ones));
+                else
+                    P = _mm256_madd_epi16(_mm256_add_epi16(_mm256_add_epi16(p0, p1), _mm256_add_epi16(p2, p3)), ones);
+                if (offs) P = _mm256_add_epi32(P, _mm256_loadu_si256((const __m256i *)(tv->nq8 + 16 * (size_t)b + 8 * h)));
+                const __m256 sc = q6 ? _mm256_mul_ps(_mm256_broadcast_ss(WD[r] + 2 * b + h), td) : s[r];
+                acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(P), sc, acc[r][h]);
+            }
+        }
+        if (mins) {
+            const __m256 ds = _mm256_loadu_ps(tv->ds8 + 8 * (size_t)b);
+            for (int r = 0; r < R; r++) accM[r] = _mm256_fmadd_ps(_mm256_broadcast_ss(WD[r] + 2 * (size_t)nb + b), ds, accM[r]);
+        }
+    }
+}
+
+/* R unpacked rows against the 8 token lanes of the tile: res[8 r + k]. */
+A256 AINL void pf8_rowsR_256(const int t, const int R, const uint8_t *const *ur, int nb, const tile *tv, float *res) {
+    __m256 aE[2][2], aO[2][2], mE[2], mO[2];
+    for (int r = 0; r < R; r++) aE[r][0] = aE[r][1] = aO[r][0] = aO[r][1] = mE[r] = mO[r] = _mm256_setzero_ps();
+    pf8_pass(t, R, ur, nb, tv, 0, aE, mE);
+    pf8_pass(t, R, ur, nb, tv, 1, aO, mO);
+    for (int r = 0; r < R; r++) {
+        if (nb & 1) mO[r] = _mm256_add_ps(mO[r], _mm256_setzero_ps());   /* the slot kernels' padded fma(0, 0, accM) */
+        __m256 a = _mm256_add_ps(_mm256_add_ps(aE[r][0], aO[r][0]), _mm256_add_ps(aE[r][1], aO[r][1]));
+        if (type_has_min(t)) a = _mm256_add_ps(a, _mm256_add_ps(mE[r], mO[r]));
+        _mm256_storeu_ps(res + 8 * r, a);
+    }
+}
+
+A256 AINL void pf8_unpack_256(const int t, const uint8_t *W, size_t rb, int r0, int r1, int nb, uint8_t *buf) {
+    const size_t us = pf8_urow_bytes(nb);
+    for (int r = r0; r < r1; r++) {
+        const uint8_t *row = W + (size_t)r * rb;
+        uint8_t *ur = buf + (size_t)(r - r0) * us;
+        if (t == RQ_Q4_K) pf8_unpack_q4k(row, nb, ur);
+        else if (t == RQ_Q6_K) pf8_unpack_q6k(row, nb, ur);
+        else pf8_unpack_legacy(t, row, nb, ur);
+    }
+}
+
+/* Rows [r0, r1), unpacked at buf, against a tile of T >= 3 tokens: out[(k0 + k) * ldo + r].
+ * (Two rows per pass sharing the tokens' loads, or two tiles sharing the weight broadcasts,
+ * measured no faster on Zen 3: the multiply pipes and register pressure limit.) */
+A256 AINL void pf8_rows_256(const int t, const uint8_t *buf, int r0, int r1, int nb, const tile *tv, float *out,
+                            int ldo, int k0) {
+    const size_t us = pf8_urow_bytes(nb);
+    const int T = tv->T;
+    _Alignas(32) float res[8];
+    for (int r = r0; r < r1; r++) {
+        const uint8_t *ur[1] = {buf + (size_t)(r - r0) * us};
+        pf8_rowsR_256(t, 1, ur, nb, tv, res);
+        for (int k = 0; k < T; k++) out[(size_t)(k0 + k) * ldo + r] = res[k];
+    }
+}
+
+#define PF8_256(suffix, t)                                                                                  \
+    A256 static void pf8u_##suffix(const uint8_t *W, size_t rb, int r0, int r1, int nb, uint8_t *buf) {     \
+        pf8_unpack_256(t, W, rb, r0, r1, nb, buf);                                                          \
+    }                                                                                                       \
+    A256 static void pf8r_##suffix(const uint8_t *buf, int r0, int r1, int nb, const tile *tv, float *out,  \
+                                   int ldo, int k0) {                                                       \
+        pf8_rows_256(t, buf, r0, r1, nb, tv, out, ldo, k0);                                                 \
+    }
+PF8_256(q4_0, RQ_Q4_0)
+PF8_256(q4_1, RQ_Q4_1)
+PF8_256(q5_0, RQ_Q5_0)
+PF8_256(q5_1, RQ_Q5_1)
+PF8_256(q4_K, RQ_Q4_K)
+PF8_256(q6_K, RQ_Q6_K)
+
+#endif /* x86 */

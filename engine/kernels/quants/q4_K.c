@@ -1,0 +1,215 @@
+/* Part of quants.c's single translation unit (#included there, in a fixed order; not compiled
+ * alone). Q4_K: 256-element super-blocks of 8 blocks of 32, 4-bit values with a 6-bit
+ * (scale, min) pair per block (the 12-byte format in common.c, shared with Q5_K). Block struct,
+ * dequantization, scalar reference dot product, R16 unit and repacking, AVX2 slot and 4-row
+ * decode kernels, prefill unpacking, R16 block loading. */
+
+typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qs[128]; } blk_q4_K;
+_Static_assert(sizeof(blk_q4_K) == 144, "q4_K");
+
+/* ------------------------------------------------------------------------------------------ */
+/* Dequantization (ground truth)                                                               */
+
+static void dequant_q4_K(const void *row, float *y, int n) {
+    const blk_q4_K *b = row;
+    for (int i = 0; i < n / QK_K; i++) {
+        float d = F16(b[i].d), dmin = F16(b[i].dmin);
+        const uint8_t *q = b[i].qs;
+        for (int c = 0; c < 4; c++, q += 32) {
+            int sc, m;
+            scale_min_k4(2 * c, b[i].scales, &sc, &m);
+            float d1 = d * (float)sc, m1 = dmin * (float)m;
+            scale_min_k4(2 * c + 1, b[i].scales, &sc, &m);
+            float d2 = d * (float)sc, m2 = dmin * (float)m;
+            for (int l = 0; l < 32; l++) *y++ = d1 * (float)(q[l] & 0xF) - m1;
+            for (int l = 0; l < 32; l++) *y++ = d2 * (float)(q[l] >> 4) - m2;
+        }
+    }
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Scalar reference dot product                                                                */
+
+static float dot_q4_K_ref(int n, const void *row, const rq_act *x) {
+    const blk_q4_K *b = row;
+    float s = 0.0f;
+    uint8_t u[32];
+    for (int i = 0; i < n / QK_K; i++) {
+        float d = F16(b[i].d), dmin = F16(b[i].dmin);
+        for (int j = 0; j < 8; j++) {
+            const uint8_t *q = b[i].qs + 32 * (j / 2);
+            for (int l = 0; l < 32; l++) u[l] = (j & 1) ? (q[l] >> 4) : (q[l] & 0xF);
+            int sc, m;
+            scale_min_k4(j, b[i].scales, &sc, &m);
+            int blk = i * 8 + j;
+            int S = x->sum16[2 * blk] + x->sum16[2 * blk + 1];
+            int isum = dot32_u(u, x->qs + 32 * blk);
+            s += x->d[blk] * (d * (float)(sc * isum) - dmin * (float)(m * S));
+        }
+    }
+    return s;
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* R16 (see r16_layout.c): a unit is one super-block of 8 blocks                               */
+
+/*   Q4_K: NIB [8 j][4 g][16] | KD [16] f16 | KDM [16] f16 | KSC [8 j][16] u8 | KMN [8 j][16] u8 */
+static inline void r16_layout_q4k(r16_ptrs *p) {
+    p->bpu = 8; p->nib = 0; p->kd = 2048; p->kdm = 2080; p->ksc = 2112; p->kmn = 2240; p->ub = 2368;
+}
+
+/* Row r (0..15) of a group: its super-blocks' bits, scales and mins into the group's units. */
+static void r16_repack_row_q4k(const uint8_t *row, int nb, const r16_ptrs *p, int r) {
+    uint8_t q[32];
+    for (int s = 0; s < nb / 8; s++) {
+        const blk_q4_K *x = (const blk_q4_K *)row + s;
+        const uint8_t *u = p->g + (size_t)s * p->ub;
+        r16_w16(u + p->kd, r, x->d);
+        r16_w16(u + p->kdm, r, x->dmin);
+        for (int j = 0; j < 8; j++) {
+            int sc, mn;
+            scale_min_k4(j, x->scales, &sc, &mn);
+            ((uint8_t *)u)[p->ksc + 16 * j + r] = (uint8_t)sc;
+            ((uint8_t *)u)[p->kmn + 16 * j + r] = (uint8_t)mn;
+            const uint8_t *qs = x->qs + 32 * (j / 2);
+            for (int l = 0; l < 32; l++) q[l] = (j & 1) ? (qs[l] >> 4) : (qs[l] & 0xF);
+            for (int g = 0; g < 4; g++) {
+                uint32_t v = 0;
+                for (int i = 0; i < 4; i++) v |= (uint32_t)(q[4 * g + i] | (q[16 + 4 * g + i] << 4)) << (8 * i);
+                r16_w32(u + p->nib + 64 * (4 * j + g), r, v);
+            }
+        }
+    }
+}
+
+#ifdef RQ_HAVE_X86
+
+/* Q4_K super-block x: its 8 group scales times d and its 8 group mins times -dmin, as floats. */
+A256 AINL void q4k_scales_256(const blk_q4_K *x, __m256 *dsc, __m256 *dmn) {
+    uint32_t u0, u1, u2, u3;
+    k4_unpack(x->scales, &u0, &u1, &u2, &u3);
+    __m128i v = _mm_set_epi32((int)u3, (int)u2, (int)u1, (int)u0);
+    *dsc = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)), _mm256_set1_ps(_cvtsh_ss(x->d)));
+    *dmn = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(v, 8))),
+                         _mm256_set1_ps(-_cvtsh_ss(x->dmin)));
+}
+
+A256 AINL void q4k_slots_256(const uint8_t *row, int n, const tile *tv, float *res, const int T) {
+    const int nsb = n / QK_K;
+    const __m256i m0f = _mm256_set1_epi8(0x0F);
+    __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()}, accM = _mm256_setzero_ps();
+    for (int i = 0; i < nsb; i++) {
+        const blk_q4_K *x = (const blk_q4_K *)row + i;
+        __m256 dsc, dmn;
+        q4k_scales_256(x, &dsc, &dmn);
+        for (int c = 0; c < 4; c++) {
+            __m256i xq = _mm256_loadu_si256((const __m256i *)(x->qs + 32 * c));
+            for (int e = 0; e < 2; e++) {
+                const int j = 2 * c + e;
+                const size_t b = 8 * (size_t)i + j;
+                __m256i U = _mm256_and_si256(e ? _mm256_srli_epi16(xq, 4) : xq, m0f);
+                __m256i P = slot_pack_tok(U, tv, b, T);
+                __m256 wd = _mm256_permutevar8x32_ps(dsc, _mm256_set1_epi32(j));
+                acc[e] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(P), _mm256_mul_ps(wd, _mm256_loadu_ps(tv->td4 + 8 * b)), acc[e]);
+            }
+            const __m256 M = _mm256_permutevar8x32_ps(dmn, _mm256_setr_epi32(2 * c, 2 * c, 2 * c, 2 * c,
+                                                                          2 * c + 1, 2 * c + 1, 2 * c + 1, 2 * c + 1));
+            accM = _mm256_fmadd_ps(M, _mm256_loadu_ps(tv->ds4 + 4 * (8 * (size_t)i + 2 * c)), accM);
+        }
+    }
+    slot_finish(acc[0], acc[1], accM, 1, res, T);
+}
+
+KERN256(k256_q4_K, q4k_slots_256, row, n, tv, res)
+
+/* Decode, 4 rows x 1 token per vector (see rows4_transpose): bit-identical to q4k_slots_256 with T = 1. */
+A256 static void q4k_rows4_256(const uint8_t *const *rows, int n, const tile *tv, float *res, size_t pf) {
+    const int nsb = n / QK_K;
+    const __m256i m0f = _mm256_set1_epi8(0x0F);
+    const __m256i tok0 = _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4);
+    __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()}, accM = _mm256_setzero_ps();
+    for (int i = 0; i < nsb; i++) {
+        const blk_q4_K *x[4];
+        __m256 dsc[4], dmn[4], SC[4], MN[4];
+        for (int r = 0; r < 4; r++) {
+            x[r] = (const blk_q4_K *)rows[r] + i;
+            if (pf) _mm_prefetch((const char *)x[r] + pf, _MM_HINT_T0), _mm_prefetch((const char *)x[r] + pf + 64, _MM_HINT_T0);
+            q4k_scales_256(x[r], &dsc[r], &dmn[r]);
+        }
+        rows4_transpose(dsc, SC);
+        rows4_transpose(dmn, MN);
+        for (int c = 0; c < 4; c++) {
+            __m256i xq[4];
+            for (int r = 0; r < 4; r++) xq[r] = _mm256_loadu_si256((const __m256i *)(x[r]->qs + 32 * c));
+            for (int e = 0; e < 2; e++) {
+                const int j = 2 * c + e;
+                const size_t b = 8 * (size_t)i + j;
+                __m256i U[4];
+                for (int r = 0; r < 4; r++) U[r] = _mm256_and_si256(e ? _mm256_srli_epi16(xq[r], 4) : xq[r], m0f);
+                const __m256i P = rows4_pack(U, _mm256_loadu_si256((const __m256i *)(tv->qs + 32 * b)));
+                const __m256 wd = rows4_pair(SC, j, j);
+                acc[e] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(P), _mm256_mul_ps(wd, _mm256_set1_ps(tv->td4[8 * b])), acc[e]);
+            }
+            const __m256 M = rows4_pair(MN, 2 * c, 2 * c + 1);
+            const __m256 ds = _mm256_permutevar8x32_ps(_mm256_loadu_ps(tv->ds4 + 4 * (8 * (size_t)i + 2 * c)), tok0);
+            accM = _mm256_fmadd_ps(M, ds, accM);
+        }
+    }
+    rows4_finish(acc[0], acc[1], accM, 1, res);
+}
+
+A256 static void r256_q4_K(const uint8_t *W, size_t rb, int r0, int r1, int n, const tile *tv, float *out, int ldo, int k0) {
+    krows_256(k256_q4_K, q4k_rows4_256, W, rb, r0, r1, n, tv, out, ldo, k0);
+}
+
+/* --- Prefill (see pf8.c) ---------------------------------------------------------------------- */
+
+A256 AINL void pf8_unpack_q4k(const uint8_t *row, int nb, uint8_t *ur) {
+    const __m256i m0f = _mm256_set1_epi8(0x0F);
+    for (int i = 0; i < nb / 8; i++) {
+        const blk_q4_K *x = (const blk_q4_K *)row + i;
+        __m256 dsc, dmn;
+        q4k_scales_256(x, &dsc, &dmn);
+        float sc[8], mn[8];
+        _mm256_storeu_ps(sc, dsc);
+        _mm256_storeu_ps(mn, dmn);
+        for (int c = 0; c < 4; c++) {
+            __m256i xq = _mm256_loadu_si256((const __m256i *)(x->qs + 32 * c));
+            for (int e = 0; e < 2; e++) {
+                const int j = 2 * c + e, b = 8 * i + j;
+                _mm256_storeu_si256((__m256i *)(ur + 32 * (size_t)b), _mm256_and_si256(e ? _mm256_srli_epi16(xq, 4) : xq, m0f));
+                pf8_store_scales(ur, nb, b, sc[j], sc[j], mn[j]);
+            }
+        }
+    }
+}
+
+/* --- R16 (see r16.c) -------------------------------------------------------------------------- */
+
+/* Block b (j within its unit u) of a Q4_K group: the v16 U vectors W[4h + g], the half scales
+ * and the mins (see r16_block). */
+A512 AINL void r16_block_q4k(const r16_ptrs *p, const uint8_t *u, size_t j, __m512i *W, __m512 *wd0, __m512 *wd1,
+                             __m512 *mn) {
+    r16_nib_512(p, u, j, W);
+    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(u + p->kd)));
+    const __m512 dm = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(u + p->kdm)));
+    const __m512 sc = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(u + p->ksc + 16 * j))));
+    const __m512 m = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(u + p->kmn + 16 * j))));
+    *wd0 = *wd1 = _mm512_mul_ps(sc, d);   /* as q4k_scales_256: float(sc) * d, float(m) * -dmin */
+    *mn = _mm512_mul_ps(m, _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(dm), _mm512_set1_epi32((int)0x80000000))));
+}
+
+/* The same for rows 8q..8q+7, AVX2 (see r16_block_256). */
+A256 AINL void r16_block_q4k_256(const r16_ptrs *p, const uint8_t *u, size_t j, const int q, __m256i *W, __m256 *wd0,
+                                 __m256 *wd1, __m256 *mn) {
+    r16_nib_256(p, u, j, 32 * (size_t)q, W);
+    const size_t o16 = 16 * (size_t)q, o8 = 8 * (size_t)q;
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(u + p->kd + o16)));
+    const __m256 dm = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(u + p->kdm + o16)));
+    const __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(u + p->ksc + 16 * j + o8))));
+    const __m256 m = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(u + p->kmn + 16 * j + o8))));
+    *wd0 = *wd1 = _mm256_mul_ps(sc, d);
+    *mn = _mm256_mul_ps(m, _mm256_xor_ps(dm, _mm256_set1_ps(-0.0f)));
+}
+
+#endif /* x86 */

@@ -1,0 +1,434 @@
+/* Part of quants.c's single translation unit (#included there, in a fixed order; not compiled
+ * alone). The R16 drivers, generic over the types (layout: r16_layout.c; each type's
+ * unit, repacking and block loaders: its file): group addressing and repacking, and on x86 the
+ * AVX-512 and AVX2 kernels on repacked groups, the R16_GROUPS / R16_GROUPS_256 kernels of the
+ * KERNELS table. */
+
+/* Where things are in a group of type t: the type's unit (r16_layout_*). */
+static r16_ptrs r16_group_ptrs(int t, const uint8_t *g, int nb) {
+    r16_ptrs p;
+    memset(&p, 0, sizeof(p));
+    (void)nb;
+    p.g = g;
+    p.bpu = 1;
+    switch (t) {
+    case RQ_Q4_K: r16_layout_q4k(&p); break;
+    case RQ_Q6_K: r16_layout_q6k(&p); break;
+    default: r16_layout_legacy(t, &p); break;
+    }
+    return p;
+}
+
+static size_t r16_group_bytes_t(int t, int nb) {
+    const r16_ptrs p = r16_group_ptrs(t, NULL, nb);
+    return p.ub * (size_t)(nb / p.bpu);
+}
+
+/* --- repacking (scalar: runs once per model file, bound by reading the file) --- */
+
+/* Row r (0..15) of a group: its blocks' bits and scales into the group's units. */
+static void r16_repack_row(int t, const uint8_t *row, int nb, const r16_ptrs *p, int r) {
+    if (t == RQ_Q4_0 || t == RQ_Q4_1 || t == RQ_Q5_0 || t == RQ_Q5_1) r16_repack_row_legacy(t, row, nb, p, r);
+    else if (t == RQ_Q8_0) r16_repack_row_q8_0(row, nb, p, r);
+    else if (t == RQ_Q4_K) r16_repack_row_q4k(row, nb, p, r);
+    else if (t == RQ_Q6_K) r16_repack_row_q6k(row, nb, p, r);
+}
+static size_t r16_bytes(int t, int rows, int cols) {
+    return r16_group_bytes_t(t, cols / QK) * (size_t)((rows + 15) / 16);
+}
+
+/* Groups [g0, g1) of W into R (the whole repacked matrix); rows past the end are zero. */
+static void r16_repack_groups(int t, const uint8_t *W, int rows, int cols, uint8_t *R, int g0, int g1) {
+    const int nb = cols / QK;
+    const size_t rb = rq_row_bytes(t, cols), gbytes = r16_group_bytes_t(t, nb);
+    for (int g = g0; g < g1; g++) {
+        uint8_t *dst = R + gbytes * (size_t)g;
+        memset(dst, 0, gbytes);
+        const r16_ptrs p = r16_group_ptrs(t, dst, nb);
+        for (int r = 0; r < 16 && 16 * g + r < rows; r++) r16_repack_row(t, W + rb * (size_t)(16 * g + r), nb, &p, r);
+    }
+}
+
+#ifdef RQ_HAVE_X86
+
+/* ---- R16 kernels (AVX-512) ---- */
+
+/* Block b of a group in registers: W[4h + g] (the v16 U vectors), the half scales and the mins. */
+A512 AINL void r16_block(const int t, const r16_ptrs *p, size_t b, __m512i *W, __m512 *wd0, __m512 *wd1, __m512 *mn) {
+    const uint8_t *u = r16_unit(p, b);
+    const size_t j = r16_j(p, b);
+    if (t == RQ_Q4_K) r16_block_q4k(p, u, j, W, wd0, wd1, mn);
+    else if (t == RQ_Q6_K) r16_block_q6k(p, u, j, W, wd0, wd1, mn);
+    else r16_block_legacy(t, p, u, j, W, wd0, wd1, mn);
+}
+
+/* A group expanded into the v16 layout (for calls with many tokens: expanded once, then every
+ * token tile runs v16_tile on it). */
+A512 static void r16_expand(const int t, const uint8_t *g, int nb, uint8_t *grp) {
+    const r16_ptrs p = r16_group_ptrs(t, g, nb);
+    __m512i *U = (__m512i *)grp;
+    float *WD = (float *)(grp + 512 * (size_t)nb), *M = WD + 32 * (size_t)nb;
+    for (int b = 0; b < nb; b++) {
+        __m512i W[8];
+        __m512 wd0, wd1, mn;
+        r16_block(t, &p, (size_t)b, W, &wd0, &wd1, &mn);
+        for (int j = 0; j < 8; j++) _mm512_storeu_si512(U + 8 * (size_t)b + j, W[j]);
+        _mm512_storeu_ps(WD + 32 * (size_t)b, wd0);
+        _mm512_storeu_ps(WD + 32 * (size_t)b + 16, wd1);
+        _mm512_storeu_ps(M + 16 * (size_t)b, mn);
+    }
+}
+
+#ifndef R16_PF_AHEAD
+#define R16_PF_AHEAD 6144
+#endif
+/* Block b of a repacked group against T tokens (from token k0 of the tile), straight from the
+ * packed data, into acc[k][h] and accM[k]: v16_pass's steps for one block. */
+A512 AINL void r16_block_acc(const int t, const r16_ptrs *p, size_t b, const int T, const uint8_t *tile, int k0,
+                             __m512 (*acc)[2], __m512 *accM) {
+    const int offs = type_offset(t) != 0, mins = type_has_min(t);
+    const uint8_t *tb = tile + b * V16_TILE_BLOCK_BYTES;
+    const int32_t *nq = (const int32_t *)(tb + 256);
+    const float *d = (const float *)(tb + 320), *ds = (const float *)(tb + 352);
+    __m512i W[8];
+    __m512 wd0, wd1, mn;
+    r16_block(t, p, b, W, &wd0, &wd1, &mn);
+    for (int h = 0; h < 2; h++)
+        for (int k = 0; k < T; k++) {
+            const uint8_t *qd = tb + 32 * (k0 + k) + 16 * h;
+            __m512i P = offs ? _mm512_set1_epi32(nq[8 * h + k0 + k]) : _mm512_setzero_si512();
+            P = _mm512_dpbusd_epi32(P, W[4 * h], _mm512_set1_epi32((int)load_u32(qd)));
+            P = _mm512_dpbusd_epi32(P, W[4 * h + 1], _mm512_set1_epi32((int)load_u32(qd + 4)));
+            P = _mm512_dpbusd_epi32(P, W[4 * h + 2], _mm512_set1_epi32((int)load_u32(qd + 8)));
+            P = _mm512_dpbusd_epi32(P, W[4 * h + 3], _mm512_set1_epi32((int)load_u32(qd + 12)));
+            const __m512 s = _mm512_mul_ps(h ? wd1 : wd0, _mm512_set1_ps(d[k0 + k]));
+            acc[k][h] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(P), s, acc[k][h]);
+        }
+    if (mins)
+        for (int k = 0; k < T; k++) accM[k] = _mm512_fmadd_ps(mn, _mm512_set1_ps(ds[k0 + k]), accM[k]);
+}
+
+/* Blocks par, par + 2, ... (par = -1: every block, even ones into aE/mE, odd ones into aO/mO,
+ * so the data is read once: decode-sized T keeps all accumulators in registers). */
+A512 AINL void r16_pass(const int t, const r16_ptrs *p, int nb, const int T, const uint8_t *tile, int k0,
+                        const int par, __m512 (*aE)[2], __m512 *mE, __m512 (*aO)[2], __m512 *mO) {
+    if (par < 0) {
+        int b = 0;
+        for (; b + 1 < nb; b += 2) {
+            if (r16_j(p, (size_t)b) == 0) {   /* decode streams from DRAM: ask for a unit further on early */
+                const char *ahead = (const char *)r16_unit(p, (size_t)b) + R16_PF_AHEAD;
+                for (size_t o = 0; o < p->ub; o += 64) _mm_prefetch(ahead + o, _MM_HINT_T0);
+            }
+            r16_block_acc(t, p, (size_t)b, T, tile, k0, aE, mE);
+            r16_block_acc(t, p, (size_t)b + 1, T, tile, k0, aO, mO);
+        }
+        if (b < nb) r16_block_acc(t, p, (size_t)b, T, tile, k0, aE, mE);
+        return;
+    }
+    for (int b = par; b < nb; b += 2) r16_block_acc(t, p, (size_t)b, T, tile, k0, par ? aO : aE, par ? mO : mE);
+}
+
+#define R16_TMAX 4
+A512 AINL void r16_tile(const int t, const r16_ptrs *p, int nb, const int T, const uint8_t *tile, int k0, float *out,
+                        int ldo, int nr) {
+    __m512 aE[R16_TMAX][2], aO[R16_TMAX][2], mE[R16_TMAX], mO[R16_TMAX];
+    for (int k = 0; k < T; k++) aE[k][0] = aE[k][1] = aO[k][0] = aO[k][1] = mE[k] = mO[k] = _mm512_setzero_ps();
+    if (T <= 2) {
+        r16_pass(t, p, nb, T, tile, k0, -1, aE, mE, aO, mO);
+    } else {   /* one parity at a time: half the accumulators live */
+        r16_pass(t, p, nb, T, tile, k0, 0, aE, mE, aO, mO);
+        r16_pass(t, p, nb, T, tile, k0, 1, aE, mE, aO, mO);
+    }
+    const __mmask16 keep = nr >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << nr) - 1);
+    for (int k = 0; k < T; k++) {
+        __m512 r = _mm512_add_ps(_mm512_add_ps(aE[k][0], aO[k][0]), _mm512_add_ps(aE[k][1], aO[k][1]));
+        if (type_has_min(t)) {
+            __m512 mo = mO[k];
+            if (nb & 1) mo = _mm512_add_ps(mo, _mm512_setzero_ps());   /* the slot kernels' padded fma(0, 0, .) */
+            r = _mm512_add_ps(r, _mm512_add_ps(mE[k], mo));
+        }
+        _mm512_mask_storeu_ps(out + (size_t)k * ldo, keep, r);
+    }
+}
+
+#define R16_TILE_T(t, p, nb, tile, k0, out, ldo, nr, T) r16_tile(t, p, nb, T, tile, k0, out, ldo, nr)
+
+/* Tokens at or above this take the expand-then-v16 route. */
+#define R16_EXPAND_MIN_TOK 12
+
+/* Groups [g0, g1) of a repacked matrix (rows rows) against all token tiles. Many tokens: up to
+ * gmax groups at a time are expanded into grp (gmax v16 group buffers) and every tile runs over
+ * them; few tokens: straight from the packed data. */
+A512 AINL void r16_groups(const int t, const uint8_t *R, int rows, int g0, int g1, int nb, int ntok,
+                          const v16_toks *tk, float *out, int ldo, uint8_t *grp, int gmax) {
+    const size_t gbytes = r16_group_bytes_t(t, nb), vb = (v16_group_bytes(nb) + 63) & ~(size_t)63;
+    if (ntok >= R16_EXPAND_MIN_TOK) {
+        for (int c0 = g0; c0 < g1; c0 += gmax) {
+            const int c1 = c0 + gmax < g1 ? c0 + gmax : g1;
+            for (int g = c0; g < c1; g++) r16_expand(t, R + gbytes * (size_t)g, nb, grp + vb * (size_t)(g - c0));
+            for (int i = 0; i < tk->ntiles; i++) {
+                const int k0 = 8 * i, T = ntok - k0 < 8 ? ntok - k0 : 8;
+                const uint8_t *tile = tk->mem + (size_t)i * nb * V16_TILE_BLOCK_BYTES;
+                for (int g = c0; g < c1; g++) {
+                    const int r0 = 16 * g, nr = rows - r0 < 16 ? rows - r0 : 16;
+                    DISPATCH_T8(V16_TILE_T, t, grp + vb * (size_t)(g - c0), nb, tile, out + (size_t)k0 * ldo + r0, ldo, nr);
+                }
+            }
+        }
+        return;
+    }
+    for (int g = g0; g < g1; g++) {
+        const r16_ptrs p = r16_group_ptrs(t, R + gbytes * (size_t)g, nb);
+        const int r0 = 16 * g, nr = rows - r0 < 16 ? rows - r0 : 16;
+        for (int i = 0; i < tk->ntiles; i++) {
+            const uint8_t *tile = tk->mem + (size_t)i * nb * V16_TILE_BLOCK_BYTES;
+            for (int k0 = 0; k0 < 8 && 8 * i + k0 < ntok; k0 += R16_TMAX) {
+                const int left = ntok - 8 * i - k0, T = left < R16_TMAX ? left : R16_TMAX;
+                DISPATCH_T4(R16_TILE_T, t, &p, nb, tile, k0, out + (size_t)(8 * i + k0) * ldo + r0, ldo, nr);
+            }
+        }
+    }
+}
+
+#define R16_GROUPS(suffix, t)                                                                                   \
+    A512 static void r16g_##suffix(const uint8_t *R, int rows, int g0, int g1, int nb, int ntok, const v16_toks *tk, \
+                                   float *out, int ldo, uint8_t *grp, int gmax) {                               \
+        r16_groups(t, R, rows, g0, g1, nb, ntok, tk, out, ldo, grp, gmax);                                      \
+    }
+R16_GROUPS(q4_0, RQ_Q4_0)
+R16_GROUPS(q4_1, RQ_Q4_1)
+R16_GROUPS(q5_0, RQ_Q5_0)
+R16_GROUPS(q5_1, RQ_Q5_1)
+R16_GROUPS(q8_0, RQ_Q8_0)
+R16_GROUPS(q4_K, RQ_Q4_K)
+R16_GROUPS(q6_K, RQ_Q6_K)
+
+typedef void (*r16_groups_fn)(const uint8_t *R, int rows, int g0, int g1, int nb, int ntok, const v16_toks *tk,
+                              float *out, int ldo, uint8_t *grp, int gmax);
+
+/* ---- R16 on AVX2: the same layout and float sequence, 8 rows per vector (the low or high 32
+ * bytes of each 64-byte entry: rows 0-7 or 8-15 of the group), vpmaddubsw + vpmaddwd for the
+ * exact integer sums (as the AVX2 prefill kernels: 4-bit and 5-bit values add up in int16, Q6_K
+ * in pairs, Q8_0 through the sign trick on its signed values). ---- */
+
+/* Block b of a group, rows 8q..8q+7: the v16 U vectors, half scales and mins. */
+A256 AINL void r16_block_256(const int t, const r16_ptrs *p, size_t b, const int q, __m256i *W, __m256 *wd0,
+                             __m256 *wd1, __m256 *mn) {
+    const uint8_t *u = r16_unit(p, b);
+    const size_t j = r16_j(p, b);
+    if (t == RQ_Q4_K) r16_block_q4k_256(p, u, j, q, W, wd0, wd1, mn);
+    else if (t == RQ_Q6_K) r16_block_q6k_256(p, u, j, q, W, wd0, wd1, mn);
+    else r16_block_legacy_256(t, p, u, j, q, W, wd0, wd1, mn);
+}
+
+/* Exact sum over the 16 elements of a half: 8 rows' U (Wh[0..3]: groups g) times one token's
+ * activations qd (16 bytes). Q8_0 returns the offset-free sum directly. */
+A256 AINL __m256i r16_dot_256(const int t, const __m256i *Wh, const uint8_t *qd) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    if (t == RQ_Q8_0) return r16_dot_q8_0_256(Wh, qd);
+    const __m256i p0 = _mm256_maddubs_epi16(Wh[0], _mm256_set1_epi32((int)load_u32(qd)));
+    const __m256i p1 = _mm256_maddubs_epi16(Wh[1], _mm256_set1_epi32((int)load_u32(qd + 4)));
+    const __m256i p2 = _mm256_maddubs_epi16(Wh[2], _mm256_set1_epi32((int)load_u32(qd + 8)));
+    const __m256i p3 = _mm256_maddubs_epi16(Wh[3], _mm256_set1_epi32((int)load_u32(qd + 12)));
+    if (t == RQ_Q6_K)   /* U <= 63: only pairs of vpmaddubsw sums fit in int16 */
+        return _mm256_add_epi32(_mm256_madd_epi16(_mm256_add_epi16(p0, p1), ones), _mm256_madd_epi16(_mm256_add_epi16(p2, p3), ones));
+    return _mm256_madd_epi16(_mm256_add_epi16(_mm256_add_epi16(p0, p1), _mm256_add_epi16(p2, p3)), ones);
+}
+
+/* One block's contribution for T tokens (from k0): v16_pass's steps, 8 rows. */
+A256 AINL void r16_acc_256(const int t, const __m256i *W, __m256 wd0, __m256 wd1, __m256 mn, const uint8_t *tb,
+                           const int T, int k0, __m256 (*acc)[2], __m256 *accM) {
+    const int offs = type_offset(t) != 0 && t != RQ_Q8_0, mins = type_has_min(t);
+    const int32_t *nq = (const int32_t *)(tb + 256);
+    const float *d = (const float *)(tb + 320), *ds = (const float *)(tb + 352);
+    for (int h = 0; h < 2; h++)
+        for (int k = 0; k < T; k++) {
+            __m256i P = r16_dot_256(t, W + 4 * h, tb + 32 * (k0 + k) + 16 * h);
+            if (offs) P = _mm256_add_epi32(P, _mm256_set1_epi32(nq[8 * h + k0 + k]));
+            const __m256 s = _mm256_mul_ps(h ? wd1 : wd0, _mm256_set1_ps(d[k0 + k]));
+            acc[k][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(P), s, acc[k][h]);
+        }
+    if (mins)
+        for (int k = 0; k < T; k++) accM[k] = _mm256_fmadd_ps(mn, _mm256_set1_ps(ds[k0 + k]), accM[k]);
+}
+
+A256 AINL void r16_store_256(const int t, int nb, const int T, __m256 (*aE)[2], __m256 (*aO)[2], __m256 *mE,
+                             __m256 *mO, float *out, int ldo, int nr) {
+    _Alignas(32) float tmp[8];
+    for (int k = 0; k < T; k++) {
+        __m256 r = _mm256_add_ps(_mm256_add_ps(aE[k][0], aO[k][0]), _mm256_add_ps(aE[k][1], aO[k][1]));
+        if (type_has_min(t)) {
+            __m256 mo = mO[k];
+            if (nb & 1) mo = _mm256_add_ps(mo, _mm256_setzero_ps());   /* the slot kernels' padded fma(0, 0, .) */
+            r = _mm256_add_ps(r, _mm256_add_ps(mE[k], mo));
+        }
+        if (nr >= 8) {
+            _mm256_storeu_ps(out + (size_t)k * ldo, r);
+        } else {
+            _mm256_store_ps(tmp, r);
+            for (int i = 0; i < nr; i++) out[(size_t)k * ldo + i] = tmp[i];
+        }
+    }
+}
+
+/* Rows 8q.. of a packed group against T <= 2 tokens, every block read once (decode). */
+A256 AINL void r16_half_256(const int t, const r16_ptrs *p, int nb, const int T, const uint8_t *tile, int k0,
+                            const int q, float *out, int ldo, int nr) {
+    __m256 aE[2][2], aO[2][2], mE[2], mO[2];
+    for (int k = 0; k < T; k++) aE[k][0] = aE[k][1] = aO[k][0] = aO[k][1] = mE[k] = mO[k] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        if (q == 0 && r16_j(p, (size_t)b) == 0) {   /* see r16_pass */
+            const char *ahead = (const char *)r16_unit(p, (size_t)b) + R16_PF_AHEAD;
+            for (size_t o = 0; o < p->ub; o += 64) _mm_prefetch(ahead + o, _MM_HINT_T0);
+        }
+        __m256i W[8];
+        __m256 wd0, wd1, mn;
+        r16_block_256(t, p, (size_t)b, q, W, &wd0, &wd1, &mn);
+        r16_acc_256(t, W, wd0, wd1, mn, tile + (size_t)b * V16_TILE_BLOCK_BYTES, T, k0, (b & 1) ? aO : aE, (b & 1) ? mO : mE);
+    }
+    r16_store_256(t, nb, T, aE, aO, mE, mO, out, ldo, nr);
+}
+
+/* A packed group expanded into the v16 layout (prefill), with AVX2. */
+A256 static void r16_expand_256(const int t, const uint8_t *g, int nb, uint8_t *grp) {
+    const r16_ptrs p = r16_group_ptrs(t, g, nb);
+    uint8_t *U = grp;
+    float *WD = (float *)(grp + 512 * (size_t)nb), *M = WD + 32 * (size_t)nb;
+    for (int b = 0; b < nb; b++)
+        for (int q = 0; q < 2; q++) {
+            __m256i W[8];
+            __m256 wd0, wd1, mn;
+            r16_block_256(t, &p, (size_t)b, q, W, &wd0, &wd1, &mn);
+            for (int j = 0; j < 8; j++) _mm256_storeu_si256((__m256i *)(U + 512 * (size_t)b + 64 * j + 32 * q), W[j]);
+            _mm256_storeu_ps(WD + 32 * (size_t)b + 8 * q, wd0);
+            _mm256_storeu_ps(WD + 32 * (size_t)b + 16 + 8 * q, wd1);
+            _mm256_storeu_ps(M + 16 * (size_t)b + 8 * q, mn);
+        }
+}
+
+/* Rows 8q.. of an expanded (v16) group against T <= 4 tokens (from k0), parity by parity. */
+A256 AINL void v8_tile_256(const int t, const uint8_t *grp, int nb, const int T, const uint8_t *tile, int k0,
+                           const int q, float *out, int ldo, int nr) {
+    const uint8_t *U = grp;
+    const float *WD = (const float *)(grp + 512 * (size_t)nb), *M = WD + 32 * (size_t)nb;
+    __m256 a[2][4][2], m[2][4];
+    for (int par = 0; par < 2; par++) {
+        __m256 acc[4][2], accM[4];
+        for (int k = 0; k < T; k++) acc[k][0] = acc[k][1] = accM[k] = _mm256_setzero_ps();
+        for (int b = par; b < nb; b += 2) {
+            __m256i W[8];
+            for (int j = 0; j < 8; j++) W[j] = _mm256_loadu_si256((const __m256i *)(U + 512 * (size_t)b + 64 * j + 32 * q));
+            const __m256 wd0 = _mm256_loadu_ps(WD + 32 * (size_t)b + 8 * q);
+            const __m256 wd1 = t == RQ_Q6_K ? _mm256_loadu_ps(WD + 32 * (size_t)b + 16 + 8 * q) : wd0;   /* one scale product per block */
+            const __m256 mn = _mm256_loadu_ps(M + 16 * (size_t)b + 8 * q);
+            r16_acc_256(t, W, wd0, wd1, mn, tile + (size_t)b * V16_TILE_BLOCK_BYTES, T, k0, acc, accM);
+        }
+        for (int k = 0; k < T; k++) { a[par][k][0] = acc[k][0]; a[par][k][1] = acc[k][1]; m[par][k] = accM[k]; }
+    }
+    r16_store_256(t, nb, T, a[0], a[1], m[0], m[1], out, ldo, nr);
+}
+
+/* A packed group back into 16 rows of the AVX2 prefill kernels' unpacked form (pf8_unpack_*'s
+ * output: U bytes, half scales, mins), for prefill on AVX2: pf8_rows_256 multiplies them faster
+ * than v8 tiles (fewer multiply-pipe operations per MAC), with the same float sequence. */
+A256 static void r16_to_pf8_rows_256(const int t, const uint8_t *g, int nb, uint8_t *rows) {
+    const r16_ptrs p = r16_group_ptrs(t, g, nb);
+    const size_t us = pf8_urow_bytes(nb);
+    _Alignas(32) float w0[8], w1[8], m[8];
+    for (int b = 0; b < nb; b++)
+        for (int q = 0; q < 2; q++) {
+            __m256i W[8];
+            __m256 wd0, wd1, mn;
+            r16_block_256(t, &p, (size_t)b, q, W, &wd0, &wd1, &mn);
+            /* 8 x 8 dword transpose: row r gets W[0..7] lane r, its block's 32 values in order */
+            const __m256i t0 = _mm256_unpacklo_epi32(W[0], W[1]), t1 = _mm256_unpackhi_epi32(W[0], W[1]);
+            const __m256i t2 = _mm256_unpacklo_epi32(W[2], W[3]), t3 = _mm256_unpackhi_epi32(W[2], W[3]);
+            const __m256i t4 = _mm256_unpacklo_epi32(W[4], W[5]), t5 = _mm256_unpackhi_epi32(W[4], W[5]);
+            const __m256i t6 = _mm256_unpacklo_epi32(W[6], W[7]), t7 = _mm256_unpackhi_epi32(W[6], W[7]);
+            const __m256i u0 = _mm256_unpacklo_epi64(t0, t2), u1 = _mm256_unpackhi_epi64(t0, t2);
+            const __m256i u2 = _mm256_unpacklo_epi64(t1, t3), u3 = _mm256_unpackhi_epi64(t1, t3);
+            const __m256i u4 = _mm256_unpacklo_epi64(t4, t6), u5 = _mm256_unpackhi_epi64(t4, t6);
+            const __m256i u6 = _mm256_unpacklo_epi64(t5, t7), u7 = _mm256_unpackhi_epi64(t5, t7);
+            const __m256i r[8] = {_mm256_permute2x128_si256(u0, u4, 0x20), _mm256_permute2x128_si256(u1, u5, 0x20),
+                                  _mm256_permute2x128_si256(u2, u6, 0x20), _mm256_permute2x128_si256(u3, u7, 0x20),
+                                  _mm256_permute2x128_si256(u0, u4, 0x31), _mm256_permute2x128_si256(u1, u5, 0x31),
+                                  _mm256_permute2x128_si256(u2, u6, 0x31), _mm256_permute2x128_si256(u3, u7, 0x31)};
+            _mm256_store_ps(w0, wd0);
+            _mm256_store_ps(w1, wd1);
+            _mm256_store_ps(m, mn);
+            for (int i = 0; i < 8; i++) {
+                uint8_t *ur = rows + (size_t)(8 * q + i) * us;
+                _mm256_storeu_si256((__m256i *)(ur + 32 * (size_t)b), r[i]);
+                pf8_store_scales(ur, nb, b, w0[i], w1[i], m[i]);
+            }
+        }
+}
+
+#define R16_HALF_T(t, p, nb, tile, k0, q, out, ldo, nr, T) r16_half_256(t, p, nb, T, tile, k0, q, out, ldo, nr)
+#define V8_TILE_T(t, grp, nb, tile, k0, q, out, ldo, nr, T) v8_tile_256(t, grp, nb, T, tile, k0, q, out, ldo, nr)
+#define DISPATCH_T2(IMPL, ...)                                  \
+    do {                                                        \
+        if (T == 1) IMPL(__VA_ARGS__, 1);                       \
+        else IMPL(__VA_ARGS__, 2);                              \
+    } while (0)
+
+/* r16_groups for AVX2 (same arguments and routes). */
+A256 AINL void r16_groups_256(const int t, const uint8_t *R, int rows, int g0, int g1, int nb, int ntok,
+                              const v16_toks *tk, float *out, int ldo, uint8_t *grp, int gmax) {
+    const size_t gbytes = r16_group_bytes_t(t, nb), vb = (v16_group_bytes(nb) + 63) & ~(size_t)63;
+    if (ntok >= R16_EXPAND_MIN_TOK && tk->pf8) {
+        const size_t us = pf8_urow_bytes(nb);
+        for (int c0 = g0; c0 < g1; c0 += gmax) {
+            const int c1 = c0 + gmax < g1 ? c0 + gmax : g1, r1 = 16 * c1 < rows ? 16 * c1 : rows;
+            for (int g = c0; g < c1; g++) r16_to_pf8_rows_256(t, R + gbytes * (size_t)g, nb, grp + 16 * us * (size_t)(g - c0));
+            for (int i = 0; i < tk->ntiles; i++) pf8_rows_256(t, grp, 16 * c0, r1, nb, &tk->pf8[i], out, ldo, 8 * i);
+        }
+        return;
+    }
+    if (ntok >= R16_EXPAND_MIN_TOK) {
+        for (int c0 = g0; c0 < g1; c0 += gmax) {
+            const int c1 = c0 + gmax < g1 ? c0 + gmax : g1;
+            for (int g = c0; g < c1; g++) r16_expand_256(t, R + gbytes * (size_t)g, nb, grp + vb * (size_t)(g - c0));
+            for (int i = 0; i < tk->ntiles; i++) {
+                const uint8_t *tile = tk->mem + (size_t)i * nb * V16_TILE_BLOCK_BYTES;
+                for (int g = c0; g < c1; g++) {
+                    const int r0 = 16 * g, nr = rows - r0 < 16 ? rows - r0 : 16;
+                    for (int k0 = 0; k0 < 8 && 8 * i + k0 < ntok; k0 += 4) {
+                        const int left = ntok - 8 * i - k0, T = left < 4 ? left : 4;
+                        for (int q = 0; q < 2 && 8 * q < nr; q++)
+                            DISPATCH_T4(V8_TILE_T, t, grp + vb * (size_t)(g - c0), nb, tile, k0, q,
+                                        out + (size_t)(8 * i + k0) * ldo + r0 + 8 * q, ldo, nr - 8 * q);
+                    }
+                }
+            }
+        }
+        return;
+    }
+    for (int g = g0; g < g1; g++) {
+        const r16_ptrs p = r16_group_ptrs(t, R + gbytes * (size_t)g, nb);
+        const int r0 = 16 * g, nr = rows - r0 < 16 ? rows - r0 : 16;
+        for (int i = 0; i < tk->ntiles; i++) {
+            const uint8_t *tile = tk->mem + (size_t)i * nb * V16_TILE_BLOCK_BYTES;
+            for (int k0 = 0; k0 < 8 && 8 * i + k0 < ntok; k0 += 2) {
+                const int left = ntok - 8 * i - k0, T = left < 2 ? left : 2;
+                for (int q = 0; q < 2 && 8 * q < nr; q++)
+                    DISPATCH_T2(R16_HALF_T, t, &p, nb, tile, k0, q, out + (size_t)(8 * i + k0) * ldo + r0 + 8 * q, ldo, nr - 8 * q);
+            }
+        }
+    }
+}
+
+#define R16_GROUPS_256(suffix, t)                                                                               \
+    A256 static void r16g256_##suffix(const uint8_t *R, int rows, int g0, int g1, int nb, int ntok,               \
+                                      const v16_toks *tk, float *out, int ldo, uint8_t *grp, int gmax) {        \
+        r16_groups_256(t, R, rows, g0, g1, nb, ntok, tk, out, ldo, grp, gmax);                                  \
+    }
+R16_GROUPS_256(q4_0, RQ_Q4_0)
+R16_GROUPS_256(q4_1, RQ_Q4_1)
+R16_GROUPS_256(q5_0, RQ_Q5_0)
+R16_GROUPS_256(q5_1, RQ_Q5_1)
+R16_GROUPS_256(q8_0, RQ_Q8_0)
+R16_GROUPS_256(q4_K, RQ_Q4_K)
+R16_GROUPS_256(q6_K, RQ_Q6_K)
+
+#endif /* x86 */
