@@ -30,7 +30,7 @@ A256 AINL float hsum_256(__m256 v) {
     return _mm_cvtss_f32(s);
 }
 
-#define NPAR256(T) 2  /* see NPAR512 */
+#define NPAR256(T) 2  /* accumulators per token: even and odd blocks (two FMA chains) */
 #define ACC_DECL_256(T)                                                        \
     __m256 acc[2][TMAX2];                                                      \
     for (int t_ = 0; t_ < (T); t_++) acc[0][t_] = acc[1][t_] = _mm256_setzero_ps();
