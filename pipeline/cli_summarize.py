@@ -12,6 +12,8 @@ from pipeline.summarize import (
     DEFAULT_MAX_SUMMARY_TOKENS,
     DEFAULT_OVERLAP_TOKENS,
     DEFAULT_SPECULATIVE,
+    DEFAULT_STYLE,
+    STYLES,
     SummarizeError,
 )
 
@@ -20,8 +22,12 @@ from pipeline.summarize import (
 @click.argument("paths", nargs=-1, required=True)
 @click.option("-o", "--output", type=click.Path(dir_okay=False, allow_dash=True), default="-", show_default=True,
               help="Where to write the summaries ('-' = stdout).")
-@click.option("--format", "fmt", type=click.Choice(["jsonl", "md"]), default="jsonl", show_default=True,
-              help="jsonl: one line per document as it finishes; md: a Markdown report at the end.")
+@click.option("--format", "fmt", type=click.Choice(["jsonl", "md", "html"]), default="jsonl", show_default=True,
+              help="jsonl: one line per document as it finishes; md or html: a report at the end (each "
+                   "document's title, summary and sections, time and tokens, the settings used).")
+@click.option("--style", type=click.Choice(list(STYLES)), default=DEFAULT_STYLE, show_default=True,
+              help="The summaries' form: one paragraph, a bulleted list of facts, numbered key points, or one "
+                   "sentence.")
 @click.option("--model", "-m", default=DEFAULT_MODEL, show_default=True, help="Model name or .gguf path.")
 @click.option("--workers", "-w", type=click.IntRange(1, 64), default=None,
               help="Worker processes to start when running embedded (no REDIS_URL). Default: one per usable "
@@ -52,7 +58,7 @@ from pipeline.summarize import (
 def summarize_command(paths: tuple[str, ...], output: str, fmt: str, model: str, workers: int | None, threads: int | None,
                       template: str | None, kv_budget: str | None, max_summary_tokens: int, overlap_tokens: int,
                       chunk_tokens: int, max_bytes: int, redis_url: str | None, no_repack: bool,
-                      speculative: str) -> None:
+                      speculative: str, style: str) -> None:
     """Summarise text and Markdown files: PATHS are files, folders (recursive) or globs.
 
     Each document is split into chunks that fit the workers' KV budget, each chunk is summarised
@@ -67,7 +73,7 @@ def summarize_command(paths: tuple[str, ...], output: str, fmt: str, model: str,
         report = summarize(list(paths), output=stream, fmt=fmt, model=model, workers=workers, threads=threads,
                            template=template, kv_budget=kv_budget, max_summary_tokens=max_summary_tokens,
                            overlap_tokens=overlap_tokens, chunk_tokens=chunk_tokens, max_bytes=max_bytes, redis_url=redis_url or None,
-                           repack=not no_repack, speculative=speculative)
+                           repack=not no_repack, speculative=speculative, style=style)
     except SummarizeError as e:
         raise click.ClickException(str(e)) from None
     finally:

@@ -27,6 +27,9 @@ from pipeline.summarize import (
     reduce_tree,
     words_for,
 )
+from pipeline.structure import MAX_HEADING_CHARS
+from pipeline.summarize.plan import _filler
+from pipeline.summarize.templates import document_context
 from tests.test_chunking import LONG_DOC, WordPieceTokenizer
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -150,19 +153,19 @@ def test_plan_fits_budget_and_builds_reduce_levels():
     fan_in = reduce_fan_in(meter, t, budget, words)
     assert 2 <= fan_in <= 6
     # The fan-in is the largest that fits with worst-case (max length) summaries.
-    worst = "word " * 200
-    ids = meter.tokenizer.encode(worst)[: budget.max_summary_tokens]
-    worst = meter.tokenizer.decode(ids)
-    spec = t.reduce_spec("m", words)
+    worst = _filler(meter, budget.max_summary_tokens)  # a summary of exactly max_summary_tokens tokens
+    spec = t.reduce_spec("m", words, document_context("x" * MAX_HEADING_CHARS))  # the longest title
     assert meter.count(reduce_messages(spec, [worst] * fan_in)) <= budget.prompt_limit
     assert meter.count(reduce_messages(spec, [worst] * (fan_in + 1))) > budget.prompt_limit
 
     plan = plan_document(0, Document("long.md", LONG_DOC, len(LONG_DOC)), run_id="abc", model="m", meter=meter,
                          templates=t, budget=budget, fan_in=fan_in)
     assert len(plan.chunks) > fan_in  # so the reduce needs more than one level
-    for msgs, n in zip(plan.map_messages, plan.prompt_tokens):
+    for msgs, n, chunk in zip(plan.map_messages, plan.prompt_tokens, plan.chunks):
         assert meter.count(msgs) == n
+        assert n <= chunk.tokens  # sized with the widest section context of the document
         assert n + budget.max_summary_tokens <= budget.capacity
+    assert any("Section: " in m[-1]["content"] for m in plan.map_messages)
     assert plan.levels >= 2
     assert plan.final_id == plan.reduces[-1].job_id
     covered = [i for r in plan.reduces if r.level == 1 for i in r.inputs]
@@ -214,20 +217,97 @@ def test_part_labels_copied_by_the_model_are_removed():
     assert part_label_pattern("[{n}] {summary}").sub("", "[2] Done.") == "Done."
 
 
-def test_markdown_report_lists_failed_and_skipped():
-    recs = [
-        {"path": "a.md", "summary": "A is about a.", "chunks": 1, "reduce_levels": 0, "tokens_in": 120,
-         "tokens_out": 20, "seconds": 1.5},
-        {"path": "b.md", "summary": None, "error": "job x failed: boom", "chunks": 3, "reduce_levels": 1,
-         "tokens_in": 0, "tokens_out": 0, "seconds": 2.0},
+def _report_records():
+    return [
+        {"path": "docs/a.md", "title": "Alpha <plan>", "sections": ["Goals", "Risks & costs"],
+         "summary": "A ships in May.", "chunks": 1, "reduce_levels": 0, "tokens_in": 120, "tokens_out": 20,
+         "seconds": 1.5},
+        {"path": "b.md", "title": "b", "sections": [], "summary": None, "error": "job x failed: boom", "chunks": 3,
+         "reduce_levels": 1, "tokens_in": 0, "tokens_out": 0, "seconds": 2.0},
     ]
-    md = markdown_report(recs, [Skipped("c.bin", "binary (contains NUL bytes)")], model="smollm2-135m",
+
+
+SETTINGS = {"model": "smollm2-135m", "style": "bullets", "max summary tokens": 160}
+
+
+def test_markdown_report_gives_titles_sections_totals_and_settings():
+    md = markdown_report(_report_records(), [Skipped("c.bin", "binary (contains NUL bytes)")], settings=SETTINGS,
                          wall_seconds=3.0)
     assert md.startswith("# Summaries")
-    assert "## a.md\n\nA is about a." in md
+    assert "## Alpha <plan>\n\n`docs/a.md`\n\nA ships in May." in md
+    assert "Sections: Goals · Risks & costs" in md
+    assert "1 chunk · 120 tokens in, 20 out · 1.5 s" in md
+    assert "model: smollm2-135m · style: bullets · max summary tokens: 160" in md
     assert "- `b.md`: job x failed: boom" in md
     assert "- `c.bin`: binary (contains NUL bytes)" in md
-    assert "1 document summarised, 1 failed, 1 skipped" in md
+    assert "1 document summarised, 1 failed, 1 skipped in 3.0 s; 120 tokens in, 20 out." in md
+
+
+def test_html_report_escapes_every_text():
+    from pipeline.summarize import html_report
+    from html.parser import HTMLParser
+
+    page = html_report(_report_records(), [Skipped("<c>.bin", "binary")], settings=SETTINGS, wall_seconds=3.0)
+    assert "<h2>Alpha &lt;plan&gt;</h2>" in page and "Risks &amp; costs" in page
+    assert "<code>&lt;c&gt;.bin</code>: binary" in page and "job x failed: boom" in page
+    assert "<plan>" not in page
+
+    class Tags(HTMLParser):
+        def __init__(self):
+            super().__init__()
+            self.open: list[str] = []
+
+        def handle_starttag(self, tag, attrs):
+            if tag not in ("meta", "br", "!doctype"):
+                self.open.append(tag)
+
+        def handle_endtag(self, tag):
+            assert self.open and self.open[-1] == tag, (tag, self.open)
+            self.open.pop()
+
+    t = Tags()
+    t.feed(page)
+    assert t.open == []  # every element closed, in order
+
+
+def test_styles_fill_the_prompts_and_unknown_ones_are_named():
+    from pipeline.summarize import STYLES, document_context
+
+    for style, sentence in STYLES.items():
+        t = Templates.load(style=style)
+        user = t.map_messages("Body text.", 40, document_context("Alpha", ("Alpha", "Goals", "Q3")))[-1]["content"]
+        assert sentence in user and "{" not in user
+        assert user.index("at most 40 words") < user.index("Document: Alpha\nSection: Goals > Q3\nText:\nBody text.")
+        spec = t.reduce_spec("m", 40, document_context("Alpha"))
+        assert sentence in spec["user"] and "Document: Alpha\n" in spec["user"] and "{text}" in spec["user"]
+    assert len(set(STYLES.values())) == len(STYLES)
+    with pytest.raises(SummarizeError, match="unknown style 'prose'; choose one of: paragraph, bullets"):
+        Templates.load(style="prose")
+
+
+def test_map_prompts_share_the_instructions_as_a_prefix():
+    from pipeline.summarize import document_context
+
+    t = Templates.load()
+    a = t.map_messages("first chunk", 40, document_context("A", ("A", "One")))[-1]["content"]
+    b = t.map_messages("other chunk", 40, document_context("B"))[-1]["content"]
+    shared = a[:a.index("Document:")]
+    assert b.startswith(shared) and "Reply with the summary only." in shared
+    assert document_context("") == "" and document_context("T", ("T",)) == "Document: T\n"
+
+
+def test_a_document_is_titled_by_its_opening_heading_else_its_file_name():
+    from pipeline.structure import outline
+    from pipeline.summarize.plan import document_title
+
+    def title(path, text):
+        return document_title(Document(path, text, len(text)), outline(text))
+
+    assert title("x/notes.md", "# Release plan\n\nWe ship.\n\n## Risks\n\nFew.\n") == "Release plan"
+    assert title("x/notes.md", "We ship in May, as agreed.\n") == "notes"
+    assert title("x/notes.md", "word " * 200 + "\n\n# Late heading\n\nText.\n") == "notes"
+    assert title("LICENSE", "no headings here\n") == "LICENSE"
+    assert title(".profile", "x\n") == ".profile"
 
 
 def test_progress_plain_lines_when_not_a_terminal():
@@ -247,7 +327,6 @@ def test_chunks_stay_within_chunk_tokens_when_the_kv_budget_is_large():
     meter = fake_meter()
     t = Templates.load()
     words = words_for(60)
-    instructions = meter.count(t.map_messages("", words))
     doc = Document("long.md", LONG_DOC, len(LONG_DOC))
     roomy = Budget(capacity=100_000, max_summary_tokens=60, overlap_tokens=16, chunk_tokens=1 << 20)
     whole = plan_document(0, doc, run_id="a", model="m", meter=meter, templates=t, budget=roomy, fan_in=8)
@@ -255,4 +334,5 @@ def test_chunks_stay_within_chunk_tokens_when_the_kv_budget_is_large():
     plan = plan_document(0, doc, run_id="b", model="m", meter=meter, templates=t, budget=capped, fan_in=8)
     assert len(whole.chunks) == 1  # the budget alone would take the document in one prompt
     assert len(plan.chunks) > 2
-    assert all(n <= instructions + 64 for n in plan.prompt_tokens)
+    assert all(n <= meter.count(t.map_messages("", words, document_context(plan.title, c.section_path))) + 64
+               for n, c in zip(plan.prompt_tokens, plan.chunks))

@@ -18,14 +18,14 @@ from pipeline.summarize.follow import DocState, follow
 from pipeline.summarize.plan import (DEFAULT_CHUNK_TOKENS, DEFAULT_MAX_SUMMARY_TOKENS, DEFAULT_OVERLAP_TOKENS, Budget,
                                      DocPlan, PromptMeter, ReduceNode, kv_capacity, plan_document, reduce_fan_in,
                                      reduce_tree, worker_kv_budget)
-from pipeline.summarize.report import Output, Progress, RunReport, markdown_report
+from pipeline.summarize.report import Output, Progress, RunReport, html_report, markdown_report
 from pipeline.summarize.run import DEFAULT_SPECULATIVE, submit_plans, summarize
-from pipeline.summarize.templates import DEFAULT_TEMPLATE, Templates, words_for
+from pipeline.summarize.templates import DEFAULT_STYLE, DEFAULT_TEMPLATE, STYLES, Templates, document_context, words_for
 
 __all__ = [
     "DEFAULT_CHUNK_TOKENS", "DEFAULT_MAX_BYTES", "DEFAULT_MAX_SUMMARY_TOKENS", "DEFAULT_OVERLAP_TOKENS",
-    "DEFAULT_SPECULATIVE", "DEFAULT_TEMPLATE", "Budget", "DocPlan", "DocState", "Document", "Output", "Progress",
+    "DEFAULT_SPECULATIVE", "DEFAULT_STYLE", "DEFAULT_TEMPLATE", "STYLES", "Budget", "DocPlan", "DocState", "Document", "Output", "Progress",
     "PromptMeter", "ReduceNode", "RunReport", "Skipped", "SummarizeError", "Templates", "collect_documents",
-    "follow", "kv_capacity", "markdown_report", "plan_document", "read_document", "reduce_fan_in", "reduce_tree",
+    "document_context", "follow", "html_report", "kv_capacity", "markdown_report", "plan_document", "read_document", "reduce_fan_in", "reduce_tree",
     "submit_plans", "summarize", "words_for", "worker_kv_budget",
 ]

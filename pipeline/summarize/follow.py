@@ -40,6 +40,8 @@ class DocState:
         final = self.results.get(plan.final_id) or {}
         rec: dict[str, Any] = {
             "path": plan.doc.path,
+            "title": plan.title,
+            "sections": list(plan.sections),
             "summary": final.get("summary") if self.error is None else None,
             "chunks": len(plan.chunks),
             "reduce_levels": plan.levels,

@@ -22,7 +22,8 @@ from jobs.summarize_tasks import reduce_messages
 from pipeline.chunking import Chunk, ChunkingError, chunk_text
 from pipeline.summarize.documents import Document
 from pipeline.summarize.errors import SummarizeError
-from pipeline.summarize.templates import Templates, words_for
+from pipeline.structure import MAX_HEADING_CHARS, Heading, outline, section_paths
+from pipeline.summarize.templates import Templates, document_context, words_for
 
 DEFAULT_MAX_SUMMARY_TOKENS = 160
 DEFAULT_OVERLAP_TOKENS = 32
@@ -148,6 +149,8 @@ class DocPlan:
     map_messages: list[list[dict[str, str]]]
     reduces: list[ReduceNode]
     prompt_tokens: list[int]  # per map job, as measured
+    title: str = ""  # the document's title (its first heading, else its file name)
+    sections: tuple[str, ...] = ()  # its outline: the titles of its top two heading levels, in order
 
     @property
     def final_id(self) -> str:
@@ -177,7 +180,7 @@ class Budget:
 
 def reduce_fan_in(meter: PromptMeter, templates: Templates, budget: Budget, words: int) -> int:
     """How many partial summaries (each at most max_summary_tokens) one reduce prompt can hold."""
-    spec = templates.reduce_spec("", words)
+    spec = templates.reduce_spec("", words, document_context("x" * MAX_HEADING_CHARS))  # the longest title
 
     def cost(n: int) -> int:
         # A part costs its label and separator plus up to max_summary_tokens of text; measure with a
@@ -241,12 +244,28 @@ def reduce_tree(n_leaves: int, fan_in: int) -> list[list[list[int]]]:
     return levels
 
 
+MAX_OUTLINE = 40  # sections listed in a report
+
+
+def document_title(doc: Document, headings: list[Heading]) -> str:
+    """The first heading when the document opens with one (under 400 characters of text before it),
+    else the file's name without its folder and extension."""
+    if headings and len(doc.text[:headings[0].start].strip()) < 400:
+        return headings[0].title
+    name = doc.path.replace("\\", "/").rsplit("/", 1)[-1]
+    return name.rsplit(".", 1)[0] if "." in name[1:] else name
+
+
 def plan_document(index: int, doc: Document, *, run_id: str, model: str, meter: PromptMeter, templates: Templates,
                   budget: Budget, fan_in: int) -> DocPlan:
     words = words_for(budget.max_summary_tokens)
+    headings = outline(doc.text)
+    title = document_title(doc, headings)
+    # Chunks are sized with the longest context any of them gets (each gets its own section's).
+    widest = document_context(title, max(section_paths(headings), key=lambda p: len(" > ".join(p)), default=()))
 
     def measure(text: str) -> int:
-        return meter.count(templates.map_messages(text, words))
+        return meter.count(templates.map_messages(text, words, widest))
 
     try:
         limit = min(budget.prompt_limit, measure("") + budget.chunk_tokens)
@@ -265,6 +284,7 @@ def plan_document(index: int, doc: Document, *, run_id: str, model: str, meter: 
             reduces.append(node)
             nxt.append(node.job_id)
         outputs = nxt
-    return DocPlan(index=index, doc=doc, chunks=chunks, map_ids=map_ids,
-                   map_messages=[templates.map_messages(c.text, words) for c in chunks],
-                   reduces=reduces, prompt_tokens=[c.tokens for c in chunks])
+    messages = [templates.map_messages(c.text, words, document_context(title, c.section_path)) for c in chunks]
+    return DocPlan(index=index, doc=doc, chunks=chunks, map_ids=map_ids, map_messages=messages,
+                   reduces=reduces, prompt_tokens=[meter.count(m) for m in messages], title=title,
+                   sections=tuple(h.title for h in headings if h.level <= 2)[:MAX_OUTLINE])

@@ -1,7 +1,8 @@
 """What the user sees: a live progress line on stderr, a JSONL line per document as it finishes or a
-Markdown report at the end, and the run's totals."""
+Markdown or HTML report at the end, and the run's totals."""
 from __future__ import annotations
 
+import html
 import json
 import sys
 import time
@@ -65,15 +66,18 @@ class Progress:
         self._last = None
 
 
-class Output:
-    """JSONL: a line per document as it finishes. Markdown: a report written at the end."""
+FORMATS = ("jsonl", "md", "html")
 
-    def __init__(self, stream: IO[str], fmt: str, *, model: str):
-        if fmt not in ("jsonl", "md"):
+
+class Output:
+    """JSONL: a line per document as it finishes. Markdown or HTML: a report written at the end."""
+
+    def __init__(self, stream: IO[str], fmt: str, *, model: str, settings: dict[str, Any] | None = None):
+        if fmt not in FORMATS:
             raise ValueError(f"unknown format {fmt!r}")
         self.stream = stream
         self.fmt = fmt
-        self.model = model
+        self.settings = settings or {"model": model}
         self.records: list[tuple[int, dict[str, Any]]] = []
 
     def add(self, index: int, record: dict[str, Any]) -> None:
@@ -83,37 +87,79 @@ class Output:
             self.stream.flush()
 
     def finish(self, skipped: Sequence[Skipped], *, wall_seconds: float) -> None:
-        if self.fmt == "md":
-            self.stream.write(markdown_report([r for _, r in sorted(self.records, key=lambda x: x[0])], skipped,
-                                              model=self.model, wall_seconds=wall_seconds))
-            self.stream.flush()
+        if self.fmt == "jsonl":
+            return
+        records = [r for _, r in sorted(self.records, key=lambda x: x[0])]
+        render = markdown_report if self.fmt == "md" else html_report
+        self.stream.write(render(records, skipped, settings=self.settings, wall_seconds=wall_seconds))
+        self.stream.flush()
 
 
-def markdown_report(records: Sequence[dict[str, Any]], skipped: Sequence[Skipped], *, model: str,
+def _totals(records: Sequence[dict[str, Any]], skipped: Sequence[Skipped], wall_seconds: float) -> str:
+    ok = sum(1 for r in records if not r.get("error"))
+    failed = len(records) - ok
+    tokens_in = sum(r.get("tokens_in", 0) for r in records)
+    tokens_out = sum(r.get("tokens_out", 0) for r in records)
+    return (f"{ok} document{'s' if ok != 1 else ''} summarised" + (f", {failed} failed" if failed else "")
+            + (f", {len(skipped)} skipped" if skipped else "")
+            + f" in {wall_seconds:.1f} s; {tokens_in:,} tokens in, {tokens_out:,} out.")
+
+
+def _detail(r: dict[str, Any]) -> str:
+    return (f"{r['chunks']} chunk{'s' if r['chunks'] != 1 else ''}"
+            + (f", {r['reduce_levels']} reduce level{'s' if r['reduce_levels'] != 1 else ''}" if r["reduce_levels"] else "")
+            + f" · {r['tokens_in']:,} tokens in, {r['tokens_out']:,} out · {r['seconds']:.1f} s")
+
+
+def _settings_line(settings: dict[str, Any]) -> str:
+    return " · ".join(f"{k}: {v}" for k, v in settings.items())
+
+
+def markdown_report(records: Sequence[dict[str, Any]], skipped: Sequence[Skipped], *, settings: dict[str, Any],
                     wall_seconds: float) -> str:
-    ok = [r for r in records if not r.get("error")]
+    """Each document's title, file, summary and section list, its time and tokens; the run's totals
+    and the settings it ran with."""
+    lines = ["# Summaries", "", _totals(records, skipped, wall_seconds), "", f"_{_settings_line(settings)}_", ""]
+    for r in records:
+        if r.get("error"):
+            continue
+        lines += [f"## {r.get('title') or r['path']}", "", f"`{r['path']}`", "",
+                  (r.get("summary") or "_(empty summary)_").strip(), ""]
+        if r.get("sections"):
+            lines += ["Sections: " + " · ".join(r["sections"]), ""]
+        lines += [f"_{_detail(r)}_", ""]
     failed = [r for r in records if r.get("error")]
-    lines = ["# Summaries", ""]
-    lines.append(f"{len(ok)} document{'s' if len(ok) != 1 else ''} summarised"
-                 + (f", {len(failed)} failed" if failed else "")
-                 + (f", {len(skipped)} skipped" if skipped else "")
-                 + f" with `{model}` in {wall_seconds:.1f} s.")
-    lines.append("")
-    for r in ok:
-        lines += [f"## {r['path']}", "", (r.get("summary") or "_(empty summary)_").strip(), ""]
-        detail = (f"{r['chunks']} chunk{'s' if r['chunks'] != 1 else ''}"
-                  + (f", {r['reduce_levels']} reduce level{'s' if r['reduce_levels'] != 1 else ''}" if r["reduce_levels"] else "")
-                  + f" · {r['tokens_in']:,} tokens in, {r['tokens_out']:,} out · {r['seconds']:.1f} s")
-        lines += [f"_{detail}_", ""]
     if failed:
-        lines += ["## Failed", ""]
-        lines += [f"- `{r['path']}`: {r['error']}" for r in failed]
-        lines.append("")
+        lines += ["## Failed", ""] + [f"- `{r['path']}`: {r['error']}" for r in failed] + [""]
     if skipped:
-        lines += ["## Skipped", ""]
-        lines += [f"- `{s.path}`: {s.reason}" for s in skipped]
-        lines.append("")
+        lines += ["## Skipped", ""] + [f"- `{s.path}`: {s.reason}" for s in skipped] + [""]
     return "\n".join(lines)
+
+
+def html_report(records: Sequence[dict[str, Any]], skipped: Sequence[Skipped], *, settings: dict[str, Any],
+                wall_seconds: float) -> str:
+    """The Markdown report's content as one self-contained HTML page (every text escaped)."""
+    e = html.escape
+    parts = ["<!doctype html>", '<html lang="en"><head><meta charset="utf-8"><title>Summaries</title>',
+             "<style>body{font-family:system-ui,sans-serif;max-width:50rem;margin:2rem auto;padding:0 1rem;"
+             "line-height:1.5}.meta{color:#555;font-size:.9em}.summary{white-space:pre-wrap}</style></head><body>",
+             "<h1>Summaries</h1>", f"<p>{e(_totals(records, skipped, wall_seconds))}</p>",
+             f'<p class="meta">{e(_settings_line(settings))}</p>']
+    for r in records:
+        if r.get("error"):
+            continue
+        parts += [f"<section><h2>{e(r.get('title') or r['path'])}</h2>", f'<p class="meta"><code>{e(r["path"])}</code></p>',
+                  f'<div class="summary">{e((r.get("summary") or "(empty summary)").strip())}</div>']
+        if r.get("sections"):
+            parts.append('<p class="meta">Sections: ' + " · ".join(e(t) for t in r["sections"]) + "</p>")
+        parts += [f'<p class="meta">{e(_detail(r))}</p>', "</section>"]
+    failed = [r for r in records if r.get("error")]
+    for heading, items in (("Failed", [(r["path"], r["error"]) for r in failed]),
+                           ("Skipped", [(s.path, s.reason) for s in skipped])):
+        if items:
+            parts += [f"<h2>{heading}</h2>", "<ul>"] + [f"<li><code>{e(p)}</code>: {e(w)}</li>" for p, w in items] + ["</ul>"]
+    parts.append("</body></html>")
+    return "\n".join(parts) + "\n"
 
 
 @dataclass

@@ -26,7 +26,7 @@ from pipeline.summarize.plan import (DEFAULT_CHUNK_TOKENS, DEFAULT_MAX_SUMMARY_T
                                      DocPlan, PromptMeter, kv_capacity, plan_document, reduce_fan_in,
                                      worker_kv_budget)
 from pipeline.summarize.report import Output, Progress, RunReport
-from pipeline.summarize.templates import Templates, words_for
+from pipeline.summarize.templates import DEFAULT_STYLE, Templates, document_context, words_for
 
 TASK_MAP = "jobs.summarize_tasks.summarize_chunk"
 TASK_REDUCE = "jobs.summarize_tasks.reduce_summaries"
@@ -49,7 +49,6 @@ def submit_plans(client: Client, batch_id: str, plans: Sequence[DocPlan], *, mod
               "speculative": speculative}
     if seed is not None:
         params["seed"] = seed
-    spec_base = templates.reduce_spec(model, words)
     calls: list[TaskCall] = []
     for plan in plans:
         for chunk, job_id, messages in zip(plan.chunks, plan.map_ids, plan.map_messages):
@@ -58,6 +57,7 @@ def submit_plans(client: Client, batch_id: str, plans: Sequence[DocPlan], *, mod
             calls.append(TaskCall(job_id, model, TASK_MAP, (gjob.to_payload(),),
                                   f"summarize {plan.doc.path} chunk {chunk.index + 1}/{len(plan.chunks)}"))
     for plan in plans:
+        spec_base = templates.reduce_spec(model, words, document_context(plan.title))
         for node in plan.reduces:
             spec = dict(spec_base, params=params, metadata={"summarize": plan.doc.path, "level": node.level})
             calls.append(TaskCall(node.job_id, model, TASK_REDUCE, (spec, node.inputs),
@@ -71,18 +71,22 @@ def summarize(paths: Sequence[str], *, output: IO[str], fmt: str = "jsonl", mode
               overlap_tokens: int = DEFAULT_OVERLAP_TOKENS, chunk_tokens: int = DEFAULT_CHUNK_TOKENS,
               max_bytes: int = DEFAULT_MAX_BYTES, redis_url: str | None = None, progress_stream: IO[str] | None = None,
               meter: PromptMeter | None = None, repack: bool = True,
-              speculative: str = DEFAULT_SPECULATIVE) -> RunReport:
+              speculative: str = DEFAULT_SPECULATIVE, style: str = DEFAULT_STYLE) -> RunReport:
     """Summarise every readable document under `paths`; see the module docstring. repack=False: the
-    embedded workers run with --no-repack. speculative: how the jobs guess tokens ("off": plain)."""
+    embedded workers run with --no-repack. speculative: how the jobs guess tokens ("off": plain).
+    style: the summaries' form (templates.STYLES)."""
     err = progress_stream if progress_stream is not None else sys.stderr
     t0 = time.monotonic()
-    templates = Templates.load(template)
+    templates = Templates.load(template, style=style)
+    settings = {"model": model, "style": style, "template": templates.source,
+                "max summary tokens": max_summary_tokens, "chunk tokens": chunk_tokens,
+                "overlap tokens": overlap_tokens, "speculative": speculative}
     docs, skipped = collect_documents(paths, max_bytes=max_bytes)
     for s in skipped:
         err.write(f"skipped {s.path}: {s.reason}\n")
     if not docs:
         err.write("nothing to summarise\n")
-        Output(output, fmt, model=model).finish(skipped, wall_seconds=time.monotonic() - t0)
+        Output(output, fmt, model=model, settings=settings).finish(skipped, wall_seconds=time.monotonic() - t0)
         return RunReport(0, 0, 0, skipped, 0, 0, 0, time.monotonic() - t0, [])
 
     budget_text = kv_budget or DEFAULT_KV_BUDGET
@@ -97,7 +101,7 @@ def summarize(paths: Sequence[str], *, output: IO[str], fmt: str = "jsonl", mode
     run_id = uuid.uuid4().hex[:12]
     err.write(f"summarising {len(docs)} document{'s' if len(docs) != 1 else ''} with {model}; KV budget "
               f"{budget.capacity} tokens, summaries up to {max_summary_tokens} tokens, up to {fan_in} per reduce\n")
-    out = Output(output, fmt, model=model)
+    out = Output(output, fmt, model=model, settings=settings)
 
     def run(connection: Any, health: Callable[[], None] | None, remote: bool) -> list[DocState]:
         client = Client(connection=connection, result_ttl=RESULT_TTL, stream_ttl=STREAM_TTL)

@@ -13,6 +13,15 @@ from pipeline.summarize.errors import SummarizeError
 
 DEFAULT_TEMPLATE = Path(__file__).resolve().parent.parent / "templates" / "summarize.toml"
 
+# What {style} says in the prompts, per --style. Each asks for the content itself, in the form named.
+STYLES: dict[str, str] = {
+    "paragraph": "Write one paragraph of plain sentences.",
+    "bullets": "Write a bulleted list: one fact per line, each line starting with '- '.",
+    "key-points": "Write the three to seven most important points as a numbered list, one per line.",
+    "one-line": "Write a single sentence.",
+}
+DEFAULT_STYLE = "paragraph"
+
 
 @dataclass(frozen=True)
 class Templates:
@@ -23,10 +32,14 @@ class Templates:
     part: str
     separator: str
     source: str = "built-in"
+    style: str = DEFAULT_STYLE
 
     @classmethod
-    def load(cls, path: str | os.PathLike[str] | None = None) -> Templates:
-        """The built-in templates, with any keys of `path` (TOML or JSON) laid over them."""
+    def load(cls, path: str | os.PathLike[str] | None = None, *, style: str = DEFAULT_STYLE) -> Templates:
+        """The built-in templates, with any keys of `path` (TOML or JSON) laid over them; `style` (a key of
+        STYLES) fills their {style} placeholders."""
+        if style not in STYLES:
+            raise SummarizeError(f"unknown style {style!r}; choose one of: {', '.join(STYLES)}")
         base = _read_template_file(DEFAULT_TEMPLATE)
         source = "built-in"
         if path is not None:
@@ -46,7 +59,7 @@ class Templates:
         m, r = base["map"], base["reduce"]
         t = cls(map_system=m.get("system", ""), map_user=m["user"], reduce_system=r.get("system", ""),
                 reduce_user=r["user"], part=r.get("part", "Part {n}: {summary}"),
-                separator=r.get("separator", "\n\n"), source=source)
+                separator=r.get("separator", "\n\n"), source=source, style=style)
         for name, value, needed in (("[map] user", t.map_user, "{text}"), ("[reduce] user", t.reduce_user, "{text}"),
                                     ("[reduce] part", t.part, "{summary}")):
             if not isinstance(value, str) or needed not in value:
@@ -55,19 +68,36 @@ class Templates:
             raise SummarizeError(f"{source}: put {{text}} in the user message, not the system message")
         return t
 
-    def map_messages(self, text: str, words: int) -> list[dict[str, str]]:
-        """System + user message for one chunk. Everything before {text} is the same for every chunk."""
-        w = str(words)
+    def _fill(self, template: str, words: int, context: str) -> str:
+        return (template.replace("{words}", str(words)).replace("{style}", STYLES[self.style])
+                .replace("{context}", context))
+
+    def map_messages(self, text: str, words: int, context: str = "") -> list[dict[str, str]]:
+        """System + user message for one chunk. `context`: the chunk's document and section lines
+        (document_context), which the built-in prompt puts after the instructions and before the text,
+        so the instructions stay a prefix every chunk shares."""
         messages = []
         if self.map_system:
-            messages.append({"role": "system", "content": self.map_system.replace("{words}", w)})
-        messages.append({"role": "user", "content": self.map_user.replace("{words}", w).replace("{text}", text)})
+            messages.append({"role": "system", "content": self._fill(self.map_system, words, "")})
+        messages.append({"role": "user", "content": self._fill(self.map_user, words, context).replace("{text}", text)})
         return messages
 
-    def reduce_spec(self, model: str, words: int) -> dict[str, Any]:
-        """The template part of a reduce job's arguments (filled by the worker at run time)."""
-        return {"model": model, "system": self.reduce_system, "user": self.reduce_user, "part": self.part,
-                "separator": self.separator, "words": words}
+    def reduce_spec(self, model: str, words: int, context: str = "") -> dict[str, Any]:
+        """The template part of a reduce job's arguments: {words}, {style} and the document's {context}
+        filled here, {text} (the parts) by the worker at run time."""
+        return {"model": model, "system": self._fill(self.reduce_system, words, ""),
+                "user": self._fill(self.reduce_user, words, context),
+                "part": self.part, "separator": self.separator, "words": words}
+
+
+def document_context(title: str, section_path: tuple[str, ...] = ()) -> str:
+    """The lines that tell the model where a chunk comes from: the document's title and, when the chunk
+    sits under headings other than the title, their path. Empty when nothing is known."""
+    lines = [f"Document: {title}"] if title else []
+    path = [h for h in section_path if h != title]
+    if path:
+        lines.append("Section: " + " > ".join(path))
+    return "".join(line + "\n" for line in lines)
 
 
 def _read_template_file(path: Path) -> dict[str, Any]:
