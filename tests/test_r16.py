@@ -89,9 +89,10 @@ def test_paths_without_r16_kernels_use_the_gguf_rows():
 
 
 @pytest.mark.parametrize("path", R16_PATHS)
-@pytest.mark.parametrize("ntok", [1, 2, 5])
+@pytest.mark.parametrize("ntok", [1, 2, 3, 5, 8, 9])
 def test_r16_multi_op_matmul_equals_one_by_one(ntok, path, kern):
-    """q/k/v-style calls with R16 copies of mixed types (different offsets: one token tile per op)."""
+    """q/k/v-style calls with R16 copies of mixed types (different offsets: one token tile per op), as one
+    parallel job up to 8 tokens (decode and speculative verification) and one by one above."""
     mod, p = kern
     rng = np.random.default_rng(300 + ntok)
     n = 512

@@ -502,11 +502,12 @@ static int multi_row_at(size_t at, size_t base, size_t rb, int rows) {
 }
 
 #ifdef RQ_HAVE_X86
-/* Decode-sized calls (ntok <= 2) whose ops all have R16 copies: one parallel job over the ops'
- * concatenated groups, split by bytes, with one token tile (q/k/v or gate/up of a decode step pay
- * for one region and one tile, not one per op). Returns -1 when it does not apply. */
+/* Decode- and speculation-sized calls (ntok <= 8: one token tile) whose ops all have R16 copies: one
+ * parallel job over the ops' concatenated groups, split by bytes (q/k/v or gate/up of a decode step pay
+ * for one region and one tile, not one per op; one by one, the small k and v matrices would each run
+ * on one thread). Returns -1 when it does not apply. */
 static int r16_matmul_multi(const rq_matmul_op *ops, int nops, int cols, const rq_act *acts, int ntok, int nthreads) {
-    if (ntok > 2 || nops > 8) return -1;
+    if (ntok > 8 || ntok >= R16_EXPAND_MIN_TOK || nops > 8) return -1;
     size_t gb[8], total = 0;
     for (int i = 0; i < nops; i++) {
         if (!ops[i].r16 || !r16_type(ops[i].type)) return -1;

@@ -125,7 +125,13 @@ A512 AINL void r16_pass(const int t, const r16_ptrs *p, int nb, const int T, con
         if (b < nb) r16_block_acc(t, p, (size_t)b, T, tile, k0, aE, mE);
         return;
     }
-    for (int b = par; b < nb; b += 2) r16_block_acc(t, p, (size_t)b, T, tile, k0, par ? aO : aE, par ? mO : mE);
+    for (int b = par; b < nb; b += 2) {
+        if (par == 0 && r16_j(p, (size_t)b) == 0) {   /* the odd pass finds the group in cache */
+            const char *ahead = (const char *)r16_unit(p, (size_t)b) + R16_PF_AHEAD;
+            for (size_t o = 0; o < p->ub; o += 64) _mm_prefetch(ahead + o, _MM_HINT_T0);
+        }
+        r16_block_acc(t, p, (size_t)b, T, tile, k0, par ? aO : aE, par ? mO : mE);
+    }
 }
 
 #define R16_TMAX 4
