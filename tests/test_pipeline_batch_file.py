@@ -5,6 +5,7 @@ import json
 
 import pytest
 
+from engine.defaults import DEFAULT_MODEL
 from jobs.schemas import InvalidJob, JobResult, validate_job
 from pipeline.batch_file import output_line, parse_lines, request_to_job
 
@@ -54,6 +55,8 @@ def test_body_model_used_without_override():
     jobs, errors = parse_lines([line("a", model="gemma3-270m")])
     assert not errors and jobs[0].model == "gemma3-270m"
     jobs, _ = parse_lines([line("a")])
+    assert jobs[0].model == DEFAULT_MODEL
+    jobs, _ = parse_lines([line("a")], default_model=M)
     assert jobs[0].model == M
 
 

@@ -69,7 +69,7 @@ def read_jsonl(path: Path) -> list[dict]:
 def test_summarize_folder_embedded(engine_ready, corpus, tmp_path):
     out = tmp_path / "summaries.jsonl"
     t0 = time.monotonic()
-    proc = rqllm("summarize", str(corpus), "-o", str(out), "--workers", "2", "--kv-budget", KV,
+    proc = rqllm("summarize", str(corpus), "-o", str(out), "--model", MODEL, "--workers", "2", "--kv-budget", KV,
                  "--max-summary-tokens", MAX_SUMMARY)
     wall = time.monotonic() - t0
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -141,7 +141,7 @@ def test_summarize_remote_markdown(redis_and_worker, tmp_path):
     out = tmp_path / "report.md"
     notes = EXAMPLES / "team-sync-notes.md"
     telegraph = EXAMPLES / "history-of-the-telegraph.md"
-    proc = rqllm("summarize", str(notes), str(telegraph), "--format", "md", "-o", str(out),
+    proc = rqllm("summarize", str(notes), str(telegraph), "--format", "md", "-o", str(out), "--model", MODEL,
                  "--kv-budget", KV, "--max-summary-tokens", MAX_SUMMARY, env={"REDIS_URL": redis_and_worker})
     assert proc.returncode == 0, proc.stderr[-4000:]
     md = out.read_text()

