@@ -335,3 +335,14 @@ def dockerfile_install_commands(text: str) -> list[str]:
             if re.match(r"(python3? -m )?pip install ", part) and project_spec(normalise_pip(part)):
                 cmds.append(part)
     return cmds
+
+
+def test_the_compose_default_model_is_the_tools_default():
+    """A `rqllm submit` that names no model goes to DEFAULT_MODEL's queue: the workers compose starts
+    when .env names none must serve that queue, and the example .env must say the same."""
+    from engine.defaults import DEFAULT_MODEL
+
+    defaults = set(re.findall(r"\$\{RQLLM_MODEL:-([^}]+)\}", COMPOSE.read_text()))
+    assert defaults == {DEFAULT_MODEL}, defaults
+    example = (ROOT / "deploy" / "rqllm.env.example").read_text()
+    assert re.search(rf"^RQLLM_MODEL={re.escape(DEFAULT_MODEL)}$", example, re.M), "rqllm.env.example names another model"
