@@ -507,7 +507,8 @@ static int multi_row_at(size_t at, size_t base, size_t rb, int rows) {
  * for one region and one tile, not one per op; one by one, the small k and v matrices would each run
  * on one thread). Returns -1 when it does not apply. */
 static int r16_matmul_multi(const rq_matmul_op *ops, int nops, int cols, const rq_act *acts, int ntok, int nthreads) {
-    if (ntok > 8 || ntok >= R16_EXPAND_MIN_TOK || nops > 8) return -1;
+    _Static_assert(8 < R16_EXPAND_MIN_TOK, "the multi-op job runs the packed kernels, never the expanding ones");
+    if (ntok > 8 || nops > 8) return -1;
     size_t gb[8], total = 0;
     for (int i = 0; i < nops; i++) {
         if (!ops[i].r16 || !r16_type(ops[i].type)) return -1;

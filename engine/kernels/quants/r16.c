@@ -82,6 +82,12 @@ A512 static void r16_expand(const int t, const uint8_t *g, int nb, uint8_t *grp)
 #ifndef R16_PF_AHEAD
 #define R16_PF_AHEAD 6144
 #endif
+/* Streaming a group from DRAM: at the first block of each unit, ask for the unit R16_PF_AHEAD further on. */
+AINL void r16_prefetch_ahead(const r16_ptrs *p, size_t b) {
+    if (r16_j(p, b) != 0) return;
+    const char *ahead = (const char *)r16_unit(p, b) + R16_PF_AHEAD;
+    for (size_t o = 0; o < p->ub; o += 64) _mm_prefetch(ahead + o, _MM_HINT_T0);
+}
 /* Block b of a repacked group against T tokens (from token k0 of the tile), straight from the
  * packed data, into acc[k][h] and accM[k]: v16_pass's steps for one block. */
 A512 AINL void r16_block_acc(const int t, const r16_ptrs *p, size_t b, const int T, const uint8_t *tile, int k0,
@@ -115,10 +121,7 @@ A512 AINL void r16_pass(const int t, const r16_ptrs *p, int nb, const int T, con
     if (par < 0) {
         int b = 0;
         for (; b + 1 < nb; b += 2) {
-            if (r16_j(p, (size_t)b) == 0) {   /* decode streams from DRAM: ask for a unit further on early */
-                const char *ahead = (const char *)r16_unit(p, (size_t)b) + R16_PF_AHEAD;
-                for (size_t o = 0; o < p->ub; o += 64) _mm_prefetch(ahead + o, _MM_HINT_T0);
-            }
+            r16_prefetch_ahead(p, (size_t)b);
             r16_block_acc(t, p, (size_t)b, T, tile, k0, aE, mE);
             r16_block_acc(t, p, (size_t)b + 1, T, tile, k0, aO, mO);
         }
@@ -126,10 +129,7 @@ A512 AINL void r16_pass(const int t, const r16_ptrs *p, int nb, const int T, con
         return;
     }
     for (int b = par; b < nb; b += 2) {
-        if (par == 0 && r16_j(p, (size_t)b) == 0) {   /* the odd pass finds the group in cache */
-            const char *ahead = (const char *)r16_unit(p, (size_t)b) + R16_PF_AHEAD;
-            for (size_t o = 0; o < p->ub; o += 64) _mm_prefetch(ahead + o, _MM_HINT_T0);
-        }
+        if (par == 0) r16_prefetch_ahead(p, (size_t)b);   /* the odd pass finds the group in cache */
         r16_block_acc(t, p, (size_t)b, T, tile, k0, par ? aO : aE, par ? mO : mE);
     }
 }
@@ -283,10 +283,7 @@ A256 AINL void r16_half_256(const int t, const r16_ptrs *p, int nb, const int T,
     __m256 aE[2][2], aO[2][2], mE[2], mO[2];
     for (int k = 0; k < T; k++) aE[k][0] = aE[k][1] = aO[k][0] = aO[k][1] = mE[k] = mO[k] = _mm256_setzero_ps();
     for (int b = 0; b < nb; b++) {
-        if (q == 0 && r16_j(p, (size_t)b) == 0) {   /* see r16_pass */
-            const char *ahead = (const char *)r16_unit(p, (size_t)b) + R16_PF_AHEAD;
-            for (size_t o = 0; o < p->ub; o += 64) _mm_prefetch(ahead + o, _MM_HINT_T0);
-        }
+        if (q == 0) r16_prefetch_ahead(p, (size_t)b);
         __m256i W[8];
         __m256 wd0, wd1, mn;
         r16_block_256(t, p, (size_t)b, q, W, &wd0, &wd1, &mn);
