@@ -31,13 +31,19 @@ __all__ = ["summarize_chunk", "reduce_summaries"]  # the tasks; the rest are hel
 
 # A lead-in label on the first line: "Summary:", "Here is a short summary of the text:", "The summary is:".
 _LABEL = re.compile(r"^\s*(?:\*\*)?[^\n:]{0,40}?\bsummary\b[^\n:]{0,40}?(?:\*\*)?\s*:(?:\*\*)?\s*", re.I)
+# Markdown images, linked or not ("[![Build status](badge.svg)](ci-url)", "![logo](logo.png)"): a model
+# copies a README's badge lines into its summary, where they say nothing and leave it ending mid-line.
+_IMAGE = re.compile(r"\[!\[[^\]\n]*\]\([^)\s]*\)\]\([^)\s]*\)|!\[[^\]\n]*\]\([^)\s]*\)")
 
 
 def tidy_summary(text: str, finish_reason: str | None) -> str:
-    """Strip a leading "Summary:" label; when the model ran out of tokens mid-sentence, end the
-    summary at its last complete sentence or line (engine.sentences: CJK full stops, not after
-    "e.g." or a list number), if that keeps at least a third of it."""
+    """Strip a leading "Summary:" label and lines made only of Markdown images (badges); when the
+    model ran out of tokens mid-sentence, end the summary at its last complete sentence or line
+    (engine.sentences: CJK full stops, not after "e.g." or a list number), if that keeps at least
+    a third of it."""
     out = _LABEL.sub("", text.strip(), count=1).strip()
+    out = "\n".join(line for line in out.split("\n") if not _IMAGE.search(line) or _IMAGE.sub("", line).strip())
+    out = re.sub(r"\n{3,}", "\n\n", out).strip()
     if finish_reason == "length":
         end = complete_end(out)
         if end and end >= len(out) // 3:

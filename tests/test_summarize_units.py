@@ -209,6 +209,15 @@ def test_tidy_summary():
            "- pool size is 64\n- retries are capped at 3"
 
 
+def test_tidy_summary_drops_lines_that_are_only_images():
+    badge = "[![Build status](https://github.com/rq/rq/workflows/Test/badge.svg)](https://github.com/rq/rq/actions)"
+    text = f"RQ queues jobs in Redis.\n\nRQ requires Redis >= 5.\n\n{badge} ![logo](logo.png)\n"
+    assert tidy_summary(text, "stop") == "RQ queues jobs in Redis.\n\nRQ requires Redis >= 5."
+    # An image inside a line of text is the model's sentence: kept, as is a plain link.
+    kept = "See ![the diagram](d.png) for the flow.\n[Docs](https://python-rq.org) explain it."
+    assert tidy_summary(kept, "stop") == kept
+
+
 def test_part_labels_copied_by_the_model_are_removed():
     pat = part_label_pattern(Templates.load().part)
     text = "Part 1: The plan works.\n\nPart 2: It ships in May. Part 3 is later."
