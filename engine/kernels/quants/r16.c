@@ -51,6 +51,15 @@ static void r16_repack_groups(int t, const uint8_t *W, int rows, int cols, uint8
 
 #ifdef RQ_HAVE_X86
 
+#ifndef R16_PF_AHEAD
+#define R16_PF_AHEAD 6144
+#endif
+/* Streaming a group from DRAM: at the first block of each unit, ask for the unit R16_PF_AHEAD further on. */
+AINL void r16_prefetch_ahead(const r16_ptrs *p, size_t b) {
+    if (r16_j(p, b) != 0) return;
+    const char *ahead = (const char *)r16_unit(p, b) + R16_PF_AHEAD;
+    for (size_t o = 0; o < p->ub; o += 64) _mm_prefetch(ahead + o, _MM_HINT_T0);
+}
 /* ---- R16 kernels (AVX-512) ---- */
 
 /* Block b of a group in registers: W[4h + g] (the v16 U vectors), the half scales and the mins. */
@@ -69,6 +78,7 @@ A512 static void r16_expand(const int t, const uint8_t *g, int nb, uint8_t *grp)
     __m512i *U = (__m512i *)grp;
     float *WD = (float *)(grp + 512 * (size_t)nb), *M = WD + 32 * (size_t)nb;
     for (int b = 0; b < nb; b++) {
+        r16_prefetch_ahead(&p, (size_t)b);
         __m512i W[8];
         __m512 wd0, wd1, mn;
         r16_block(t, &p, (size_t)b, W, &wd0, &wd1, &mn);
@@ -79,15 +89,6 @@ A512 static void r16_expand(const int t, const uint8_t *g, int nb, uint8_t *grp)
     }
 }
 
-#ifndef R16_PF_AHEAD
-#define R16_PF_AHEAD 6144
-#endif
-/* Streaming a group from DRAM: at the first block of each unit, ask for the unit R16_PF_AHEAD further on. */
-AINL void r16_prefetch_ahead(const r16_ptrs *p, size_t b) {
-    if (r16_j(p, b) != 0) return;
-    const char *ahead = (const char *)r16_unit(p, b) + R16_PF_AHEAD;
-    for (size_t o = 0; o < p->ub; o += 64) _mm_prefetch(ahead + o, _MM_HINT_T0);
-}
 /* Block b of a repacked group against T tokens (from token k0 of the tile), straight from the
  * packed data, into acc[k][h] and accM[k]: v16_pass's steps for one block. */
 A512 AINL void r16_block_acc(const int t, const r16_ptrs *p, size_t b, const int T, const uint8_t *tile, int k0,
@@ -340,6 +341,7 @@ A256 static void r16_to_pf8_rows_256(const int t, const uint8_t *g, int nb, uint
     _Alignas(32) float w0[8], w1[8], m[8];
     for (int b = 0; b < nb; b++)
         for (int q = 0; q < 2; q++) {
+            if (q == 0) r16_prefetch_ahead(&p, (size_t)b);
             __m256i W[8];
             __m256 wd0, wd1, mn;
             r16_block_256(t, &p, (size_t)b, q, W, &wd0, &wd1, &mn);
