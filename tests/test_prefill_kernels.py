@@ -59,3 +59,22 @@ def test_avx512_path_equals_avx2_path(t, path, kern):
     a = q.matmul(int(t), W, rows, n, X, nthreads=2, path="avx2")
     b = mod.matmul(int(t), W, rows, n, X, nthreads=2, path=p)
     np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("t", [T.Q4_K, T.Q6_K, T.Q5_0], ids=["Q4_K", "Q6_K", "Q5_0"])
+def test_avx2_prefill_row_passes_of_one_two_and_three_rows(t):
+    """The AVX2 prefill kernel runs three rows per pass, then a pair or a single row for the rest:
+    every row count ends on each kind of pass, in the GGUF layout and in R16, and each row's
+    results are decode's bit for bit."""
+    rng = np.random.default_rng(40 + int(t))
+    n, ntok = _n_for(t), 27
+    X = rng.standard_normal((ntok, n)).astype(np.float32)
+    for rows in (1, 2, 3, 4, 5, 16, 17, 32, 34):
+        W = qp.random_rows(t, rows, n, rng)
+        alone = np.stack([q.matmul(int(t), W, rows, n, X[k:k + 1], nthreads=1, path="avx2")[0] for k in range(ntok)])
+        np.testing.assert_array_equal(q.matmul(int(t), W, rows, n, X, nthreads=2, path="avx2"), alone,
+                                      err_msg=f"rows={rows}")
+        R = np.zeros(q.r16_bytes(int(t), rows, n), dtype=np.uint8)
+        q.r16_repack(int(t), W, rows, n, R, 0, (rows + 15) // 16, 1)
+        np.testing.assert_array_equal(q.matmul_r16(int(t), W, R, rows, n, X, nthreads=2, path="avx2"), alone,
+                                      err_msg=f"R16, rows={rows}")
