@@ -130,7 +130,10 @@ A512 AINL void r16_pass(const int t, const r16_ptrs *p, int nb, const int T, con
         return;
     }
     for (int b = par; b < nb; b += 2) {
-        if (par == 0) r16_prefetch_ahead(p, (size_t)b);   /* the odd pass finds the group in cache */
+        if (par == 0) {   /* ask for the odd blocks' units too: the odd pass then finds the group in cache */
+            r16_prefetch_ahead(p, (size_t)b);
+            if (b + 1 < nb) r16_prefetch_ahead(p, (size_t)b + 1);
+        }
         r16_block_acc(t, p, (size_t)b, T, tile, k0, par ? aO : aE, par ? mO : mE);
     }
 }
