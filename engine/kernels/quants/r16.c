@@ -143,7 +143,7 @@ A512 AINL void r16_tile(const int t, const r16_ptrs *p, int nb, const int T, con
                         int ldo, int nr) {
     __m512 aE[R16_TMAX][2], aO[R16_TMAX][2], mE[R16_TMAX], mO[R16_TMAX];
     for (int k = 0; k < T; k++) aE[k][0] = aE[k][1] = aO[k][0] = aO[k][1] = mE[k] = mO[k] = _mm512_setzero_ps();
-    if (T <= 2) {
+    if (T <= 3 || (T == 4 && !type_has_min(t))) {   /* every accumulator fits in the 32 registers */
         r16_pass(t, p, nb, T, tile, k0, -1, aE, mE, aO, mO);
     } else {   /* one parity at a time: half the accumulators live */
         r16_pass(t, p, nb, T, tile, k0, 0, aE, mE, aO, mO);
