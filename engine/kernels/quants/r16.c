@@ -60,6 +60,12 @@ AINL void r16_prefetch_ahead(const r16_ptrs *p, size_t b) {
     const char *ahead = (const char *)r16_unit(p, b) + R16_PF_AHEAD;
     for (size_t o = 0; o < p->ub; o += 64) _mm_prefetch(ahead + o, _MM_HINT_T0);
 }
+/* A pass over blocks two at a time (b, b + 1): ask for both blocks' units (with one block per unit,
+ * as the legacy types have, asking at even blocks only leaves every other unit to the hardware). */
+AINL void r16_prefetch_pair(const r16_ptrs *p, size_t b, int nb) {
+    r16_prefetch_ahead(p, b);
+    if (b + 1 < (size_t)nb) r16_prefetch_ahead(p, b + 1);
+}
 /* ---- R16 kernels (AVX-512) ---- */
 
 /* Block b of a group in registers: W[4h + g] (the v16 U vectors), the half scales and the mins. */
@@ -122,7 +128,7 @@ A512 AINL void r16_pass(const int t, const r16_ptrs *p, int nb, const int T, con
     if (par < 0) {
         int b = 0;
         for (; b + 1 < nb; b += 2) {
-            r16_prefetch_ahead(p, (size_t)b);
+            r16_prefetch_pair(p, (size_t)b, nb);
             r16_block_acc(t, p, (size_t)b, T, tile, k0, aE, mE);
             r16_block_acc(t, p, (size_t)b + 1, T, tile, k0, aO, mO);
         }
@@ -130,10 +136,7 @@ A512 AINL void r16_pass(const int t, const r16_ptrs *p, int nb, const int T, con
         return;
     }
     for (int b = par; b < nb; b += 2) {
-        if (par == 0) {   /* ask for the odd blocks' units too: the odd pass then finds the group in cache */
-            r16_prefetch_ahead(p, (size_t)b);
-            if (b + 1 < nb) r16_prefetch_ahead(p, (size_t)b + 1);
-        }
+        if (par == 0) r16_prefetch_pair(p, (size_t)b, nb);   /* the odd pass then finds the group in cache */
         r16_block_acc(t, p, (size_t)b, T, tile, k0, par ? aO : aE, par ? mO : mE);
     }
 }
