@@ -2,7 +2,22 @@
  * alone). Q4_K: 256-element super-blocks of 8 blocks of 32, 4-bit values with a 6-bit
  * (scale, min) pair per block (the 12-byte format in common.c, shared with Q5_K). Block struct,
  * dequantization, scalar reference dot product, R16 unit and repacking, AVX2 slot and 4-row
- * decode kernels, prefill unpacking, R16 block loading. */
+ * decode kernels, prefill unpacking and kernel, R16 block loading and kernels.
+ *
+ * The Q4_K float sequence. Every SIMD kernel computes each (row, token) result in this order,
+ * so results do not depend on the kernel, the path, the tile or the thread count:
+ *     for each super-block i (row scale d_i, min scale dmin_i):
+ *         A = 0
+ *         for each of its blocks b (6-bit scale sc_b, min m_b), in order:
+ *             A    = fma(float(P_b * sc_b), d_k(b), A)      P_b: the exact integer sum of the
+ *                                                           block's 32 products with token k
+ *             accM = fma(float(m_b) * -dmin_i, d_k(b) * S_k(b), accM)
+ *         acc = fma(A, d_i, acc)
+ *     result = acc + accM
+ * P_b * sc_b is exact in int32 and in float (|P_b| <= 32 * 15 * 128, sc_b <= 63: < 2^24). The
+ * block's scale is an integer until the super-block's end, so the AVX2 prefill kernel applies it
+ * with the vpmaddwd it needs anyway, and a block costs one FMA per (row, token) instead of two
+ * halves' worth (see pf8_q4k_256). */
 
 typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qs[128]; } blk_q4_K;
 _Static_assert(sizeof(blk_q4_K) == 144, "q4_K");
@@ -84,60 +99,67 @@ static void r16_repack_row_q4k(const uint8_t *row, int nb, const r16_ptrs *p, in
 
 #ifdef RQ_HAVE_X86
 
-/* Q4_K super-block x: its 8 group scales times d and its 8 group mins times -dmin, as floats. */
-A256 AINL void q4k_scales_256(const blk_q4_K *x, __m256 *dsc, __m256 *dmn) {
+/* Q4_K super-block x: its 8 block scales (integers, as floats) and its 8 block mins times -dmin. */
+A256 AINL void q4k_scales_256(const blk_q4_K *x, __m256 *sc, __m256 *dmn) {
     uint32_t u0, u1, u2, u3;
     k4_unpack(x->scales, &u0, &u1, &u2, &u3);
     __m128i v = _mm_set_epi32((int)u3, (int)u2, (int)u1, (int)u0);
-    *dsc = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)), _mm256_set1_ps(_cvtsh_ss(x->d)));
+    *sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v));
     *dmn = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(v, 8))),
                          _mm256_set1_ps(-_cvtsh_ss(x->dmin)));
 }
 
+/* Lanes holding exact half-block sums (lane l and l + 4: the two halves) -> the block sums, in both. */
+A256 AINL __m256i q4k_join_halves_256(__m256i P) { return _mm256_add_epi32(P, _mm256_permute2x128_si256(P, P, 0x01)); }
+
+/* One row against T <= 4 tokens: lane 4h + k holds token k (both h the same after joining halves). */
 A256 AINL void q4k_slots_256(const uint8_t *row, int n, const tile *tv, float *res, const int T) {
     const int nsb = n / QK_K;
     const __m256i m0f = _mm256_set1_epi8(0x0F);
-    __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()}, accM = _mm256_setzero_ps();
+    __m256 acc = _mm256_setzero_ps(), accM = _mm256_setzero_ps();
     for (int i = 0; i < nsb; i++) {
         const blk_q4_K *x = (const blk_q4_K *)row + i;
-        __m256 dsc, dmn;
-        q4k_scales_256(x, &dsc, &dmn);
+        __m256 sc, dmn, A = _mm256_setzero_ps();
+        q4k_scales_256(x, &sc, &dmn);
         for (int c = 0; c < 4; c++) {
             __m256i xq = _mm256_loadu_si256((const __m256i *)(x->qs + 32 * c));
             for (int e = 0; e < 2; e++) {
                 const int j = 2 * c + e;
                 const size_t b = 8 * (size_t)i + j;
-                __m256i U = _mm256_and_si256(e ? _mm256_srli_epi16(xq, 4) : xq, m0f);
-                __m256i P = slot_pack_tok(U, tv, b, T);
-                __m256 wd = _mm256_permutevar8x32_ps(dsc, _mm256_set1_epi32(j));
-                acc[e] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(P), _mm256_mul_ps(wd, _mm256_loadu_ps(tv->td4 + 8 * b)), acc[e]);
+                const __m256i U = _mm256_and_si256(e ? _mm256_srli_epi16(xq, 4) : xq, m0f);
+                const __m256i P = q4k_join_halves_256(slot_pack_tok(U, tv, b, T));
+                const __m256i jj = _mm256_set1_epi32(j);
+                const __m256 Q = _mm256_mul_ps(_mm256_cvtepi32_ps(P), _mm256_permutevar8x32_ps(sc, jj));
+                A = _mm256_fmadd_ps(Q, _mm256_loadu_ps(tv->td4 + 8 * b), A);
+                accM = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(dmn, jj), _mm256_broadcast_ps((const __m128 *)(tv->ds4 + 4 * b)), accM);
             }
-            const __m256 M = _mm256_permutevar8x32_ps(dmn, _mm256_setr_epi32(2 * c, 2 * c, 2 * c, 2 * c,
-                                                                          2 * c + 1, 2 * c + 1, 2 * c + 1, 2 * c + 1));
-            accM = _mm256_fmadd_ps(M, _mm256_loadu_ps(tv->ds4 + 4 * (8 * (size_t)i + 2 * c)), accM);
         }
+        acc = _mm256_fmadd_ps(A, _mm256_set1_ps(_cvtsh_ss(x->d)), acc);
     }
-    slot_finish(acc[0], acc[1], accM, 1, res, T);
+    float r[8];
+    _mm256_storeu_ps(r, _mm256_add_ps(acc, accM));
+    for (int k = 0; k < T; k++) res[k] = r[k];
 }
 
 KERN256(k256_q4_K, q4k_slots_256, row, n, tv, res)
 
-/* Decode, 4 rows x 1 token per vector (see rows4_transpose): bit-identical to q4k_slots_256 with T = 1. */
+/* Decode, 4 rows x 1 token per vector (lanes r and r + 4: row r, see rows4_transpose):
+ * bit-identical to q4k_slots_256 with T = 1. */
 A256 static void q4k_rows4_256(const uint8_t *const *rows, int n, const tile *tv, float *res, size_t pf) {
     const int nsb = n / QK_K;
     const __m256i m0f = _mm256_set1_epi8(0x0F);
-    const __m256i tok0 = _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4);
-    __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()}, accM = _mm256_setzero_ps();
+    __m256 acc = _mm256_setzero_ps(), accM = _mm256_setzero_ps();
     for (int i = 0; i < nsb; i++) {
         const blk_q4_K *x[4];
-        __m256 dsc[4], dmn[4], SC[4], MN[4];
+        __m256 sc[4], dmn[4], SC[4], MN[4];
         for (int r = 0; r < 4; r++) {
             x[r] = (const blk_q4_K *)rows[r] + i;
             if (pf) _mm_prefetch((const char *)x[r] + pf, _MM_HINT_T0), _mm_prefetch((const char *)x[r] + pf + 64, _MM_HINT_T0);
-            q4k_scales_256(x[r], &dsc[r], &dmn[r]);
+            q4k_scales_256(x[r], &sc[r], &dmn[r]);
         }
-        rows4_transpose(dsc, SC);
+        rows4_transpose(sc, SC);
         rows4_transpose(dmn, MN);
+        __m256 A = _mm256_setzero_ps();
         for (int c = 0; c < 4; c++) {
             __m256i xq[4];
             for (int r = 0; r < 4; r++) xq[r] = _mm256_loadu_si256((const __m256i *)(x[r]->qs + 32 * c));
@@ -146,16 +168,16 @@ A256 static void q4k_rows4_256(const uint8_t *const *rows, int n, const tile *tv
                 const size_t b = 8 * (size_t)i + j;
                 __m256i U[4];
                 for (int r = 0; r < 4; r++) U[r] = _mm256_and_si256(e ? _mm256_srli_epi16(xq[r], 4) : xq[r], m0f);
-                const __m256i P = rows4_pack(U, _mm256_loadu_si256((const __m256i *)(tv->qs + 32 * b)));
-                const __m256 wd = rows4_pair(SC, j, j);
-                acc[e] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(P), _mm256_mul_ps(wd, _mm256_set1_ps(tv->td4[8 * b])), acc[e]);
+                const __m256i P = q4k_join_halves_256(rows4_pack(U, _mm256_loadu_si256((const __m256i *)(tv->qs + 32 * b))));
+                const __m256 Q = _mm256_mul_ps(_mm256_cvtepi32_ps(P), rows4_pair(SC, j, j));
+                A = _mm256_fmadd_ps(Q, _mm256_set1_ps(tv->td4[8 * b]), A);
+                accM = _mm256_fmadd_ps(rows4_pair(MN, j, j), _mm256_set1_ps(tv->ds4[4 * b]), accM);
             }
-            const __m256 M = rows4_pair(MN, 2 * c, 2 * c + 1);
-            const __m256 ds = _mm256_permutevar8x32_ps(_mm256_loadu_ps(tv->ds4 + 4 * (8 * (size_t)i + 2 * c)), tok0);
-            accM = _mm256_fmadd_ps(M, ds, accM);
         }
+        const float d0 = _cvtsh_ss(x[0]->d), d1 = _cvtsh_ss(x[1]->d), d2 = _cvtsh_ss(x[2]->d), d3 = _cvtsh_ss(x[3]->d);
+        acc = _mm256_fmadd_ps(A, _mm256_setr_ps(d0, d1, d2, d3, d0, d1, d2, d3), acc);
     }
-    rows4_finish(acc[0], acc[1], accM, 1, res);
+    _mm_storeu_ps(res, _mm256_castps256_ps128(_mm256_add_ps(acc, accM)));
 }
 
 A256 static void r256_q4_K(const uint8_t *W, size_t rb, int r0, int r1, int n, const tile *tv, float *out, int ldo, int k0) {
@@ -168,17 +190,18 @@ A256 AINL void pf8_unpack_q4k(const uint8_t *row, int nb, uint8_t *ur) {
     const __m256i m0f = _mm256_set1_epi8(0x0F);
     for (int i = 0; i < nb / 8; i++) {
         const blk_q4_K *x = (const blk_q4_K *)row + i;
-        __m256 dsc, dmn;
-        q4k_scales_256(x, &dsc, &dmn);
+        __m256 vsc, dmn;
+        q4k_scales_256(x, &vsc, &dmn);
         float sc[8], mn[8];
-        _mm256_storeu_ps(sc, dsc);
+        _mm256_storeu_ps(sc, vsc);
         _mm256_storeu_ps(mn, dmn);
+        const float d = _cvtsh_ss(x->d);
         for (int c = 0; c < 4; c++) {
             __m256i xq = _mm256_loadu_si256((const __m256i *)(x->qs + 32 * c));
             for (int e = 0; e < 2; e++) {
                 const int j = 2 * c + e, b = 8 * i + j;
                 _mm256_storeu_si256((__m256i *)(ur + 32 * (size_t)b), _mm256_and_si256(e ? _mm256_srli_epi16(xq, 4) : xq, m0f));
-                pf8_store_scales(ur, nb, b, sc[j], sc[j], mn[j]);
+                pf8_store_q4k(ur, nb, b, (int)sc[j], d, mn[j]);
             }
         }
     }
@@ -186,8 +209,8 @@ A256 AINL void pf8_unpack_q4k(const uint8_t *row, int nb, uint8_t *ur) {
 
 /* --- R16 (see r16.c) -------------------------------------------------------------------------- */
 
-/* Block b (j within its unit u) of a Q4_K group: the v16 U vectors W[4h + g], the half scales
- * and the mins (see r16_block). */
+/* Block b (j within its unit u) of a Q4_K group: the v16 U vectors W[4h + g], the block scales
+ * (integers, as floats) in *wd0, the super-block scales d in *wd1, and the mins (see r16_block). */
 A512 AINL void r16_block_q4k(const r16_ptrs *p, const uint8_t *u, size_t j, __m512i *W, __m512 *wd0, __m512 *wd1,
                              __m512 *mn) {
     r16_nib_512(p, u, j, W);
@@ -195,7 +218,8 @@ A512 AINL void r16_block_q4k(const r16_ptrs *p, const uint8_t *u, size_t j, __m5
     const __m512 dm = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(u + p->kdm)));
     const __m512 sc = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(u + p->ksc + 16 * j))));
     const __m512 m = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(u + p->kmn + 16 * j))));
-    *wd0 = *wd1 = _mm512_mul_ps(sc, d);   /* as q4k_scales_256: float(sc) * d, float(m) * -dmin */
+    *wd0 = sc;
+    *wd1 = d;   /* as q4k_scales_256: float(sc), float(m) * -dmin */
     *mn = _mm512_mul_ps(m, _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(dm), _mm512_set1_epi32((int)0x80000000))));
 }
 
@@ -208,7 +232,8 @@ A256 AINL void r16_block_q4k_256(const r16_ptrs *p, const uint8_t *u, size_t j, 
     const __m256 dm = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(u + p->kdm + o16)));
     const __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(u + p->ksc + 16 * j + o8))));
     const __m256 m = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(u + p->kmn + 16 * j + o8))));
-    *wd0 = *wd1 = _mm256_mul_ps(sc, d);
+    *wd0 = sc;
+    *wd1 = d;
     *mn = _mm256_mul_ps(m, _mm256_xor_ps(dm, _mm256_set1_ps(-0.0f)));
 }
 

@@ -142,8 +142,40 @@ A512 AINL void r16_pass(const int t, const r16_ptrs *p, int nb, const int T, con
 }
 
 #define R16_TMAX 4
+
+/* Q4_K (its float sequence: q4_K.c): a packed group against T <= R16_TMAX tokens, one pass. */
+A512 AINL void r16_tile_q4k(const r16_ptrs *p, int nb, const int T, const uint8_t *tile, int k0, float *out, int ldo,
+                            int nr) {
+    __m512 acc[R16_TMAX], accM[R16_TMAX];
+    for (int k = 0; k < T; k++) acc[k] = accM[k] = _mm512_setzero_ps();
+    for (int i = 0; i < nb / 8; i++) {
+        __m512 A[R16_TMAX], dv = _mm512_setzero_ps();
+        for (int k = 0; k < T; k++) A[k] = _mm512_setzero_ps();
+        for (int b = 8 * i; b < 8 * i + 8; b++) {
+            r16_prefetch_ahead(p, (size_t)b);
+            const uint8_t *tb = tile + (size_t)b * V16_TILE_BLOCK_BYTES;
+            const float *d = (const float *)(tb + 320), *ds = (const float *)(tb + 352);
+            __m512i W[8];
+            __m512 sc, mn;
+            r16_block(RQ_Q4_K, p, (size_t)b, W, &sc, &dv, &mn);
+            for (int k = 0; k < T; k++) {
+                const __m512i P = v16_dot_q4k(W, tb + 32 * (k0 + k));
+                A[k] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(P), sc), _mm512_set1_ps(d[k0 + k]), A[k]);
+                accM[k] = _mm512_fmadd_ps(mn, _mm512_set1_ps(ds[k0 + k]), accM[k]);
+            }
+        }
+        for (int k = 0; k < T; k++) acc[k] = _mm512_fmadd_ps(A[k], dv, acc[k]);
+    }
+    const __mmask16 keep = nr >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << nr) - 1);
+    for (int k = 0; k < T; k++) _mm512_mask_storeu_ps(out + (size_t)k * ldo, keep, _mm512_add_ps(acc[k], accM[k]));
+}
+
 A512 AINL void r16_tile(const int t, const r16_ptrs *p, int nb, const int T, const uint8_t *tile, int k0, float *out,
                         int ldo, int nr) {
+    if (t == RQ_Q4_K) {
+        r16_tile_q4k(p, nb, T, tile, k0, out, ldo, nr);
+        return;
+    }
     __m512 aE[R16_TMAX][2], aO[R16_TMAX][2], mE[R16_TMAX], mO[R16_TMAX];
     for (int k = 0; k < T; k++) aE[k][0] = aE[k][1] = aO[k][0] = aO[k][1] = mE[k] = mO[k] = _mm512_setzero_ps();
     if (T <= 3 || (T == 4 && !type_has_min(t))) {   /* every accumulator fits in the 32 registers */
@@ -284,9 +316,58 @@ A256 AINL void r16_store_256(const int t, int nb, const int T, __m256 (*aE)[2], 
     }
 }
 
+/* Q4_K (its float sequence: q4_K.c), rows 8q.. of a group against T <= 4 tokens (from k0), one
+ * pass: from the packed group (grp NULL) or from its expansion into the v16 layout at grp. */
+A256 AINL void r16_q4k_256(const r16_ptrs *p, const uint8_t *grp, int nb, const int T, const uint8_t *tile, int k0,
+                           const int q, float *out, int ldo, int nr) {
+    __m256 acc[4], accM[4];
+    for (int k = 0; k < T; k++) acc[k] = accM[k] = _mm256_setzero_ps();
+    for (int i = 0; i < nb / 8; i++) {
+        __m256 A[4], dv = _mm256_setzero_ps();
+        for (int k = 0; k < T; k++) A[k] = _mm256_setzero_ps();
+        for (int b = 8 * i; b < 8 * i + 8; b++) {
+            const uint8_t *tb = tile + (size_t)b * V16_TILE_BLOCK_BYTES;
+            const float *d = (const float *)(tb + 320), *ds = (const float *)(tb + 352);
+            __m256i W[8];
+            __m256 sc, mn;
+            if (grp) {
+                const float *WD = (const float *)(grp + 512 * (size_t)nb), *M = WD + 32 * (size_t)nb;
+                for (int j = 0; j < 8; j++) W[j] = _mm256_loadu_si256((const __m256i *)(grp + 512 * (size_t)b + 64 * j + 32 * q));
+                sc = _mm256_loadu_ps(WD + 32 * (size_t)b + 8 * q);
+                dv = _mm256_loadu_ps(WD + 32 * (size_t)b + 16 + 8 * q);
+                mn = _mm256_loadu_ps(M + 16 * (size_t)b + 8 * q);
+            } else {
+                if (q == 0) r16_prefetch_ahead(p, (size_t)b);
+                r16_block_256(RQ_Q4_K, p, (size_t)b, q, W, &sc, &dv, &mn);
+            }
+            for (int k = 0; k < T; k++) {
+                const uint8_t *qd = tb + 32 * (k0 + k);
+                const __m256i P = _mm256_add_epi32(r16_dot_256(RQ_Q4_K, W, qd), r16_dot_256(RQ_Q4_K, W + 4, qd + 16));
+                A[k] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(P), sc), _mm256_set1_ps(d[k0 + k]), A[k]);
+                accM[k] = _mm256_fmadd_ps(mn, _mm256_set1_ps(ds[k0 + k]), accM[k]);
+            }
+        }
+        for (int k = 0; k < T; k++) acc[k] = _mm256_fmadd_ps(A[k], dv, acc[k]);
+    }
+    _Alignas(32) float tmp[8];
+    for (int k = 0; k < T; k++) {
+        const __m256 r = _mm256_add_ps(acc[k], accM[k]);
+        if (nr >= 8) {
+            _mm256_storeu_ps(out + (size_t)k * ldo, r);
+        } else {
+            _mm256_store_ps(tmp, r);
+            for (int i = 0; i < nr; i++) out[(size_t)k * ldo + i] = tmp[i];
+        }
+    }
+}
+
 /* Rows 8q.. of a packed group against T <= 2 tokens, every block read once (decode). */
 A256 AINL void r16_half_256(const int t, const r16_ptrs *p, int nb, const int T, const uint8_t *tile, int k0,
                             const int q, float *out, int ldo, int nr) {
+    if (t == RQ_Q4_K) {
+        r16_q4k_256(p, NULL, nb, T, tile, k0, q, out, ldo, nr);
+        return;
+    }
     __m256 aE[2][2], aO[2][2], mE[2], mO[2];
     for (int k = 0; k < T; k++) aE[k][0] = aE[k][1] = aO[k][0] = aO[k][1] = mE[k] = mO[k] = _mm256_setzero_ps();
     for (int b = 0; b < nb; b++) {
@@ -319,6 +400,10 @@ A256 static void r16_expand_256(const int t, const uint8_t *g, int nb, uint8_t *
 /* Rows 8q.. of an expanded (v16) group against T <= 4 tokens (from k0), parity by parity. */
 A256 AINL void v8_tile_256(const int t, const uint8_t *grp, int nb, const int T, const uint8_t *tile, int k0,
                            const int q, float *out, int ldo, int nr) {
+    if (t == RQ_Q4_K) {
+        r16_q4k_256(NULL, grp, nb, T, tile, k0, q, out, ldo, nr);
+        return;
+    }
     const uint8_t *U = grp;
     const float *WD = (const float *)(grp + 512 * (size_t)nb), *M = WD + 32 * (size_t)nb;
     __m256 a[2][4][2], m[2][4];
@@ -370,7 +455,8 @@ A256 static void r16_to_pf8_rows_256(const int t, const uint8_t *g, int nb, uint
             for (int i = 0; i < 8; i++) {
                 uint8_t *ur = rows + (size_t)(8 * q + i) * us;
                 _mm256_storeu_si256((__m256i *)(ur + 32 * (size_t)b), r[i]);
-                pf8_store_scales(ur, nb, b, w0[i], w1[i], m[i]);
+                if (t == RQ_Q4_K) pf8_store_q4k(ur, nb, b, (int)w0[i], w1[i], m[i]);   /* r16_block_q4k_256: sc, d */
+                else pf8_store_scales(ur, nb, b, w0[i], w1[i], m[i]);
             }
         }
 }

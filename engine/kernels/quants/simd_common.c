@@ -150,7 +150,7 @@ A256 AINL void krows_256(kern_fn one, void (*four)(const uint8_t *const *, int, 
 }
 
 /* The prefill kernels' unpacked rows (see pf8.c): per block b, 32 bytes U, then the half scales
- * WD[2b], WD[2b + 1] and the min M[b] as floats. */
+ * WD[2b], WD[2b + 1] and the min M[b] as floats (Q4_K: see pf8_store_q4k). */
 static size_t pf8_urow_bytes(int nb) { return ((size_t)nb * (32 + 8 + 4) + 63) & ~(size_t)63; }
 
 A256 AINL void pf8_store_scales(uint8_t *ur, int nb, int b, float w0, float w1, float m) {
@@ -158,6 +158,22 @@ A256 AINL void pf8_store_scales(uint8_t *ur, int nb, int b, float w0, float w1, 
     WD[2 * b] = w0;
     WD[2 * b + 1] = w1;
     WD[2 * (size_t)nb + b] = m;
+}
+
+/* Q4_K's unpacked rows: WD[2b] holds the block's integer scale sc twice as int16 (the vpmaddwd
+ * operand of pf8_q4k_256), WD[2b + 1] the super-block's d, M[b] the min. */
+A256 AINL void pf8_store_q4k(uint8_t *ur, int nb, int b, int sc, float d, float m) {
+    const uint32_t sc2 = (uint32_t)sc * 0x10001u;
+    float w0;
+    memcpy(&w0, &sc2, 4);
+    pf8_store_scales(ur, nb, b, w0, d, m);
+}
+
+/* The integer scale of block b of a Q4_K unpacked row (pf8_store_q4k). */
+static inline int pf8_q4k_sc(const uint8_t *ur, int nb, int b) {
+    uint32_t v;
+    memcpy(&v, ur + 32 * (size_t)nb + 8 * (size_t)b, 4);
+    return (int)(v & 0xFFFF);
 }
 
 #endif /* x86 */

@@ -18,7 +18,7 @@
  * not over tokens. A group of 16 rows is unpacked and interleaved (per block b, half h and
  * 4-element group g, one dword per row), so one vpdpbusd multiplies 16 rows' 4 weights by one
  * token's 4 activations (a broadcast dword), with no shuffles and no int16 stage. The float
- * sequence of every (row, token) lane is pf8_pass's exactly:
+ * sequence of every (row, token) lane is pf8_pass's exactly (Q4_K: its own, q4_K.c):
  *     acc_(b&1),h = fma(float(P_b,h + NQ_b,h), WD_b,h * d_b, acc_(b&1),h)
  *     accM_(b&1)  = fma(M_b, d_b * S_b, accM_(b&1))
  *     result = ((acc_0,0 + acc_1,0) + (acc_0,1 + acc_1,1)) + (accM_0 + accM_1)
@@ -95,10 +95,72 @@ A512 static void v16_unpack(const int t, const uint8_t *W, size_t rb, int r0, in
     for (int b = 0; b < nb; b++) {
         for (int j = 0; j < 8; j++)
             _mm512_storeu_si512(U + 8 * (size_t)b + j, _mm512_i32gather_epi32(idx, tmp + 32 * (size_t)b + 4 * j, 1));
-        _mm512_storeu_ps(WD + 32 * (size_t)b, _mm512_i32gather_ps(idx, sWD + 2 * (size_t)b, 1));
+        __m512 w0 = _mm512_i32gather_ps(idx, sWD + 2 * (size_t)b, 1);
+        if (t == RQ_Q4_K)   /* pf8_store_q4k's int16 pair -> the scale as a float (r16_block_q4k's form) */
+            w0 = _mm512_cvtepi32_ps(_mm512_and_si512(_mm512_castps_si512(w0), _mm512_set1_epi32(0xFFFF)));
+        _mm512_storeu_ps(WD + 32 * (size_t)b, w0);
         _mm512_storeu_ps(WD + 32 * (size_t)b + 16, _mm512_i32gather_ps(idx, sWD + 2 * (size_t)b + 1, 1));
         if (mins) _mm512_storeu_ps(M + 16 * (size_t)b, _mm512_i32gather_ps(idx, sM + b, 1));
     }
+}
+
+/* Q4_K: the exact sum P_b of a block's 32 products with one token (qd: its 32 bytes). */
+A512 AINL __m512i v16_dot_q4k(const __m512i *W, const uint8_t *qd) {
+    __m512i P0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), W[0], _mm512_set1_epi32((int)load_u32(qd)));
+    __m512i P1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), W[4], _mm512_set1_epi32((int)load_u32(qd + 16)));
+    P0 = _mm512_dpbusd_epi32(P0, W[1], _mm512_set1_epi32((int)load_u32(qd + 4)));
+    P1 = _mm512_dpbusd_epi32(P1, W[5], _mm512_set1_epi32((int)load_u32(qd + 20)));
+    P0 = _mm512_dpbusd_epi32(P0, W[2], _mm512_set1_epi32((int)load_u32(qd + 8)));
+    P1 = _mm512_dpbusd_epi32(P1, W[6], _mm512_set1_epi32((int)load_u32(qd + 24)));
+    P0 = _mm512_dpbusd_epi32(P0, W[3], _mm512_set1_epi32((int)load_u32(qd + 12)));
+    P1 = _mm512_dpbusd_epi32(P1, W[7], _mm512_set1_epi32((int)load_u32(qd + 28)));
+    return _mm512_add_epi32(P0, P1);
+}
+
+/* Q4_K (its float sequence: q4_K.c): a group against a tile of T tokens, blocks in one pass and
+ * the mins in a second (both in block order: each chain is the sequence's). The super-block sums
+ * acc live in memory (touched once per super-block), so the block accumulators A, the block's
+ * weights and the tile's 8 tokens fit in the 32 registers: the weights are read once per tile. */
+A512 AINL void v16_tile_q4k(const uint8_t *grp, int nb, const int T, const uint8_t *tile, float *out, int ldo, int nr) {
+    const __m512i *U = (const __m512i *)grp;
+    const float *WD = (const float *)(grp + 512 * (size_t)nb), *M = WD + 32 * (size_t)nb;
+    _Alignas(64) float acc[V16_TMAX][16];
+    for (int k = 0; k < T; k++) _mm512_store_ps(acc[k], _mm512_setzero_ps());
+    for (int i = 0; i < nb / 8; i++) {
+        __m512 A[V16_TMAX];
+        for (int k = 0; k < T; k++) A[k] = _mm512_setzero_ps();
+        for (int b = 8 * i; b < 8 * i + 8; b++) {
+            const uint8_t *tb = tile + (size_t)b * V16_TILE_BLOCK_BYTES;
+            const float *d = (const float *)(tb + 320);
+            /* half by half (4 weight vectors live), each token's sum in one vpdpbusd chain */
+            __m512i P[V16_TMAX];
+            for (int k = 0; k < T; k++) P[k] = _mm512_setzero_si512();
+            for (int h = 0; h < 2; h++) {
+                __m512i W[4];
+                for (int j = 0; j < 4; j++) W[j] = _mm512_loadu_si512(U + 8 * (size_t)b + 4 * h + j);
+                for (int k = 0; k < T; k++) {
+                    const uint8_t *qd = tb + 32 * k + 16 * h;
+                    for (int j = 0; j < 4; j++) P[k] = _mm512_dpbusd_epi32(P[k], W[j], _mm512_set1_epi32((int)load_u32(qd + 4 * j)));
+                }
+            }
+            const __m512 sc = _mm512_loadu_ps(WD + 32 * (size_t)b);
+            for (int k = 0; k < T; k++) A[k] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(P[k]), sc), _mm512_set1_ps(d[k]), A[k]);
+        }
+        const __m512 dv = _mm512_loadu_ps(WD + 32 * (size_t)(8 * i) + 16);
+        for (int k = 0; k < T; k++) {
+            __asm__ volatile("" ::: "memory");   /* keep acc in memory: the registers are the block loop's */
+            _mm512_store_ps(acc[k], _mm512_fmadd_ps(A[k], dv, _mm512_load_ps(acc[k])));
+        }
+    }
+    __m512 accM[V16_TMAX];
+    for (int k = 0; k < T; k++) accM[k] = _mm512_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const float *ds = (const float *)(tile + (size_t)b * V16_TILE_BLOCK_BYTES + 352);
+        const __m512 mv = _mm512_loadu_ps(M + 16 * (size_t)b);
+        for (int k = 0; k < T; k++) accM[k] = _mm512_fmadd_ps(mv, _mm512_set1_ps(ds[k]), accM[k]);
+    }
+    const __mmask16 keep = nr >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << nr) - 1);
+    for (int k = 0; k < T; k++) _mm512_mask_storeu_ps(out + (size_t)k * ldo, keep, _mm512_add_ps(_mm512_load_ps(acc[k]), accM[k]));
 }
 
 /* Blocks par, par + 2, ... of a group against the T tokens of a tile: acc[k][h] per half. */
@@ -150,6 +212,10 @@ A512 AINL void v16_pass_mins(const uint8_t *grp, int nb, const int T, const uint
  * T accumulators live (all 32 zmm registers would not hold a tile's 3 x 8 at once). */
 A512 AINL void v16_tile(const int t, const uint8_t *grp, int nb, const int T, const uint8_t *tile, float *out,
                          int ldo, int nr) {
+    if (t == RQ_Q4_K) {
+        v16_tile_q4k(grp, nb, T, tile, out, ldo, nr);
+        return;
+    }
     __m512 a[4][V16_TMAX], m[2][V16_TMAX];
     for (int p = 0; p < 2; p++) {   /* parity p: a[p] half 0, a[p + 2] half 1 */
         __m512 acc[V16_TMAX][2];
