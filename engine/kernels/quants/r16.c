@@ -361,6 +361,35 @@ A256 AINL void r16_q4k_256(const r16_ptrs *p, const uint8_t *grp, int nb, const 
     }
 }
 
+/* Q4_K, one token (decode): all 16 rows of a packed group, both 8-row halves super-block by
+ * super-block, so the group streams from memory once, each unit read by the second half while it
+ * is still in L1 (half by half over the whole group, the second pass found it in L2 and asked
+ * memory for nothing meanwhile). Per lane the sequence of r16_q4k_256. */
+A256 AINL void r16_q4k16_256(const r16_ptrs *p, int nb, const uint8_t *tile, int k0, float *out, int nr) {
+    __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()}, accM[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int i = 0; i < nb / 8; i++)
+        for (int q = 0; q < 2; q++) {
+            __m256 A = _mm256_setzero_ps(), dv = _mm256_setzero_ps();
+            for (int b = 8 * i; b < 8 * i + 8; b++) {
+                const uint8_t *tb = tile + (size_t)b * V16_TILE_BLOCK_BYTES;
+                const float *d = (const float *)(tb + 320), *ds = (const float *)(tb + 352);
+                __m256i W[8];
+                __m256 sc, mn;
+                if (q == 0) r16_prefetch_ahead(p, (size_t)b);
+                r16_block_256(RQ_Q4_K, p, (size_t)b, q, W, &sc, &dv, &mn);
+                const uint8_t *qd = tb + 32 * k0;
+                const __m256i P = _mm256_add_epi32(r16_dot_256(RQ_Q4_K, W, qd), r16_dot_256(RQ_Q4_K, W + 4, qd + 16));
+                A = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(P), sc), _mm256_set1_ps(d[k0]), A);
+                accM[q] = _mm256_fmadd_ps(mn, _mm256_set1_ps(ds[k0]), accM[q]);
+            }
+            acc[q] = _mm256_fmadd_ps(A, dv, acc[q]);
+        }
+    _Alignas(32) float tmp[16];
+    _mm256_store_ps(tmp, _mm256_add_ps(acc[0], accM[0]));
+    _mm256_store_ps(tmp + 8, _mm256_add_ps(acc[1], accM[1]));
+    for (int r = 0; r < nr; r++) out[r] = tmp[r];
+}
+
 /* Rows 8q.. of a packed group against T <= 2 tokens, every block read once (decode). */
 A256 AINL void r16_half_256(const int t, const r16_ptrs *p, int nb, const int T, const uint8_t *tile, int k0,
                             const int q, float *out, int ldo, int nr) {
@@ -508,6 +537,10 @@ A256 AINL void r16_groups_256(const int t, const uint8_t *R, int rows, int g0, i
             const uint8_t *tile = tk->mem + (size_t)i * nb * V16_TILE_BLOCK_BYTES;
             for (int k0 = 0; k0 < 8 && 8 * i + k0 < ntok; k0 += 2) {
                 const int left = ntok - 8 * i - k0, T = left < 2 ? left : 2;
+                if (t == RQ_Q4_K && T == 1) {   /* decode: the group streamed once */
+                    r16_q4k16_256(&p, nb, tile, k0, out + (size_t)(8 * i + k0) * ldo + r0, nr);
+                    continue;
+                }
                 for (int q = 0; q < 2 && 8 * q < nr; q++)
                     DISPATCH_T2(R16_HALF_T, t, &p, nb, tile, k0, q, out + (size_t)(8 * i + k0) * ldo + r0 + 8 * q, ldo, nr - 8 * q);
             }
