@@ -445,7 +445,7 @@ static void r16_matmul(int t, const uint8_t *R, int rows, int cols, const rq_act
     }
     const size_t pf8b = (pf8_tile_bytes(nb) + 63) & ~(size_t)63;
     if (nt <= 1) {
-        for (int i = 0; i < tk.ntiles; i++) v16_prep_tile(t, acts, ntok, i, &tk);
+        for (int i = 0; !tk.pf8 && i < tk.ntiles; i++) v16_prep_tile(t, acts, ntok, i, &tk);   /* the pf8 route reads only its tiles */
         for (int i = 0; tk.pf8 && i < tk.ntiles; i++) r16_prep_pf8_tile(t, acts, ntok, i, nb, pf8mem + pf8b * (size_t)i, &tk.pf8[i]);
         fn(R, rows, 0, ng, nb, ntok, &tk, out, ldo, grp, gmax);
     } else {
@@ -454,8 +454,8 @@ static void r16_matmul(int t, const uint8_t *R, int rows, int cols, const rq_act
         {
 #pragma omp for schedule(static)
             for (int i = 0; i < tk.ntiles; i++) {
-                v16_prep_tile(t, acts, ntok, i, &tk);
                 if (tk.pf8) r16_prep_pf8_tile(t, acts, ntok, i, nb, pf8mem + pf8b * (size_t)i, &tk.pf8[i]);
+                else v16_prep_tile(t, acts, ntok, i, &tk);
             }
             if (expand) {
                 const int nch = (ng + gmax - 1) / gmax;
