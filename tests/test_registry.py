@@ -38,10 +38,17 @@ QWEN_05B = "qwen2.5-coder-0.5b-instruct"
 # Only when already in the cache: a run must not download 469 MiB for this one test.
 # (tests/model_available.needs_model would not skip: resolve(name, auto_pull=False) returns a known
 # model's cache path whether or not the file is there, so the engine would pull it.)
+NEAR_TIE = 0.5  # logits: below this margin llama.cpp's own batch-vs-single-token noise can flip a token
+
+
 @pytest.mark.skipif(not is_cached(QWEN_05B), reason=f"{QWEN_05B} is not in the cache (rqllm models pull {QWEN_05B})")
 def test_qwen_coder_0_5b_can_chat_and_continues_as_llama_cpp_does():
-    """Greedy raw continuations, 32 tokens, equal to llama.cpp's llama-simple on the same file
-    (measured once; issue 17's notes in README's Models section)."""
+    """Greedy raw continuations, 32 tokens, against llama.cpp's llama-simple on the same file (measured
+    once; issue 17's notes in README's Models section): ours is llama.cpp's text, or follows it up to
+    a near-tie, a step where the token llama.cpp took is within NEAR_TIE of our top one (the criterion
+    of tests/test_reference.py: below it, llama.cpp's own batch-vs-single-token noise flips tokens)."""
+    import numpy as np
+
     from engine.engine import Engine
     from engine.params import SamplingParams
 
@@ -53,6 +60,19 @@ def test_qwen_coder_0_5b_can_chat_and_continues_as_llama_cpp_does():
         "def fibonacci(n):": '\n    if n <= 0:\n        return "Invalid input"\n    elif n == 1:\n'
                              '        return 0\n    elif n == 2',
     }
+    decode = eng.tokenizer.decode
     for prompt, expected in llama_cpp.items():
         gen = eng.generate(prompt, params=SamplingParams(max_tokens=32))
-        assert gen.completion_tokens == 32 and gen.text == expected, (prompt, gen.text)
+        assert gen.completion_tokens == 32, prompt
+        if gen.text == expected:
+            continue
+        step = next(i for i in range(32) if not expected.startswith(decode(gen.ids[:i + 1])))
+        logits = np.asarray(eng.model.forward_all(gen.prompt_ids + gen.ids[:step]))[-1]
+        done = decode(gen.ids[:step])
+        # llama.cpp's token at this step: among our 5 best, the one that continues its text furthest
+        cands = [int(t) for t in np.argsort(logits)[::-1][:5]]
+        theirs = max(cands, key=lambda t: len(decode(gen.ids[:step] + [t])) if expected.startswith(
+            decode(gen.ids[:step] + [t])) and len(decode(gen.ids[:step] + [t])) > len(done) else -1)
+        follows = expected.startswith(decode(gen.ids[:step] + [theirs]))
+        gap = float(logits.max() - logits[theirs])
+        assert follows and gap < NEAR_TIE, (prompt, step, gen.text, decode([theirs]), gap)
