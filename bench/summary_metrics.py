@@ -173,10 +173,16 @@ def unsupported(summary: str, document: str) -> tuple[float, list[str]]:
     doc_words = {stem(w) for w in words(document)}
     # a number is supported by the same number with a suffix too: "1790" by "1790s", "4" by "4th"
     doc_numbers = {m.group(1) for t in doc_tokens if (m := _NUMBER_HEAD.match(t))}
+    # a name the document writes as one word is supported when the summary splits it: "Stack Overflow"
+    # by "StackOverflow" (either half of the pair)
+    seq = [t.lower() for t in _TOKEN.findall(summary)]
+    joined = {a + b for a, b in zip(seq, seq[1:])} & doc_tokens
     missing = []
     for w in found:
-        key = w.lower().replace(",", "")
-        if key in doc_tokens or key in doc_numbers or (not _NUMBER.match(w) and stem(w) in doc_words):
+        key = re.sub(r"['\u2019]s$", "", w.lower().replace(",", ""))   # a possessive: "Britain's" by "Britain"
+        if key in doc_tokens or key in doc_numbers or (not _NUMBER.match(w) and stem(key) in doc_words):
+            continue
+        if any(j.startswith(key) or j.endswith(key) for j in joined):
             continue
         missing.append(w)
     return len(missing) / len(found), missing

@@ -75,6 +75,13 @@ def test_unsupported_finds_invented_names_and_numbers():
     assert m.unsupported("It began in 1790 and 7.", "Telegraphs of the 1790s.")[1] == ["7"]
 
 
+def test_unsupported_accepts_possessives_and_split_names_but_not_inventions():
+    doc = "The telegraph reached Britain first. Ask on StackOverflow. Licensed under the BSD license."
+    assert m.unsupported("It changed Britain's commerce.", doc) == (0.0, [])
+    assert m.unsupported("Questions go to Stack Overflow.", doc) == (0.0, [])
+    assert m.unsupported("It is under the MIT license, see Stack Exchange.", doc)[1] == ["MIT", "Stack", "Exchange"]
+
+
 @pytest.mark.parametrize("summary,framed", [
     ("The summary provides an overview of the key points.", True),
     ("The code above demonstrates a loop.", True),
