@@ -70,7 +70,7 @@ A256 AINL void pf8_pass(const int t, const int R, const uint8_t *const *ur, int 
  * The 4-bit values make the int16 sums of a whole block exact (16 x 15 x 128 per lane), so one
  * vpmaddwd by the block's integer scale gives P_b * sc_b per token, and a block costs one
  * conversion and one FMA per (row, token) where the half-block sequence of the other types costs
- * two of each and a scale product: Q4_K prefill matmuls 1.09-1.24x faster on Zen 5 running AVX2. */
+ * two of each and a scale product: Q4_K prefill matmuls 1.05-1.23x faster on Zen 5 running AVX2. */
 A256 AINL void pf8_q4k_256(const int R, const uint8_t *const *ur, int nb, const tile *tv, float *res) {
     const float *WD[PF8_RMAX];
     __m256 acc[PF8_RMAX], accM[PF8_RMAX];
