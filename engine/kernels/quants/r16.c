@@ -316,6 +316,17 @@ A256 AINL void r16_store_256(const int t, int nb, const int T, __m256 (*aE)[2], 
     }
 }
 
+/* Q4_K (its float sequence: q4_K.c): one block of 8 rows (W, integer scales sc, mins mn) against
+ * token k of the tile block tb, into its super-block sum A and its mins sum accM. */
+A256 AINL void r16_q4k_block_256(const __m256i *W, __m256 sc, __m256 mn, const uint8_t *tb, int k, __m256 *A,
+                                 __m256 *accM) {
+    const float *d = (const float *)(tb + 320), *ds = (const float *)(tb + 352);
+    const uint8_t *qd = tb + 32 * k;
+    const __m256i P = _mm256_add_epi32(r16_dot_256(RQ_Q4_K, W, qd), r16_dot_256(RQ_Q4_K, W + 4, qd + 16));
+    *A = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(P), sc), _mm256_set1_ps(d[k]), *A);
+    *accM = _mm256_fmadd_ps(mn, _mm256_set1_ps(ds[k]), *accM);
+}
+
 /* Q4_K (its float sequence: q4_K.c), rows 8q.. of a group against T <= 4 tokens (from k0), one
  * pass: from the packed group (grp NULL) or from its expansion into the v16 layout at grp. */
 A256 AINL void r16_q4k_256(const r16_ptrs *p, const uint8_t *grp, int nb, const int T, const uint8_t *tile, int k0,
@@ -327,7 +338,6 @@ A256 AINL void r16_q4k_256(const r16_ptrs *p, const uint8_t *grp, int nb, const 
         for (int k = 0; k < T; k++) A[k] = _mm256_setzero_ps();
         for (int b = 8 * i; b < 8 * i + 8; b++) {
             const uint8_t *tb = tile + (size_t)b * V16_TILE_BLOCK_BYTES;
-            const float *d = (const float *)(tb + 320), *ds = (const float *)(tb + 352);
             __m256i W[8];
             __m256 sc, mn;
             if (grp) {
@@ -340,12 +350,7 @@ A256 AINL void r16_q4k_256(const r16_ptrs *p, const uint8_t *grp, int nb, const 
                 if (q == 0) r16_prefetch_ahead(p, (size_t)b);
                 r16_block_256(RQ_Q4_K, p, (size_t)b, q, W, &sc, &dv, &mn);
             }
-            for (int k = 0; k < T; k++) {
-                const uint8_t *qd = tb + 32 * (k0 + k);
-                const __m256i P = _mm256_add_epi32(r16_dot_256(RQ_Q4_K, W, qd), r16_dot_256(RQ_Q4_K, W + 4, qd + 16));
-                A[k] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(P), sc), _mm256_set1_ps(d[k0 + k]), A[k]);
-                accM[k] = _mm256_fmadd_ps(mn, _mm256_set1_ps(ds[k0 + k]), accM[k]);
-            }
+            for (int k = 0; k < T; k++) r16_q4k_block_256(W, sc, mn, tb, k0 + k, &A[k], &accM[k]);
         }
         for (int k = 0; k < T; k++) acc[k] = _mm256_fmadd_ps(A[k], dv, acc[k]);
     }
@@ -371,16 +376,11 @@ A256 AINL void r16_q4k16_256(const r16_ptrs *p, int nb, const uint8_t *tile, int
         for (int q = 0; q < 2; q++) {
             __m256 A = _mm256_setzero_ps(), dv = _mm256_setzero_ps();
             for (int b = 8 * i; b < 8 * i + 8; b++) {
-                const uint8_t *tb = tile + (size_t)b * V16_TILE_BLOCK_BYTES;
-                const float *d = (const float *)(tb + 320), *ds = (const float *)(tb + 352);
                 __m256i W[8];
                 __m256 sc, mn;
                 if (q == 0) r16_prefetch_ahead(p, (size_t)b);
                 r16_block_256(RQ_Q4_K, p, (size_t)b, q, W, &sc, &dv, &mn);
-                const uint8_t *qd = tb + 32 * k0;
-                const __m256i P = _mm256_add_epi32(r16_dot_256(RQ_Q4_K, W, qd), r16_dot_256(RQ_Q4_K, W + 4, qd + 16));
-                A = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(P), sc), _mm256_set1_ps(d[k0]), A);
-                accM[q] = _mm256_fmadd_ps(mn, _mm256_set1_ps(ds[k0]), accM[q]);
+                r16_q4k_block_256(W, sc, mn, tile + (size_t)b * V16_TILE_BLOCK_BYTES, k0, &A, &accM[q]);
             }
             acc[q] = _mm256_fmadd_ps(A, dv, acc[q]);
         }

@@ -169,11 +169,4 @@ A256 AINL void pf8_store_q4k(uint8_t *ur, int nb, int b, int sc, float d, float 
     pf8_store_scales(ur, nb, b, w0, d, m);
 }
 
-/* The integer scale of block b of a Q4_K unpacked row (pf8_store_q4k). */
-static inline int pf8_q4k_sc(const uint8_t *ur, int nb, int b) {
-    uint32_t v;
-    memcpy(&v, ur + 32 * (size_t)nb + 8 * (size_t)b, 4);
-    return (int)(v & 0xFFFF);
-}
-
 #endif /* x86 */
