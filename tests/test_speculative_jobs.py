@@ -55,7 +55,14 @@ def _cli(*args: str):
     return CliRunner().invoke(main, list(args), catch_exceptions=False)
 
 
-def test_generate_cli_speculative_flags(smollm2_path):
+def test_generate_cli_speculative_flags(smollm2_path, monkeypatch):
+    # Pinned pass costs: the CLI's engine times its passes once, at its one request, and on a busy
+    # host that single timing can say guessing does not pay (it then rightly drafts nothing, and
+    # this test would not see the flag reach the decoder).
+    from engine.engine import Engine
+    from engine.speculative import DEFAULT_PASS_COSTS
+
+    monkeypatch.setattr(Engine, "pass_costs", property(lambda self: list(DEFAULT_PASS_COSTS)))
     base = ["generate", str(smollm2_path), "Count: 1, 2, 3, 4, 5,", "--max-tokens", "24", "--threads", "2",
             "--kv-budget", "16MiB", "--json"]
     plain = json.loads(_cli(*base).output)
