@@ -88,6 +88,36 @@ def test_paths_without_r16_kernels_use_the_gguf_rows():
                                           q.matmul(int(t), W, rows, n, X, path=path))
 
 
+def test_r16_multi_op_shares_cover_every_group_once():
+    """A multi-op call splits the ops' concatenated groups between threads by bytes: every group falls
+    in exactly one thread's share. (A share ending inside q once also took all of k and v, computed
+    again by the next thread: the 1.5B shape's decode qkv ran 96 groups on one thread and 64 on the
+    other.)"""
+    rng = np.random.default_rng(7)
+    shapes = [[(T.Q4_K, 1536), (T.Q4_K, 256), (T.Q6_K, 256)],   # 1.5B shape q, k, v
+              [(T.Q4_K, 4096), (T.Q4_K, 1024), (T.Q6_K, 1024)],  # 8B shape
+              [(T.Q4_K, 8960), (T.Q4_K, 8960)]]                  # gate, up
+    for _ in range(20):
+        shapes.append([(rng.choice([T.Q4_K, T.Q6_K, T.Q8_0, T.Q4_0]), int(rng.integers(1, 2000)))
+                       for _ in range(int(rng.integers(1, 6)))])
+    for ops in shapes:
+        for cols in (1536, 4096):
+            gb = [q.r16_bytes(int(t), 16, cols) for t, _ in ops]
+            ng = [(rows + 15) // 16 for _, rows in ops]
+            total = sum(g * n for g, n in zip(gb, ng))
+            for nth in (1, 2, 3, 4, 7):
+                seen = [np.zeros(n, dtype=int) for n in ng]
+                for me in range(nth):
+                    lo, hi, base = total * me // nth, total * (me + 1) // nth, 0
+                    for i, (g, n) in enumerate(zip(gb, ng)):
+                        share = q.r16_multi_share(lo, hi, base, g, n)
+                        if share is not None:
+                            seen[i][share[0]:share[1]] += 1
+                        base += g * n
+                for i, s in enumerate(seen):
+                    assert (s == 1).all(), (ops, cols, nth, i, s.min(), s.max())
+
+
 @pytest.mark.parametrize("path", R16_PATHS)
 @pytest.mark.parametrize("ntok", [1, 2, 3, 5, 8, 9])
 def test_r16_multi_op_matmul_equals_one_by_one(ntok, path, kern):

@@ -126,6 +126,10 @@ int rq_r16_layout_version(void);
 int rq_r16_usable(void);
 /* Bytes of the R16 copy of a rows x cols matrix of type t (rows padded to 16); 0 if unsupported. */
 size_t rq_r16_bytes(int t, int rows, int cols);
+/* A thread's share of a multi-op R16 call (rq_matmul_multi, decode-sized): the groups [*g0, *g1) of
+ * an op (ng groups of gb bytes from byte `base` of the ops' concatenation) whose first byte lies in
+ * the thread's byte range [lo, hi); returns 0 when there are none. */
+int rq_r16_multi_share(size_t lo, size_t hi, size_t base, size_t gb, int ng, int *g0, int *g1);
 /* Repack 16-row groups [g0, g1) of W into R (rq_r16_bytes long), on nthreads threads. */
 void rq_r16_repack(int t, const void *W, int rows, int cols, void *R, int g0, int g1, int nthreads);
 /* rq_matmul with the R16 copy R of W when R is not NULL and the path uses R16; else rq_matmul on W. */

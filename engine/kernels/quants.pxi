@@ -51,6 +51,7 @@ cdef extern from "quants.h":
     int rq_r16_layout_version() nogil
     int rq_r16_usable() nogil
     size_t rq_r16_bytes(int t, int rows, int cols) nogil
+    int rq_r16_multi_share(size_t lo, size_t hi, size_t base, size_t gb, int ng, int *g0, int *g1) nogil
     void rq_r16_repack(int t, const void *W, int rows, int cols, void *R, int g0, int g1, int nthreads) nogil
     void rq_matmul_r16(int t, const void *W, const void *R, int rows, int cols, const rq_act *acts, int ntok,
                        float *out, int ldo, int nthreads) nogil
@@ -444,6 +445,14 @@ def r16_kernels_available():
 def r16_bytes(int t, int rows, int cols):
     """Bytes of the R16 copy of a rows x cols matrix of type t (0: no R16 layout for it)."""
     return rq_r16_bytes(t, rows, cols)
+
+
+def r16_multi_share(size_t lo, size_t hi, size_t base, size_t gb, int ng):
+    """rq_r16_multi_share: (g0, g1) of an op's groups in the byte range [lo, hi), or None."""
+    cdef int g0, g1
+    if not rq_r16_multi_share(lo, hi, base, gb, ng, &g0, &g1):
+        return None
+    return g0, g1
 
 
 def r16_repack(int t, W, int rows, int cols, out, int g0, int g1, int nthreads=1):

@@ -501,6 +501,15 @@ static int multi_row_at(size_t at, size_t base, size_t rb, int rows) {
     return r > (size_t)rows ? rows : (int)r;
 }
 
+int rq_r16_multi_share(size_t lo, size_t hi, size_t base, size_t gb, int ng, int *g0, int *g1) {
+    const size_t end = base + gb * (size_t)ng;
+    *g0 = *g1 = 0;
+    if (hi <= base || lo >= end) return 0;   /* (hi - base would wrap below: a share before the op did all of it) */
+    *g0 = lo <= base ? 0 : (int)((lo - base + gb - 1) / gb);
+    *g1 = hi >= end ? ng : (int)((hi - base + gb - 1) / gb);
+    return *g1 > *g0;
+}
+
 #ifdef RQ_HAVE_X86
 /* Decode- and speculation-sized calls (ntok <= 8: one token tile) whose ops all have R16 copies: one
  * parallel job over the ops' concatenated groups, split by bytes (q/k/v or gate/up of a decode step pay
@@ -545,11 +554,9 @@ static int r16_matmul_multi(const rq_matmul_op *ops, int nops, int cols, const r
         for (int i = 0; i < nops; i++) {
             const int ng = (ops[i].rows + 15) / 16;
             const size_t end = base + gb[i] * (size_t)ng;
-            /* groups whose first byte lies in [lo, hi) */
-            const int g0 = lo <= base ? 0 : (int)((lo - base + gb[i] - 1) / gb[i]);
-            const int g1 = hi >= end ? ng : (int)((hi - base + gb[i] - 1) / gb[i]);
-            if (g1 > g0 && g0 < ng)
-                r16_path_kernel(rq_kernel_path(), ops[i].type)(ops[i].r16, ops[i].rows, g0, g1 < ng ? g1 : ng, nb, ntok, &tk[i], ops[i].out, ops[i].ldo, NULL, 1);
+            int g0, g1;
+            if (rq_r16_multi_share(lo, hi, base, gb[i], ng, &g0, &g1))
+                r16_path_kernel(rq_kernel_path(), ops[i].type)(ops[i].r16, ops[i].rows, g0, g1, nb, ntok, &tk[i], ops[i].out, ops[i].ldo, NULL, 1);
             base = end;
         }
     }
