@@ -366,27 +366,55 @@ A256 AINL void r16_q4k_256(const r16_ptrs *p, const uint8_t *grp, int nb, const 
     }
 }
 
+#ifndef R16_Q4K_PF_AHEAD
+#define R16_Q4K_PF_AHEAD R16_PF_AHEAD
+#endif
+/* Q4_K, one token (decode): rows 8q.. of the super-block unit u against token k0 (tile: the
+ * token's blocks), into the sums acc and accM: r16_q4k_256's float sequence, with what a unit holds
+ * once (d, dmin) read once, a block's int16 sums kept whole (8 x 2 x 15 x 128 fits, as in
+ * pf8_q4k_256: one vpmaddwd a block) and the sums in registers. */
+A256 AINL void r16_q4k_unit1_256(const r16_ptrs *p, const uint8_t *u, const uint8_t *tile, int k0, const int q,
+                                 __m256 *acc, __m256 *accM) {
+    const __m256i m0f = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+    const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(u + p->kd + 16 * q)));
+    const __m256 ndm = _mm256_xor_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(u + p->kdm + 16 * q))),
+                                     _mm256_set1_ps(-0.0f));
+    __m256 A = _mm256_setzero_ps(), M = *accM;
+    for (int j = 0; j < 8; j++) {
+        const uint8_t *tb = tile + (size_t)j * V16_TILE_BLOCK_BYTES, *qd = tb + 32 * k0;
+        const uint8_t *nib = u + p->nib + 256 * j + 32 * q;
+        __m256i S = _mm256_setzero_si256();
+        for (int g = 0; g < 4; g++) {
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(nib + 64 * g));
+            S = _mm256_add_epi16(S, _mm256_maddubs_epi16(_mm256_and_si256(v, m0f), _mm256_set1_epi32((int)load_u32(qd + 4 * g))));
+            S = _mm256_add_epi16(S, _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(v, 4), m0f),
+                                                         _mm256_set1_epi32((int)load_u32(qd + 16 + 4 * g))));
+        }
+        const __m256i P = _mm256_madd_epi16(S, ones);
+        const __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(u + p->ksc + 16 * j + 8 * q))));
+        const __m256 m = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(u + p->kmn + 16 * j + 8 * q))));
+        A = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(P), sc), _mm256_set1_ps(((const float *)(tb + 320))[k0]), A);
+        M = _mm256_fmadd_ps(_mm256_mul_ps(m, ndm), _mm256_set1_ps(((const float *)(tb + 352))[k0]), M);
+    }
+    *acc = _mm256_fmadd_ps(A, dv, *acc);
+    *accM = M;
+}
+
 /* Q4_K, one token (decode): all 16 rows of a packed group, both 8-row halves super-block by
  * super-block, so the group streams from memory once, each unit read by the second half while it
  * is still in L1 (half by half over the whole group, the second pass found it in L2 and asked
  * memory for nothing meanwhile). Per lane the sequence of r16_q4k_256. */
 A256 AINL void r16_q4k16_256(const r16_ptrs *p, int nb, const uint8_t *tile, int k0, float *out, int nr) {
-    __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()}, accM[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
-    for (int i = 0; i < nb / 8; i++)
-        for (int q = 0; q < 2; q++) {
-            __m256 A = _mm256_setzero_ps(), dv = _mm256_setzero_ps();
-            for (int b = 8 * i; b < 8 * i + 8; b++) {
-                __m256i W[8];
-                __m256 sc, mn;
-                if (q == 0) r16_prefetch_ahead(p, (size_t)b);
-                r16_block_256(RQ_Q4_K, p, (size_t)b, q, W, &sc, &dv, &mn);
-                r16_q4k_block_256(W, sc, mn, tile + (size_t)b * V16_TILE_BLOCK_BYTES, k0, &A, &accM[q]);
-            }
-            acc[q] = _mm256_fmadd_ps(A, dv, acc[q]);
-        }
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), accM0 = _mm256_setzero_ps(), accM1 = _mm256_setzero_ps();
+    for (int i = 0; i < nb / 8; i++) {
+        const uint8_t *u = p->g + (size_t)i * p->ub, *t8 = tile + (size_t)(8 * i) * V16_TILE_BLOCK_BYTES;
+        for (size_t o = 0; o < p->ub; o += 64) _mm_prefetch((const char *)u + R16_Q4K_PF_AHEAD + o, _MM_HINT_T0);
+        r16_q4k_unit1_256(p, u, t8, k0, 0, &acc0, &accM0);
+        r16_q4k_unit1_256(p, u, t8, k0, 1, &acc1, &accM1);
+    }
     _Alignas(32) float tmp[16];
-    _mm256_store_ps(tmp, _mm256_add_ps(acc[0], accM[0]));
-    _mm256_store_ps(tmp + 8, _mm256_add_ps(acc[1], accM[1]));
+    _mm256_store_ps(tmp, _mm256_add_ps(acc0, accM0));
+    _mm256_store_ps(tmp + 8, _mm256_add_ps(acc1, accM1));
     for (int r = 0; r < nr; r++) out[r] = tmp[r];
 }
 
