@@ -418,6 +418,67 @@ A256 AINL void r16_q4k16_256(const r16_ptrs *p, int nb, const uint8_t *tile, int
     for (int r = 0; r < nr; r++) out[r] = tmp[r];
 }
 
+/* Q6_K, one token (decode): rows 8q.. of the super-block unit u against token k0 (tile: the token's
+ * blocks), into the sums a[par][h] of r16_half_256's sequence (block parity, half): the unit's d read
+ * once, the sums in registers (r16_half_256 kept them in memory, addressed by parity). */
+A256 AINL void r16_q6k_unit1_256(const r16_ptrs *p, const uint8_t *u, const uint8_t *tile, int k0, const int q,
+                                 __m256 *a) {
+    const __m256i m0f = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30), ones = _mm256_set1_epi16(1);
+    const __m256 dr = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(u + p->qd + 16 * q)));
+    __m256 aE0 = a[0], aE1 = a[1], aO0 = a[2], aO1 = a[3];
+    for (int j = 0; j < 8; j++) {
+        const uint8_t *tb = tile + (size_t)j * V16_TILE_BLOCK_BYTES, *qd = tb + 32 * k0;
+        const int32_t *nq = (const int32_t *)(tb + 256);
+        const __m256 dt = _mm256_set1_ps(((const float *)(tb + 320))[k0]);
+        __m256i v[4];
+        for (int g = 0; g < 4; g++) v[g] = _mm256_loadu_si256((const __m256i *)(u + p->nib + 64 * (4 * j + g) + 32 * q));
+        __m256i P[2];
+        for (int h = 0; h < 2; h++) {
+            const __m256i hb = _mm256_loadu_si256((const __m256i *)(u + p->hb + 64 * (2 * j + h) + 32 * q));
+            __m256i pr[4];
+            for (int g = 0; g < 4; g++) {
+                const __m256i lo = h ? _mm256_and_si256(_mm256_srli_epi16(v[g], 4), m0f) : _mm256_and_si256(v[g], m0f);
+                const __m256i hg = g < 2 ? _mm256_slli_epi32(hb, 4 - 2 * g) : _mm256_srli_epi32(hb, 2 * g - 4);
+                const __m256i W = _mm256_or_si256(lo, _mm256_and_si256(hg, m30));
+                pr[g] = _mm256_maddubs_epi16(W, _mm256_set1_epi32((int)load_u32(qd + 16 * h + 4 * g)));
+            }
+            /* U <= 63: only pairs of vpmaddubsw sums fit in int16 */
+            P[h] = _mm256_add_epi32(_mm256_madd_epi16(_mm256_add_epi16(pr[0], pr[1]), ones),
+                                    _mm256_madd_epi16(_mm256_add_epi16(pr[2], pr[3]), ones));
+            P[h] = _mm256_add_epi32(P[h], _mm256_set1_epi32(nq[8 * h + k0]));
+        }
+        const uint8_t *qs = u + p->qsc + 32 * j + 8 * q;
+        const __m256 wd0 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)qs))), dr);
+        const __m256 wd1 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(qs + 16)))), dr);
+        if (j & 1) {
+            aO0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(P[0]), _mm256_mul_ps(wd0, dt), aO0);
+            aO1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(P[1]), _mm256_mul_ps(wd1, dt), aO1);
+        } else {
+            aE0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(P[0]), _mm256_mul_ps(wd0, dt), aE0);
+            aE1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(P[1]), _mm256_mul_ps(wd1, dt), aE1);
+        }
+    }
+    a[0] = aE0; a[1] = aE1; a[2] = aO0; a[3] = aO1;
+}
+
+/* Q6_K, one token (decode): all 16 rows of a packed group, both 8-row halves unit by unit (the group
+ * streamed once, as r16_q4k16_256). Per lane the sequence of r16_half_256 and r16_store_256. */
+A256 AINL void r16_q6k16_256(const r16_ptrs *p, int nb, const uint8_t *tile, int k0, float *out, int nr) {
+    __m256 a[2][4];
+    for (int q = 0; q < 2; q++)
+        for (int i = 0; i < 4; i++) a[q][i] = _mm256_setzero_ps();
+    for (int i = 0; i < nb / 8; i++) {
+        const uint8_t *u = p->g + (size_t)i * p->ub, *t8 = tile + (size_t)(8 * i) * V16_TILE_BLOCK_BYTES;
+        for (size_t o = 0; o < p->ub; o += 64) _mm_prefetch((const char *)u + R16_PF_AHEAD + o, _MM_HINT_T0);
+        r16_q6k_unit1_256(p, u, t8, k0, 0, a[0]);
+        r16_q6k_unit1_256(p, u, t8, k0, 1, a[1]);
+    }
+    _Alignas(32) float tmp[16];
+    for (int q = 0; q < 2; q++)
+        _mm256_store_ps(tmp + 8 * q, _mm256_add_ps(_mm256_add_ps(a[q][0], a[q][2]), _mm256_add_ps(a[q][1], a[q][3])));
+    for (int r = 0; r < nr; r++) out[r] = tmp[r];
+}
+
 /* Rows 8q.. of a packed group against T <= 2 tokens, every block read once (decode). */
 A256 AINL void r16_half_256(const int t, const r16_ptrs *p, int nb, const int T, const uint8_t *tile, int k0,
                             const int q, float *out, int ldo, int nr) {
@@ -567,6 +628,10 @@ A256 AINL void r16_groups_256(const int t, const uint8_t *R, int rows, int g0, i
                 const int left = ntok - 8 * i - k0, T = left < 2 ? left : 2;
                 if (t == RQ_Q4_K && T == 1) {   /* decode: the group streamed once */
                     r16_q4k16_256(&p, nb, tile, k0, out + (size_t)(8 * i + k0) * ldo + r0, nr);
+                    continue;
+                }
+                if (t == RQ_Q6_K && T == 1) {
+                    r16_q6k16_256(&p, nb, tile, k0, out + (size_t)(8 * i + k0) * ldo + r0, nr);
                     continue;
                 }
                 for (int q = 0; q < 2 && 8 * q < nr; q++)
