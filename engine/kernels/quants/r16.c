@@ -366,9 +366,6 @@ A256 AINL void r16_q4k_256(const r16_ptrs *p, const uint8_t *grp, int nb, const 
     }
 }
 
-#ifndef R16_Q4K_PF_AHEAD
-#define R16_Q4K_PF_AHEAD R16_PF_AHEAD
-#endif
 /* Q4_K, one token (decode): rows 8q.. of the super-block unit u against token k0 (tile: the
  * token's blocks), into the sums acc and accM: r16_q4k_256's float sequence, with what a unit holds
  * once (d, dmin) read once, a block's int16 sums kept whole (8 x 2 x 15 x 128 fits, as in
@@ -408,7 +405,7 @@ A256 AINL void r16_q4k16_256(const r16_ptrs *p, int nb, const uint8_t *tile, int
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), accM0 = _mm256_setzero_ps(), accM1 = _mm256_setzero_ps();
     for (int i = 0; i < nb / 8; i++) {
         const uint8_t *u = p->g + (size_t)i * p->ub, *t8 = tile + (size_t)(8 * i) * V16_TILE_BLOCK_BYTES;
-        for (size_t o = 0; o < p->ub; o += 64) _mm_prefetch((const char *)u + R16_Q4K_PF_AHEAD + o, _MM_HINT_T0);
+        for (size_t o = 0; o < p->ub; o += 64) _mm_prefetch((const char *)u + R16_PF_AHEAD + o, _MM_HINT_T0);
         r16_q4k_unit1_256(p, u, t8, k0, 0, &acc0, &accM0);
         r16_q4k_unit1_256(p, u, t8, k0, 1, &acc1, &accM1);
     }
