@@ -25,7 +25,8 @@ Neither binary is built by this project; the README's Benchmarks section says ho
 
 Each engine first runs one untimed warm-up at the full prompt length.  Runs are interleaved per repetition (ours, llama-bench, ik, ik -rtr, llama-cpp-python, ours, ...)
 because this machine is shared and noisy; one table of medians and ratios (ours / peer) is printed
-at the end, then the spreads of the runs.  Ours runs in this process on the kernel path printed in
+at the end, then the paired ratios (the median over reps of ours / that rep's peer run: steadier than
+the ratio of medians when the host's memory bandwidth changes state between runs) and the spreads.  Ours runs in this process on the kernel path printed in
 the table (RQLLM_KERNEL forces one; --kernel sets RQLLM_KERNEL for our runs).
 """
 from __future__ import annotations
@@ -202,6 +203,15 @@ def kernel_path() -> str:
     return path if fwd == path else f"{path}/fwd:{fwd}"
 
 
+def paired_ratio(ours: list[tuple[float, float]], theirs: list[tuple[float, float]], i: int) -> float:
+    """The median over reps of ours / the peer's run of the same rep, figure i. The runs of a rep follow
+    each other within a minute, so a pair shares the host's state (on shared machines memory bandwidth
+    changes within seconds) more often than the two medians do."""
+    xs = [a[i] / b[i] for a, b in zip(ours, theirs)
+          if b[i] and not math.isnan(a[i]) and not math.isnan(b[i])]
+    return statistics.median(xs) if xs else math.nan
+
+
 def best_of(settings: dict[str, tuple[float, float]], i: int) -> tuple[float, str]:
     """The best median of figure i among a peer's settings, and that setting's name."""
     ok = {k: v[i] for k, v in settings.items() if not math.isnan(v[i])}
@@ -249,6 +259,10 @@ def print_table(rows: list[dict], reps: int, peers: list[str]) -> None:
             print(f"  {r['model']:<14} {r['threads']:>3}  " +
                   "  ".join(f"{k} {fmt(v[0], 0)}/{fmt(v[1], 0)}" for k, v in r["ik_settings"].items()))
     print("/peer: ours divided by the peer (above 1: ours is faster)")
+    print("paired: the median over reps of ours / that rep's peer run (ik: the setting above), pp and tg:")
+    for r in rows:
+        parts = " ".join(f"/{name} {ratio(x[0], 1.0, 6)} {ratio(x[1], 1.0, 6)}" for name, x in r["paired"].items())
+        print(f"  {r['model']:<14} {r['threads']:>3}  {parts}")
     print("spread of the runs (max/min - 1), pp and tg:")
     for r in rows:
         parts = " ".join(f"{name} {s[0]:>4.0%} {s[1]:>4.0%}" for name, s in r["spread"].items())
@@ -342,17 +356,24 @@ def main(model_names, thread_counts, reps, prefill_arg, decode_arg, llama_bench,
             medians = {k: median_pair(v) for k, v in runs.items()}
             row = {"model": name, "threads": threads, "lengths": f"pp{n_prefill}/tg{n_decode}",
                    "kernel": active + ("+r16" if repacked else ""),
-                   "ours": medians["ours"], "spread": {}}
+                   "ours": medians["ours"], "spread": {}, "paired": {}}
             if "llama" in medians:
                 row["llama"] = medians["llama"]
             if "llama-py" in medians:
                 row["llama-py"] = medians["llama-py"]
+            for label in ("llama", "llama-py"):
+                if label in medians:
+                    row["paired"][label] = (paired_ratio(runs["ours"], runs[label], 0),
+                                            paired_ratio(runs["ours"], runs[label], 1))
             if "ik" in medians:
                 ik = {"plain": medians["ik"], "rtr": medians["ik-rtr"]}
                 (pp, pp_set), (tg, tg_set) = best_of(ik, 0), best_of(ik, 1)
                 row["ik"] = (pp, tg)
                 row["ik_setting"] = (pp_set, tg_set)
                 row["ik_settings"] = ik
+                ik_runs = {"plain": runs["ik"], "rtr": runs["ik-rtr"]}
+                row["paired"]["ik"] = tuple(paired_ratio(runs["ours"], ik_runs.get(st, []), i)
+                                            for i, st in ((0, pp_set), (1, tg_set)))
             for k, v in runs.items():
                 if v:
                     row["spread"][k] = (spread(v, 0), spread(v, 1))

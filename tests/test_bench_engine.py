@@ -90,6 +90,20 @@ def test_a_run_against_fake_binaries_prints_one_table(tmp_path, smollm2_path):
     ratios = [float(c.rstrip("x")) for c in cells[-4:]]
     assert ratios == pytest.approx([ours_pp / 100, ours_tg / 10, ours_pp / 400, ours_tg / 20], rel=0.02, abs=0.006)
     assert re.search(r"spread of the runs", out)
+    # the paired ratios: ik against the setting each figure came from (rtr for pp, plain for tg)
+    paired = out.splitlines()[out.splitlines().index(next(x for x in out.splitlines() if x.startswith("paired:"))) + 1]
+    got = [float(c.rstrip("x")) for c in paired.split() if c.endswith("x")]
+    assert got == pytest.approx([ours_pp / 100, ours_tg / 10, ours_pp / 400, ours_tg / 20], rel=0.02, abs=0.006)
+
+
+def test_paired_ratio_is_the_median_of_each_reps_ratio():
+    ours = [(100.0, 10.0), (50.0, 5.0), (90.0, 9.0)]
+    peer = [(50.0, 20.0), (50.0, 2.5), (30.0, 9.0)]   # per rep: 2, 1, 3 and 0.5, 2, 1
+    assert bench_engine.paired_ratio(ours, peer, 0) == 2.0
+    assert bench_engine.paired_ratio(ours, peer, 1) == 1.0
+    # the ratio of medians would say 90 / 50 = 1.8 and 9 / 9 = 1.0: pairing follows each rep's state
+    assert bench_engine.paired_ratio(ours, [], 0) != bench_engine.paired_ratio(ours, [], 0)   # nan: no runs
+    assert bench_engine.paired_ratio(ours[:2], [(float("nan"), 1.0), (25.0, 1.0)], 0) == 2.0
 
 
 def test_a_failing_peer_is_reported_and_the_table_still_prints(tmp_path, smollm2_path):
