@@ -228,9 +228,8 @@ A512 AINL void r16_block_q6k(const r16_ptrs *p, const uint8_t *u, size_t j, __m5
     *mn = _mm512_setzero_ps();
 }
 
-/* The same for rows 8q..8q+7, AVX2 (see r16_block_256). */
-A256 AINL void r16_block_q6k_256(const r16_ptrs *p, const uint8_t *u, size_t j, const int q, __m256i *W, __m256 *wd0,
-                                 __m256 *wd1, __m256 *mn) {
+/* The v16 U vectors W[4h + g] of block j of unit u, rows 8q..8q+7 (nibbles plus the two high bits), AVX2. */
+A256 AINL void r16_bits_q6k_256(const r16_ptrs *p, const uint8_t *u, size_t j, const int q, __m256i *W) {
     const size_t o = 32 * (size_t)q;
     r16_nib_256(p, u, j, o, W);
     const __m256i m30 = _mm256_set1_epi8(0x30);
@@ -241,6 +240,12 @@ A256 AINL void r16_block_q6k_256(const r16_ptrs *p, const uint8_t *u, size_t j, 
             W[4 * h + g] = _mm256_or_si256(W[4 * h + g], _mm256_and_si256(hg, m30));
         }
     }
+}
+
+/* The same for rows 8q..8q+7, AVX2 (see r16_block_256). */
+A256 AINL void r16_block_q6k_256(const r16_ptrs *p, const uint8_t *u, size_t j, const int q, __m256i *W, __m256 *wd0,
+                                 __m256 *wd1, __m256 *mn) {
+    r16_bits_q6k_256(p, u, j, q, W);
     const size_t o16 = 16 * (size_t)q, o8 = 8 * (size_t)q;
     const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(u + p->qd + o16)));
     const uint8_t *qs = u + p->qsc + 32 * j + o8;

@@ -316,17 +316,6 @@ A256 AINL void r16_store_256(const int t, int nb, const int T, __m256 (*aE)[2], 
     }
 }
 
-/* Q4_K (its float sequence: q4_K.c): one block of 8 rows (W, integer scales sc, mins mn) against
- * token k of the tile block tb, into its super-block sum A and its mins sum accM. */
-A256 AINL void r16_q4k_block_256(const __m256i *W, __m256 sc, __m256 mn, const uint8_t *tb, int k, __m256 *A,
-                                 __m256 *accM) {
-    const float *d = (const float *)(tb + 320), *ds = (const float *)(tb + 352);
-    const uint8_t *qd = tb + 32 * k;
-    const __m256i P = _mm256_add_epi32(r16_dot_256(RQ_Q4_K, W, qd), r16_dot_256(RQ_Q4_K, W + 4, qd + 16));
-    *A = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(P), sc), _mm256_set1_ps(d[k]), *A);
-    *accM = _mm256_fmadd_ps(mn, _mm256_set1_ps(ds[k]), *accM);
-}
-
 /* Q4_K (its float sequence: q4_K.c), rows 8q.. of a group against T <= 4 tokens (from k0), one
  * pass: from the packed group (grp NULL) or from its expansion into the v16 layout at grp. */
 A256 AINL void r16_q4k_256(const r16_ptrs *p, const uint8_t *grp, int nb, const int T, const uint8_t *tile, int k0,
@@ -338,6 +327,7 @@ A256 AINL void r16_q4k_256(const r16_ptrs *p, const uint8_t *grp, int nb, const 
         for (int k = 0; k < T; k++) A[k] = _mm256_setzero_ps();
         for (int b = 8 * i; b < 8 * i + 8; b++) {
             const uint8_t *tb = tile + (size_t)b * V16_TILE_BLOCK_BYTES;
+            const float *d = (const float *)(tb + 320), *ds = (const float *)(tb + 352);
             __m256i W[8];
             __m256 sc, mn;
             if (grp) {
@@ -350,7 +340,12 @@ A256 AINL void r16_q4k_256(const r16_ptrs *p, const uint8_t *grp, int nb, const 
                 if (q == 0) r16_prefetch_ahead(p, (size_t)b);
                 r16_block_256(RQ_Q4_K, p, (size_t)b, q, W, &sc, &dv, &mn);
             }
-            for (int k = 0; k < T; k++) r16_q4k_block_256(W, sc, mn, tb, k0 + k, &A[k], &accM[k]);
+            for (int k = 0; k < T; k++) {
+                const uint8_t *qd = tb + 32 * (k0 + k);
+                const __m256i P = _mm256_add_epi32(r16_dot_256(RQ_Q4_K, W, qd), r16_dot_256(RQ_Q4_K, W + 4, qd + 16));
+                A[k] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(P), sc), _mm256_set1_ps(d[k0 + k]), A[k]);
+                accM[k] = _mm256_fmadd_ps(mn, _mm256_set1_ps(ds[k0 + k]), accM[k]);
+            }
         }
         for (int k = 0; k < T; k++) acc[k] = _mm256_fmadd_ps(A[k], dv, acc[k]);
     }
@@ -372,21 +367,17 @@ A256 AINL void r16_q4k_256(const r16_ptrs *p, const uint8_t *grp, int nb, const 
  * pf8_q4k_256: one vpmaddwd a block) and the sums in registers. */
 A256 AINL void r16_q4k_unit1_256(const r16_ptrs *p, const uint8_t *u, const uint8_t *tile, int k0, const int q,
                                  __m256 *acc, __m256 *accM) {
-    const __m256i m0f = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+    const __m256i ones = _mm256_set1_epi16(1);
     const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(u + p->kd + 16 * q)));
     const __m256 ndm = _mm256_xor_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(u + p->kdm + 16 * q))),
                                      _mm256_set1_ps(-0.0f));
     __m256 A = _mm256_setzero_ps(), M = *accM;
     for (int j = 0; j < 8; j++) {
         const uint8_t *tb = tile + (size_t)j * V16_TILE_BLOCK_BYTES, *qd = tb + 32 * k0;
-        const uint8_t *nib = u + p->nib + 256 * j + 32 * q;
-        __m256i S = _mm256_setzero_si256();
-        for (int g = 0; g < 4; g++) {
-            const __m256i v = _mm256_loadu_si256((const __m256i *)(nib + 64 * g));
-            S = _mm256_add_epi16(S, _mm256_maddubs_epi16(_mm256_and_si256(v, m0f), _mm256_set1_epi32((int)load_u32(qd + 4 * g))));
-            S = _mm256_add_epi16(S, _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(v, 4), m0f),
-                                                         _mm256_set1_epi32((int)load_u32(qd + 16 + 4 * g))));
-        }
+        __m256i W[8], S = _mm256_setzero_si256();
+        r16_nib_256(p, u, (size_t)j, 32 * (size_t)q, W);
+        for (int g = 0; g < 8; g++)   /* W[4 h + g] against the token's dword g of half h */
+            S = _mm256_add_epi16(S, _mm256_maddubs_epi16(W[g], _mm256_set1_epi32((int)load_u32(qd + 16 * (g / 4) + 4 * (g % 4)))));
         const __m256i P = _mm256_madd_epi16(S, ones);
         const __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(u + p->ksc + 16 * j + 8 * q))));
         const __m256 m = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(u + p->kmn + 16 * j + 8 * q))));
@@ -420,30 +411,16 @@ A256 AINL void r16_q4k16_256(const r16_ptrs *p, int nb, const uint8_t *tile, int
  * once, the sums in registers (r16_half_256 kept them in memory, addressed by parity). */
 A256 AINL void r16_q6k_unit1_256(const r16_ptrs *p, const uint8_t *u, const uint8_t *tile, int k0, const int q,
                                  __m256 *a) {
-    const __m256i m0f = _mm256_set1_epi8(0x0F), m30 = _mm256_set1_epi8(0x30), ones = _mm256_set1_epi16(1);
     const __m256 dr = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(u + p->qd + 16 * q)));
     __m256 aE0 = a[0], aE1 = a[1], aO0 = a[2], aO1 = a[3];
     for (int j = 0; j < 8; j++) {
         const uint8_t *tb = tile + (size_t)j * V16_TILE_BLOCK_BYTES, *qd = tb + 32 * k0;
         const int32_t *nq = (const int32_t *)(tb + 256);
         const __m256 dt = _mm256_set1_ps(((const float *)(tb + 320))[k0]);
-        __m256i v[4];
-        for (int g = 0; g < 4; g++) v[g] = _mm256_loadu_si256((const __m256i *)(u + p->nib + 64 * (4 * j + g) + 32 * q));
-        __m256i P[2];
-        for (int h = 0; h < 2; h++) {
-            const __m256i hb = _mm256_loadu_si256((const __m256i *)(u + p->hb + 64 * (2 * j + h) + 32 * q));
-            __m256i pr[4];
-            for (int g = 0; g < 4; g++) {
-                const __m256i lo = h ? _mm256_and_si256(_mm256_srli_epi16(v[g], 4), m0f) : _mm256_and_si256(v[g], m0f);
-                const __m256i hg = g < 2 ? _mm256_slli_epi32(hb, 4 - 2 * g) : _mm256_srli_epi32(hb, 2 * g - 4);
-                const __m256i W = _mm256_or_si256(lo, _mm256_and_si256(hg, m30));
-                pr[g] = _mm256_maddubs_epi16(W, _mm256_set1_epi32((int)load_u32(qd + 16 * h + 4 * g)));
-            }
-            /* U <= 63: only pairs of vpmaddubsw sums fit in int16 */
-            P[h] = _mm256_add_epi32(_mm256_madd_epi16(_mm256_add_epi16(pr[0], pr[1]), ones),
-                                    _mm256_madd_epi16(_mm256_add_epi16(pr[2], pr[3]), ones));
-            P[h] = _mm256_add_epi32(P[h], _mm256_set1_epi32(nq[8 * h + k0]));
-        }
+        __m256i W[8], P[2];
+        r16_bits_q6k_256(p, u, (size_t)j, q, W);
+        for (int h = 0; h < 2; h++)
+            P[h] = _mm256_add_epi32(r16_dot_256(RQ_Q6_K, W + 4 * h, qd + 16 * h), _mm256_set1_epi32(nq[8 * h + k0]));
         const uint8_t *qs = u + p->qsc + 32 * j + 8 * q;
         const __m256 wd0 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)qs))), dr);
         const __m256 wd1 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(qs + 16)))), dr);
@@ -474,6 +451,14 @@ A256 AINL void r16_q6k16_256(const r16_ptrs *p, int nb, const uint8_t *tile, int
     for (int q = 0; q < 2; q++)
         _mm256_store_ps(tmp + 8 * q, _mm256_add_ps(_mm256_add_ps(a[q][0], a[q][2]), _mm256_add_ps(a[q][1], a[q][3])));
     for (int r = 0; r < nr; r++) out[r] = tmp[r];
+}
+
+/* Decode (one token) with a type's own 16-row kernel, the group streamed once; 0: t has none. */
+A256 AINL int r16_one16_256(const int t, const r16_ptrs *p, int nb, const uint8_t *tile, int k0, float *out, int nr) {
+    if (t == RQ_Q4_K) r16_q4k16_256(p, nb, tile, k0, out, nr);
+    else if (t == RQ_Q6_K) r16_q6k16_256(p, nb, tile, k0, out, nr);
+    else return 0;
+    return 1;
 }
 
 /* Rows 8q.. of a packed group against T <= 2 tokens, every block read once (decode). */
@@ -623,14 +608,7 @@ A256 AINL void r16_groups_256(const int t, const uint8_t *R, int rows, int g0, i
             const uint8_t *tile = tk->mem + (size_t)i * nb * V16_TILE_BLOCK_BYTES;
             for (int k0 = 0; k0 < 8 && 8 * i + k0 < ntok; k0 += 2) {
                 const int left = ntok - 8 * i - k0, T = left < 2 ? left : 2;
-                if (t == RQ_Q4_K && T == 1) {   /* decode: the group streamed once */
-                    r16_q4k16_256(&p, nb, tile, k0, out + (size_t)(8 * i + k0) * ldo + r0, nr);
-                    continue;
-                }
-                if (t == RQ_Q6_K && T == 1) {
-                    r16_q6k16_256(&p, nb, tile, k0, out + (size_t)(8 * i + k0) * ldo + r0, nr);
-                    continue;
-                }
+                if (T == 1 && r16_one16_256(t, &p, nb, tile, k0, out + (size_t)(8 * i + k0) * ldo + r0, nr)) continue;
                 for (int q = 0; q < 2 && 8 * q < nr; q++)
                     DISPATCH_T2(R16_HALF_T, t, &p, nb, tile, k0, q, out + (size_t)(8 * i + k0) * ldo + r0 + 8 * q, ldo, nr - 8 * q);
             }
