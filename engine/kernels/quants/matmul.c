@@ -418,7 +418,7 @@ static void r16_matmul(int t, const uint8_t *R, int rows, int cols, const rq_act
     v16_toks tk = {nb, (ntok + 7) / 8, NULL, NULL};
     tk.mem = aligned_alloc(64, (size_t)tk.ntiles * nb * V16_TILE_BLOCK_BYTES);
     uint8_t *pf8mem = NULL;
-    if (expand && rq_kernel_path() == RQ_PATH_AVX2 && pf8_type(t, 1)) {   /* see r16_to_pf8_rows_256 */
+    if (expand && rq_kernel_path() == RQ_PATH_AVX2 && pf8_type(t, 1) && !r16_tile16_type(t)) {   /* see r16_to_pf8_rows_256 */
         tk.pf8 = calloc((size_t)tk.ntiles, sizeof(tile));
         pf8mem = aligned_alloc(64, (size_t)tk.ntiles * ((pf8_tile_bytes(nb) + 63) & ~(size_t)63));
         if (!tk.pf8 || !pf8mem) { free(tk.pf8); free(pf8mem); tk.pf8 = NULL; pf8mem = NULL; }

@@ -316,10 +316,10 @@ A256 AINL void r16_store_256(const int t, int nb, const int T, __m256 (*aE)[2], 
     }
 }
 
-/* Q4_K (its float sequence: q4_K.c), rows 8q.. of a group against T <= 4 tokens (from k0), one
- * pass: from the packed group (grp NULL) or from its expansion into the v16 layout at grp. */
-A256 AINL void r16_q4k_256(const r16_ptrs *p, const uint8_t *grp, int nb, const int T, const uint8_t *tile, int k0,
-                           const int q, float *out, int ldo, int nr) {
+/* Q4_K (its float sequence: q4_K.c), rows 8q.. of a packed group against T <= 2 tokens (from k0),
+ * one pass. */
+A256 AINL void r16_q4k_256(const r16_ptrs *p, int nb, const int T, const uint8_t *tile, int k0, const int q,
+                           float *out, int ldo, int nr) {
     __m256 acc[4], accM[4];
     for (int k = 0; k < T; k++) acc[k] = accM[k] = _mm256_setzero_ps();
     for (int i = 0; i < nb / 8; i++) {
@@ -330,16 +330,8 @@ A256 AINL void r16_q4k_256(const r16_ptrs *p, const uint8_t *grp, int nb, const 
             const float *d = (const float *)(tb + 320), *ds = (const float *)(tb + 352);
             __m256i W[8];
             __m256 sc, mn;
-            if (grp) {
-                const float *WD = (const float *)(grp + 512 * (size_t)nb), *M = WD + 32 * (size_t)nb;
-                for (int j = 0; j < 8; j++) W[j] = _mm256_loadu_si256((const __m256i *)(grp + 512 * (size_t)b + 64 * j + 32 * q));
-                sc = _mm256_loadu_ps(WD + 32 * (size_t)b + 8 * q);
-                dv = _mm256_loadu_ps(WD + 32 * (size_t)b + 16 + 8 * q);
-                mn = _mm256_loadu_ps(M + 16 * (size_t)b + 8 * q);
-            } else {
-                if (q == 0) r16_prefetch_ahead(p, (size_t)b);
-                r16_block_256(RQ_Q4_K, p, (size_t)b, q, W, &sc, &dv, &mn);
-            }
+            if (q == 0) r16_prefetch_ahead(p, (size_t)b);
+            r16_block_256(RQ_Q4_K, p, (size_t)b, q, W, &sc, &dv, &mn);
             for (int k = 0; k < T; k++) {
                 const uint8_t *qd = tb + 32 * (k0 + k);
                 const __m256i P = _mm256_add_epi32(r16_dot_256(RQ_Q4_K, W, qd), r16_dot_256(RQ_Q4_K, W + 4, qd + 16));
@@ -465,7 +457,7 @@ A256 AINL int r16_one16_256(const int t, const r16_ptrs *p, int nb, const uint8_
 A256 AINL void r16_half_256(const int t, const r16_ptrs *p, int nb, const int T, const uint8_t *tile, int k0,
                             const int q, float *out, int ldo, int nr) {
     if (t == RQ_Q4_K) {
-        r16_q4k_256(p, NULL, nb, T, tile, k0, q, out, ldo, nr);
+        r16_q4k_256(p, nb, T, tile, k0, q, out, ldo, nr);
         return;
     }
     __m256 aE[2][2], aO[2][2], mE[2], mO[2];
@@ -497,13 +489,149 @@ A256 static void r16_expand_256(const int t, const uint8_t *g, int nb, uint8_t *
         }
 }
 
-/* Rows 8q.. of an expanded (v16) group against T <= 4 tokens (from k0), parity by parity. */
+/* ---- AVX2 prefill, all 16 rows of an expanded (v16) group against a whole token tile ----
+ * The vector runs over 8 rows (v16's U vectors, one 8-row half each), so a token's dword is
+ * broadcast once for both halves, and a block's weights stay in registers (or L1) while the
+ * tile's tokens pass two at a time. Per 256 multiply-adds this costs 4 broadcasts where the pf8
+ * route's one row per vector costs 8 vpshufd; on Zen 5 running AVX2, a broadcast and a vpshufd
+ * each take a vector-pipe slot, and those slots bound both routes. Q4_K matmuls 1.03-1.10x,
+ * Q6_K 1.08-1.13x faster than on pf8 rows (1 thread, 256 tokens, 1536-14336 columns). Missing
+ * tokens of a tile are zero; they are computed in pairs and not stored. */
+A256 AINL void r16_tile16_store_256(const __m256 *lo, const __m256 *hi, float *out, int nr) {
+    _Alignas(32) float tmp[16];
+    _mm256_store_ps(tmp, *lo);
+    _mm256_store_ps(tmp + 8, *hi);
+    for (int r = 0; r < nr; r++) out[r] = tmp[r];
+}
+
+/* Q4_K: pf8_q4k_256's float sequence (q4_K.c): a block's int16 sums whole, one vpmaddwd by the
+ * block's integer scale, A = fma(float(P), d_k, A) per super-block, acc = fma(A, d, acc); the
+ * mins in their own pass, each lane's accM in block order as there. */
+A256 AINL void r16_tile16_q4k_256(const uint8_t *grp, int nb, const int T, const uint8_t *tile, float *out, int ldo,
+                                  int nr) {
+    const float *WD = (const float *)(grp + 512 * (size_t)nb), *M = WD + 32 * (size_t)nb;
+    __m256 acc[8][2], A[8][2], accM[8][2];   /* [token][8-row half]; indexed by a run-time token: in memory */
+    const int T2 = (T + 1) & ~1;
+    for (int k = 0; k < T2; k++) acc[k][0] = acc[k][1] = accM[k][0] = accM[k][1] = _mm256_setzero_ps();
+    for (int i = 0; i < nb / 8; i++) {
+        for (int k = 0; k < T2; k++) A[k][0] = A[k][1] = _mm256_setzero_ps();
+        for (int b = 8 * i; b < 8 * i + 8; b++) {
+            const uint8_t *tb = tile + (size_t)b * V16_TILE_BLOCK_BYTES, *U = grp + 512 * (size_t)b;
+            const float *d = (const float *)(tb + 320);
+            __m256i sc[2];   /* the block's integer scale in both int16 halves of each row's dword */
+            for (int q = 0; q < 2; q++) {
+                const __m256i s = _mm256_cvttps_epi32(_mm256_loadu_ps(WD + 32 * (size_t)b + 8 * q));
+                sc[q] = _mm256_or_si256(s, _mm256_slli_epi32(s, 16));
+            }
+            for (int k = 0; k < T2; k += 2) {
+                const uint8_t *x = tb + 32 * k;
+                __asm__("" : "+r"(x));   /* one token pair at a time: GCC would otherwise unroll the pairs */
+                __m256i S[2][2];         /* [token of the pair][half] */
+                for (int j = 0; j < 8; j++) {
+                    const __m256i W0 = _mm256_loadu_si256((const __m256i *)(U + 64 * j));
+                    const __m256i W1 = _mm256_loadu_si256((const __m256i *)(U + 64 * j + 32));
+                    const __m256i x0 = _mm256_set1_epi32((int)load_u32(x + 4 * j));
+                    const __m256i x1 = _mm256_set1_epi32((int)load_u32(x + 32 + 4 * j));
+                    const __m256i p[2][2] = {{_mm256_maddubs_epi16(W0, x0), _mm256_maddubs_epi16(W1, x0)},
+                                             {_mm256_maddubs_epi16(W0, x1), _mm256_maddubs_epi16(W1, x1)}};
+                    for (int kk = 0; kk < 2; kk++)
+                        for (int q = 0; q < 2; q++) S[kk][q] = j ? _mm256_add_epi16(S[kk][q], p[kk][q]) : p[kk][q];
+                    /* running sums in registers: GCC turns the chains into trees of all 32 products and spills them */
+                    __asm__("" : "+x"(S[0][0]), "+x"(S[0][1]), "+x"(S[1][0]), "+x"(S[1][1]));
+                }
+                for (int kk = 0; kk < 2; kk++)
+                    for (int q = 0; q < 2; q++)
+                        A[k + kk][q] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(S[kk][q], sc[q])),
+                                                       _mm256_set1_ps(d[k + kk]), A[k + kk][q]);
+            }
+        }
+        for (int q = 0; q < 2; q++) {
+            const __m256 dv = _mm256_loadu_ps(WD + 32 * (size_t)(8 * i) + 16 + 8 * q);
+            for (int k = 0; k < T2; k++) acc[k][q] = _mm256_fmadd_ps(A[k][q], dv, acc[k][q]);
+        }
+    }
+    for (int b = 0; b < nb; b++) {
+        const float *ds = (const float *)(tile + (size_t)b * V16_TILE_BLOCK_BYTES + 352);
+        for (int q = 0; q < 2; q++) {
+            const __m256 mn = _mm256_loadu_ps(M + 16 * (size_t)b + 8 * q);
+            for (int k = 0; k < T2; k++) accM[k][q] = _mm256_fmadd_ps(mn, _mm256_set1_ps(ds[k]), accM[k][q]);
+        }
+    }
+    for (int k = 0; k < T; k++) {
+        const __m256 lo = _mm256_add_ps(acc[k][0], accM[k][0]), hi = _mm256_add_ps(acc[k][1], accM[k][1]);
+        r16_tile16_store_256(&lo, &hi, out + (size_t)k * ldo, nr);
+    }
+}
+
+/* Q6_K: v8_tile_256's float sequence (per block parity and half: fma(float(P + NQ), WD * d_k, acc));
+ * a half's int16 sums in pairs (U <= 63), as r16_dot_256. */
+A256 AINL void r16_tile16_q6k_256(const uint8_t *grp, int nb, const int T, const uint8_t *tile, float *out, int ldo,
+                                  int nr) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    const float *WD = (const float *)(grp + 512 * (size_t)nb);
+    __m256 acc[8][2][2][2];   /* [token][block parity][half h][8-row half q] */
+    const int T2 = (T + 1) & ~1;
+    for (int k = 0; k < T2; k++)
+        for (int par = 0; par < 2; par++)
+            for (int h = 0; h < 2; h++) acc[k][par][h][0] = acc[k][par][h][1] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *tb = tile + (size_t)b * V16_TILE_BLOCK_BYTES, *U = grp + 512 * (size_t)b;
+        const int32_t *nq = (const int32_t *)(tb + 256);
+        const float *d = (const float *)(tb + 320);
+        const int par = b & 1;
+        for (int k = 0; k < T2; k += 2) {
+            const uint8_t *x = tb + 32 * k;
+            __asm__("" : "+r"(x));
+            for (int h = 0; h < 2; h++) {
+                __m256i S[2][2][2];   /* [dword pair][token of the pair][8-row half] */
+                for (int g = 0; g < 4; g++) {
+                    const int j = 4 * h + g, pr = g / 2;
+                    const __m256i W0 = _mm256_loadu_si256((const __m256i *)(U + 64 * j));
+                    const __m256i W1 = _mm256_loadu_si256((const __m256i *)(U + 64 * j + 32));
+                    for (int kk = 0; kk < 2; kk++) {
+                        const __m256i xj = _mm256_set1_epi32((int)load_u32(x + 32 * kk + 4 * j));
+                        const __m256i p0 = _mm256_maddubs_epi16(W0, xj), p1 = _mm256_maddubs_epi16(W1, xj);
+                        S[pr][kk][0] = (g & 1) ? _mm256_add_epi16(S[pr][kk][0], p0) : p0;
+                        S[pr][kk][1] = (g & 1) ? _mm256_add_epi16(S[pr][kk][1], p1) : p1;
+                    }
+                    __asm__("" : "+x"(S[pr][0][0]), "+x"(S[pr][0][1]), "+x"(S[pr][1][0]), "+x"(S[pr][1][1]));
+                }
+                for (int kk = 0; kk < 2; kk++) {
+                    const __m256 dk = _mm256_set1_ps(d[k + kk]);
+                    const __m256i n = _mm256_set1_epi32(nq[8 * h + k + kk]);
+                    for (int q = 0; q < 2; q++) {
+                        const __m256i P = _mm256_add_epi32(
+                            _mm256_add_epi32(_mm256_madd_epi16(S[0][kk][q], ones), _mm256_madd_epi16(S[1][kk][q], ones)), n);
+                        const __m256 s = _mm256_mul_ps(_mm256_loadu_ps(WD + 32 * (size_t)b + 16 * h + 8 * q), dk);
+                        acc[k + kk][par][h][q] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(P), s, acc[k + kk][par][h][q]);
+                    }
+                }
+            }
+        }
+    }
+    for (int k = 0; k < T; k++) {
+        __m256 r[2];
+        for (int q = 0; q < 2; q++)
+            r[q] = _mm256_add_ps(_mm256_add_ps(acc[k][0][0][q], acc[k][1][0][q]), _mm256_add_ps(acc[k][0][1][q], acc[k][1][1][q]));
+        r16_tile16_store_256(&r[0], &r[1], out + (size_t)k * ldo, nr);
+    }
+}
+
+/* A type's own whole-tile kernel on an expanded group (prefill); 0: t has none. */
+static inline int r16_tile16_type(int t) { return t == RQ_Q4_K || t == RQ_Q6_K; }
+A256 AINL int r16_tile16_256(const int t, const uint8_t *grp, int nb, int T, const uint8_t *tile, float *out, int ldo,
+                             int nr) {
+    if (t == RQ_Q4_K) r16_tile16_q4k_256(grp, nb, T, tile, out, ldo, nr);
+    else if (t == RQ_Q6_K) r16_tile16_q6k_256(grp, nb, T, tile, out, ldo, nr);
+    else return 0;
+    return 1;
+}
+
+/* Rows 8q.. of an expanded (v16) group against T <= 4 tokens (from k0), parity by parity: the types
+ * without a whole-tile kernel (r16_tile16_256) or pf8 rows (Q8_0; the others if pf8 tiles could not
+ * be allocated). */
 A256 AINL void v8_tile_256(const int t, const uint8_t *grp, int nb, const int T, const uint8_t *tile, int k0,
                            const int q, float *out, int ldo, int nr) {
-    if (t == RQ_Q4_K) {
-        r16_q4k_256(NULL, grp, nb, T, tile, k0, q, out, ldo, nr);
-        return;
-    }
     const uint8_t *U = grp;
     const float *WD = (const float *)(grp + 512 * (size_t)nb), *M = WD + 32 * (size_t)nb;
     __m256 a[2][4][2], m[2][4];
@@ -514,7 +642,7 @@ A256 AINL void v8_tile_256(const int t, const uint8_t *grp, int nb, const int T,
             __m256i W[8];
             for (int j = 0; j < 8; j++) W[j] = _mm256_loadu_si256((const __m256i *)(U + 512 * (size_t)b + 64 * j + 32 * q));
             const __m256 wd0 = _mm256_loadu_ps(WD + 32 * (size_t)b + 8 * q);
-            const __m256 wd1 = t == RQ_Q6_K ? _mm256_loadu_ps(WD + 32 * (size_t)b + 16 + 8 * q) : wd0;   /* one scale product per block */
+            const __m256 wd1 = wd0;   /* the legacy types: one scale per block */
             const __m256 mn = _mm256_loadu_ps(M + 16 * (size_t)b + 8 * q);
             r16_acc_256(t, W, wd0, wd1, mn, tile + (size_t)b * V16_TILE_BLOCK_BYTES, T, k0, acc, accM);
         }
@@ -523,9 +651,10 @@ A256 AINL void v8_tile_256(const int t, const uint8_t *grp, int nb, const int T,
     r16_store_256(t, nb, T, a[0], a[1], m[0], m[1], out, ldo, nr);
 }
 
-/* A packed group back into 16 rows of the AVX2 prefill kernels' unpacked form (pf8_unpack_*'s
- * output: U bytes, half scales, mins), for prefill on AVX2: pf8_rows_256 multiplies them faster
- * than v8 tiles (fewer multiply-pipe operations per MAC), with the same float sequence. */
+/* A packed group of a legacy type back into 16 rows of the AVX2 prefill kernels' unpacked form
+ * (pf8_unpack_*'s output: U bytes, half scales, mins), for prefill on AVX2: pf8_rows_256 multiplies
+ * them faster than v8 tiles (fewer multiply-pipe operations per MAC), with the same float sequence.
+ * (Q4_K and Q6_K have whole-tile kernels of their own, r16_tile16_256.) */
 A256 static void r16_to_pf8_rows_256(const int t, const uint8_t *g, int nb, uint8_t *rows) {
     const r16_ptrs p = r16_group_ptrs(t, g, nb);
     const size_t us = pf8_urow_bytes(nb);
@@ -555,8 +684,7 @@ A256 static void r16_to_pf8_rows_256(const int t, const uint8_t *g, int nb, uint
             for (int i = 0; i < 8; i++) {
                 uint8_t *ur = rows + (size_t)(8 * q + i) * us;
                 _mm256_storeu_si256((__m256i *)(ur + 32 * (size_t)b), r[i]);
-                if (t == RQ_Q4_K) pf8_store_q4k(ur, nb, b, (int)w0[i], w1[i], m[i]);   /* r16_block_q4k_256: sc, d */
-                else pf8_store_scales(ur, nb, b, w0[i], w1[i], m[i]);
+                pf8_store_scales(ur, nb, b, w0[i], w1[i], m[i]);
             }
         }
 }
@@ -588,8 +716,10 @@ A256 AINL void r16_groups_256(const int t, const uint8_t *R, int rows, int g0, i
             for (int g = c0; g < c1; g++) r16_expand_256(t, R + gbytes * (size_t)g, nb, grp + vb * (size_t)(g - c0));
             for (int i = 0; i < tk->ntiles; i++) {
                 const uint8_t *tile = tk->mem + (size_t)i * nb * V16_TILE_BLOCK_BYTES;
+                const int Ti = ntok - 8 * i < 8 ? ntok - 8 * i : 8;
                 for (int g = c0; g < c1; g++) {
                     const int r0 = 16 * g, nr = rows - r0 < 16 ? rows - r0 : 16;
+                    if (r16_tile16_256(t, grp + vb * (size_t)(g - c0), nb, Ti, tile, out + (size_t)(8 * i) * ldo + r0, ldo, nr)) continue;
                     for (int k0 = 0; k0 < 8 && 8 * i + k0 < ntok; k0 += 4) {
                         const int left = ntok - 8 * i - k0, T = left < 4 ? left : 4;
                         for (int q = 0; q < 2 && 8 * q < nr; q++)
