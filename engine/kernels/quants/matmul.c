@@ -402,27 +402,12 @@ void rq_r16_repack(int t, const void *W, int rows, int cols, void *R, int g0, in
 }
 
 #ifdef RQ_HAVE_X86
-/* Token tile i (8 tokens, fewer at the end: zero-padded) in the AVX2 prefill kernels' form. */
-static void r16_prep_pf8_tile(int t, const rq_act *acts, int ntok, int i, int nb, uint8_t *mem, tile *tl) {
-    const int k0 = 8 * i, T = ntok - k0 < 8 ? ntok - k0 : 8;
-    memset(tl, 0, sizeof(*tl));
-    tl->T = T;
-    if (T < 8) memset(mem, 0, pf8_tile_bytes(nb));
-    prep_tile_pf8(t, acts + k0, T, nb, mem, tl);
-}
-
 static void r16_matmul(int t, const uint8_t *R, int rows, int cols, const rq_act *acts, int ntok, float *out,
                        int ldo, int nthreads) {
     const int nb = cols / QK, ng = (rows + 15) / 16;
     const int expand = ntok >= R16_EXPAND_MIN_TOK;
-    v16_toks tk = {nb, (ntok + 7) / 8, NULL, NULL};
+    v16_toks tk = {nb, (ntok + 7) / 8, NULL};
     tk.mem = aligned_alloc(64, (size_t)tk.ntiles * nb * V16_TILE_BLOCK_BYTES);
-    uint8_t *pf8mem = NULL;
-    if (expand && rq_kernel_path() == RQ_PATH_AVX2 && pf8_type(t, 1) && !r16_tile16_type(t)) {   /* see r16_to_pf8_rows_256 */
-        tk.pf8 = calloc((size_t)tk.ntiles, sizeof(tile));
-        pf8mem = aligned_alloc(64, (size_t)tk.ntiles * ((pf8_tile_bytes(nb) + 63) & ~(size_t)63));
-        if (!tk.pf8 || !pf8mem) { free(tk.pf8); free(pf8mem); tk.pf8 = NULL; pf8mem = NULL; }
-    }
     int nt = 1;
 #ifdef _OPENMP
     nt = nthreads > 0 ? nthreads : omp_get_max_threads();
@@ -430,7 +415,6 @@ static void r16_matmul(int t, const uint8_t *R, int rows, int cols, const rq_act
 #endif
     if (nt > ng) nt = ng;
     size_t vb = (v16_group_bytes(nb) + 63) & ~(size_t)63;
-    if (16 * pf8_urow_bytes(nb) > vb) vb = 16 * pf8_urow_bytes(nb);   /* the buffer also holds pf8 rows */
     int gmax = (int)(V16_L2_BYTES / vb);
     gmax = gmax < 1 ? 1 : gmax > 8 ? 8 : gmax;
     uint8_t *grp = expand ? aligned_alloc(64, vb * (size_t)gmax * (size_t)nt) : NULL;
@@ -438,25 +422,18 @@ static void r16_matmul(int t, const uint8_t *R, int rows, int cols, const rq_act
     if (!tk.mem || (expand && !grp)) {   /* out of memory: NaN, as for an unsupported type */
         free(tk.mem);
         free(grp);
-        free(tk.pf8);
-        free(pf8mem);
         fill_nan(0, rows, ntok, out, ldo);
         return;
     }
-    const size_t pf8b = (pf8_tile_bytes(nb) + 63) & ~(size_t)63;
     if (nt <= 1) {
-        for (int i = 0; !tk.pf8 && i < tk.ntiles; i++) v16_prep_tile(t, acts, ntok, i, &tk);   /* the pf8 route reads only its tiles */
-        for (int i = 0; tk.pf8 && i < tk.ntiles; i++) r16_prep_pf8_tile(t, acts, ntok, i, nb, pf8mem + pf8b * (size_t)i, &tk.pf8[i]);
+        for (int i = 0; i < tk.ntiles; i++) v16_prep_tile(t, acts, ntok, i, &tk);
         fn(R, rows, 0, ng, nb, ntok, &tk, out, ldo, grp, gmax);
     } else {
 #ifdef _OPENMP
 #pragma omp parallel num_threads(nt)
         {
 #pragma omp for schedule(static)
-            for (int i = 0; i < tk.ntiles; i++) {
-                if (tk.pf8) r16_prep_pf8_tile(t, acts, ntok, i, nb, pf8mem + pf8b * (size_t)i, &tk.pf8[i]);
-                else v16_prep_tile(t, acts, ntok, i, &tk);
-            }
+            for (int i = 0; i < tk.ntiles; i++) v16_prep_tile(t, acts, ntok, i, &tk);
             if (expand) {
                 const int nch = (ng + gmax - 1) / gmax;
                 uint8_t *mine = grp + vb * (size_t)gmax * (size_t)omp_get_thread_num();
@@ -475,8 +452,6 @@ static void r16_matmul(int t, const uint8_t *R, int rows, int cols, const rq_act
     }
     free(tk.mem);
     free(grp);
-    free(tk.pf8);
-    free(pf8mem);
 }
 #endif
 

@@ -494,9 +494,10 @@ A256 static void r16_expand_256(const int t, const uint8_t *g, int nb, uint8_t *
  * broadcast once for both halves, and a block's weights stay in registers (or L1) while the
  * tile's tokens pass two at a time. Per 256 multiply-adds this costs 4 broadcasts where the pf8
  * route's one row per vector costs 8 vpshufd; on Zen 5 running AVX2, a broadcast and a vpshufd
- * each take a vector-pipe slot, and those slots bound both routes. Q4_K matmuls 1.03-1.10x,
- * Q6_K 1.08-1.13x faster than on pf8 rows (1 thread, 256 tokens, 1536-14336 columns). Missing
- * tokens of a tile are zero; they are computed in pairs and not stored. */
+ * each take a vector-pipe slot, and those slots bound both routes. Faster than on pf8 rows (the
+ * route this replaces; 1 thread, 256 tokens, 576-14336 columns): Q4_K 1.03-1.10x, Q6_K 1.08-1.13x,
+ * Q4_0 and Q5_0 1.07-1.10x, Q4_1 1.01-1.04x. Q8_0 stays on v8 tiles. Missing tokens of a tile are
+ * zero; they are computed in pairs and not stored. */
 A256 AINL void r16_tile16_store_256(const __m256 *lo, const __m256 *hi, float *out, int nr) {
     _Alignas(32) float tmp[16];
     _mm256_store_ps(tmp, *lo);
@@ -617,19 +618,83 @@ A256 AINL void r16_tile16_q6k_256(const uint8_t *grp, int nb, const int T, const
     }
 }
 
+/* The legacy types of 4- and 5-bit values (Q4_0, Q4_1, Q5_0, Q5_1): v8_tile_256's float sequence
+ * (per block parity and half: fma(float(P + NQ), WD * d_k, acc); the mins by parity in their own
+ * pass), a half's four vpmaddubsw sums whole in int16 (U <= 31: 4 x 2 x 31 x 127 fits). */
+A256 AINL void r16_tile16_legacy_256(const int t, const uint8_t *grp, int nb, const int T, const uint8_t *tile,
+                                     float *out, int ldo, int nr) {
+    const int offs = type_offset(t) != 0, mins = type_has_min(t);
+    const __m256i ones = _mm256_set1_epi16(1);
+    const float *WD = (const float *)(grp + 512 * (size_t)nb), *M = WD + 32 * (size_t)nb;
+    __m256 acc[8][2][2][2], accM[8][2][2];   /* [token][block parity][half h][8-row half q], [token][parity][q] */
+    const int T2 = (T + 1) & ~1;
+    for (int k = 0; k < T2; k++)
+        for (int par = 0; par < 2; par++)
+            for (int q = 0; q < 2; q++) acc[k][par][0][q] = acc[k][par][1][q] = accM[k][par][q] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *tb = tile + (size_t)b * V16_TILE_BLOCK_BYTES, *U = grp + 512 * (size_t)b;
+        const int32_t *nq = (const int32_t *)(tb + 256);
+        const float *d = (const float *)(tb + 320), *ds = (const float *)(tb + 352);
+        const int par = b & 1;
+        const __m256 wd[2] = {_mm256_loadu_ps(WD + 32 * (size_t)b), _mm256_loadu_ps(WD + 32 * (size_t)b + 8)};
+        for (int k = 0; k < T2; k += 2) {
+            const uint8_t *x = tb + 32 * k;
+            __asm__("" : "+r"(x));
+            for (int h = 0; h < 2; h++) {
+                __m256i S[2][2];   /* [token of the pair][8-row half] */
+                for (int g = 0; g < 4; g++) {
+                    const int j = 4 * h + g;
+                    const __m256i W0 = _mm256_loadu_si256((const __m256i *)(U + 64 * j));
+                    const __m256i W1 = _mm256_loadu_si256((const __m256i *)(U + 64 * j + 32));
+                    const __m256i x0 = _mm256_set1_epi32((int)load_u32(x + 4 * j));
+                    const __m256i x1 = _mm256_set1_epi32((int)load_u32(x + 32 + 4 * j));
+                    const __m256i p[2][2] = {{_mm256_maddubs_epi16(W0, x0), _mm256_maddubs_epi16(W1, x0)},
+                                             {_mm256_maddubs_epi16(W0, x1), _mm256_maddubs_epi16(W1, x1)}};
+                    for (int kk = 0; kk < 2; kk++)
+                        for (int q = 0; q < 2; q++) S[kk][q] = g ? _mm256_add_epi16(S[kk][q], p[kk][q]) : p[kk][q];
+                    __asm__("" : "+x"(S[0][0]), "+x"(S[0][1]), "+x"(S[1][0]), "+x"(S[1][1]));
+                }
+                if (mins && h == 0)
+                    for (int kk = 0; kk < 2; kk++)
+                        for (int q = 0; q < 2; q++)
+                            accM[k + kk][par][q] = _mm256_fmadd_ps(_mm256_loadu_ps(M + 16 * (size_t)b + 8 * q), _mm256_set1_ps(ds[k + kk]), accM[k + kk][par][q]);
+                for (int kk = 0; kk < 2; kk++) {
+                    const __m256 dk = _mm256_set1_ps(d[k + kk]);
+                    for (int q = 0; q < 2; q++) {
+                        __m256i P = _mm256_madd_epi16(S[kk][q], ones);
+                        if (offs) P = _mm256_add_epi32(P, _mm256_set1_epi32(nq[8 * h + k + kk]));
+                        acc[k + kk][par][h][q] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(P), _mm256_mul_ps(wd[q], dk), acc[k + kk][par][h][q]);
+                    }
+                }
+            }
+        }
+    }
+    for (int k = 0; k < T; k++) {
+        __m256 r[2];
+        for (int q = 0; q < 2; q++) {
+            r[q] = _mm256_add_ps(_mm256_add_ps(acc[k][0][0][q], acc[k][1][0][q]), _mm256_add_ps(acc[k][0][1][q], acc[k][1][1][q]));
+            if (mins) {
+                __m256 mo = accM[k][1][q];
+                if (nb & 1) mo = _mm256_add_ps(mo, _mm256_setzero_ps());   /* the slot kernels' padded fma(0, 0, .) */
+                r[q] = _mm256_add_ps(r[q], _mm256_add_ps(accM[k][0][q], mo));
+            }
+        }
+        r16_tile16_store_256(&r[0], &r[1], out + (size_t)k * ldo, nr);
+    }
+}
+
 /* A type's own whole-tile kernel on an expanded group (prefill); 0: t has none. */
-static inline int r16_tile16_type(int t) { return t == RQ_Q4_K || t == RQ_Q6_K; }
 A256 AINL int r16_tile16_256(const int t, const uint8_t *grp, int nb, int T, const uint8_t *tile, float *out, int ldo,
                              int nr) {
+    if (t == RQ_Q8_0) return 0;
     if (t == RQ_Q4_K) r16_tile16_q4k_256(grp, nb, T, tile, out, ldo, nr);
     else if (t == RQ_Q6_K) r16_tile16_q6k_256(grp, nb, T, tile, out, ldo, nr);
-    else return 0;
+    else r16_tile16_legacy_256(t, grp, nb, T, tile, out, ldo, nr);
     return 1;
 }
 
 /* Rows 8q.. of an expanded (v16) group against T <= 4 tokens (from k0), parity by parity: the types
- * without a whole-tile kernel (r16_tile16_256) or pf8 rows (Q8_0; the others if pf8 tiles could not
- * be allocated). */
+ * without a whole-tile kernel (r16_tile16_256: Q8_0, whose signed values take the sign trick). */
 A256 AINL void v8_tile_256(const int t, const uint8_t *grp, int nb, const int T, const uint8_t *tile, int k0,
                            const int q, float *out, int ldo, int nr) {
     const uint8_t *U = grp;
@@ -651,44 +716,6 @@ A256 AINL void v8_tile_256(const int t, const uint8_t *grp, int nb, const int T,
     r16_store_256(t, nb, T, a[0], a[1], m[0], m[1], out, ldo, nr);
 }
 
-/* A packed group of a legacy type back into 16 rows of the AVX2 prefill kernels' unpacked form
- * (pf8_unpack_*'s output: U bytes, half scales, mins), for prefill on AVX2: pf8_rows_256 multiplies
- * them faster than v8 tiles (fewer multiply-pipe operations per MAC), with the same float sequence.
- * (Q4_K and Q6_K have whole-tile kernels of their own, r16_tile16_256.) */
-A256 static void r16_to_pf8_rows_256(const int t, const uint8_t *g, int nb, uint8_t *rows) {
-    const r16_ptrs p = r16_group_ptrs(t, g, nb);
-    const size_t us = pf8_urow_bytes(nb);
-    _Alignas(32) float w0[8], w1[8], m[8];
-    for (int b = 0; b < nb; b++)
-        for (int q = 0; q < 2; q++) {
-            if (q == 0) r16_prefetch_ahead(&p, (size_t)b);
-            __m256i W[8];
-            __m256 wd0, wd1, mn;
-            r16_block_256(t, &p, (size_t)b, q, W, &wd0, &wd1, &mn);
-            /* 8 x 8 dword transpose: row r gets W[0..7] lane r, its block's 32 values in order */
-            const __m256i t0 = _mm256_unpacklo_epi32(W[0], W[1]), t1 = _mm256_unpackhi_epi32(W[0], W[1]);
-            const __m256i t2 = _mm256_unpacklo_epi32(W[2], W[3]), t3 = _mm256_unpackhi_epi32(W[2], W[3]);
-            const __m256i t4 = _mm256_unpacklo_epi32(W[4], W[5]), t5 = _mm256_unpackhi_epi32(W[4], W[5]);
-            const __m256i t6 = _mm256_unpacklo_epi32(W[6], W[7]), t7 = _mm256_unpackhi_epi32(W[6], W[7]);
-            const __m256i u0 = _mm256_unpacklo_epi64(t0, t2), u1 = _mm256_unpackhi_epi64(t0, t2);
-            const __m256i u2 = _mm256_unpacklo_epi64(t1, t3), u3 = _mm256_unpackhi_epi64(t1, t3);
-            const __m256i u4 = _mm256_unpacklo_epi64(t4, t6), u5 = _mm256_unpackhi_epi64(t4, t6);
-            const __m256i u6 = _mm256_unpacklo_epi64(t5, t7), u7 = _mm256_unpackhi_epi64(t5, t7);
-            const __m256i r[8] = {_mm256_permute2x128_si256(u0, u4, 0x20), _mm256_permute2x128_si256(u1, u5, 0x20),
-                                  _mm256_permute2x128_si256(u2, u6, 0x20), _mm256_permute2x128_si256(u3, u7, 0x20),
-                                  _mm256_permute2x128_si256(u0, u4, 0x31), _mm256_permute2x128_si256(u1, u5, 0x31),
-                                  _mm256_permute2x128_si256(u2, u6, 0x31), _mm256_permute2x128_si256(u3, u7, 0x31)};
-            _mm256_store_ps(w0, wd0);
-            _mm256_store_ps(w1, wd1);
-            _mm256_store_ps(m, mn);
-            for (int i = 0; i < 8; i++) {
-                uint8_t *ur = rows + (size_t)(8 * q + i) * us;
-                _mm256_storeu_si256((__m256i *)(ur + 32 * (size_t)b), r[i]);
-                pf8_store_scales(ur, nb, b, w0[i], w1[i], m[i]);
-            }
-        }
-}
-
 #define R16_HALF_T(t, p, nb, tile, k0, q, out, ldo, nr, T) r16_half_256(t, p, nb, T, tile, k0, q, out, ldo, nr)
 #define V8_TILE_T(t, grp, nb, tile, k0, q, out, ldo, nr, T) v8_tile_256(t, grp, nb, T, tile, k0, q, out, ldo, nr)
 #define DISPATCH_T2(IMPL, ...)                                  \
@@ -701,15 +728,6 @@ A256 static void r16_to_pf8_rows_256(const int t, const uint8_t *g, int nb, uint
 A256 AINL void r16_groups_256(const int t, const uint8_t *R, int rows, int g0, int g1, int nb, int ntok,
                               const v16_toks *tk, float *out, int ldo, uint8_t *grp, int gmax) {
     const size_t gbytes = r16_group_bytes_t(t, nb), vb = (v16_group_bytes(nb) + 63) & ~(size_t)63;
-    if (ntok >= R16_EXPAND_MIN_TOK && tk->pf8) {
-        const size_t us = pf8_urow_bytes(nb);
-        for (int c0 = g0; c0 < g1; c0 += gmax) {
-            const int c1 = c0 + gmax < g1 ? c0 + gmax : g1, r1 = 16 * c1 < rows ? 16 * c1 : rows;
-            for (int g = c0; g < c1; g++) r16_to_pf8_rows_256(t, R + gbytes * (size_t)g, nb, grp + 16 * us * (size_t)(g - c0));
-            for (int i = 0; i < tk->ntiles; i++) pf8_rows_256(t, grp, 16 * c0, r1, nb, &tk->pf8[i], out, ldo, 8 * i);
-        }
-        return;
-    }
     if (ntok >= R16_EXPAND_MIN_TOK) {
         for (int c0 = g0; c0 < g1; c0 += gmax) {
             const int c1 = c0 + gmax < g1 ? c0 + gmax : g1;

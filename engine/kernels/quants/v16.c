@@ -49,7 +49,6 @@ static size_t v16_group_bytes(int nb) { return (size_t)nb * (512 + 128 + 64); }
 typedef struct {
     int nb, ntiles;
     uint8_t *mem;   /* ntiles x nb x V16_TILE_BLOCK_BYTES */
-    tile *pf8;      /* AVX2 prefill from R16: the same tiles in the AVX2 prefill kernels' form, or NULL */
 } v16_toks;
 
 static void v16_prep_tile(int t, const rq_act *acts, int ntok, int i, v16_toks *tk) {
