@@ -316,6 +316,20 @@ A256 AINL void r16_store_256(const int t, int nb, const int T, __m256 (*aE)[2], 
     }
 }
 
+/* A group's 16 results (lo: rows 0-7, hi: rows 8-15) to out[0, nr). A full group stores its vectors:
+ * copied through memory, the loop became a memcpy call per group and token (7% of 1.5B-shape prefill). */
+A256 AINL void r16_store16_256(__m256 lo, __m256 hi, float *out, int nr) {
+    if (nr >= 16) {
+        _mm256_storeu_ps(out, lo);
+        _mm256_storeu_ps(out + 8, hi);
+        return;
+    }
+    _Alignas(32) float tmp[16];
+    _mm256_store_ps(tmp, lo);
+    _mm256_store_ps(tmp + 8, hi);
+    for (int r = 0; r < nr; r++) out[r] = tmp[r];
+}
+
 /* Q4_K (its float sequence: q4_K.c), rows 8q.. of a packed group against T <= 2 tokens (from k0),
  * one pass. */
 A256 AINL void r16_q4k_256(const r16_ptrs *p, int nb, const int T, const uint8_t *tile, int k0, const int q,
@@ -392,10 +406,7 @@ A256 AINL void r16_q4k16_256(const r16_ptrs *p, int nb, const uint8_t *tile, int
         r16_q4k_unit1_256(p, u, t8, k0, 0, &acc0, &accM0);
         r16_q4k_unit1_256(p, u, t8, k0, 1, &acc1, &accM1);
     }
-    _Alignas(32) float tmp[16];
-    _mm256_store_ps(tmp, _mm256_add_ps(acc0, accM0));
-    _mm256_store_ps(tmp + 8, _mm256_add_ps(acc1, accM1));
-    for (int r = 0; r < nr; r++) out[r] = tmp[r];
+    r16_store16_256(_mm256_add_ps(acc0, accM0), _mm256_add_ps(acc1, accM1), out, nr);
 }
 
 /* Q6_K, one token (decode): rows 8q.. of the super-block unit u against token k0 (tile: the token's
@@ -439,10 +450,9 @@ A256 AINL void r16_q6k16_256(const r16_ptrs *p, int nb, const uint8_t *tile, int
         r16_q6k_unit1_256(p, u, t8, k0, 0, a[0]);
         r16_q6k_unit1_256(p, u, t8, k0, 1, a[1]);
     }
-    _Alignas(32) float tmp[16];
-    for (int q = 0; q < 2; q++)
-        _mm256_store_ps(tmp + 8 * q, _mm256_add_ps(_mm256_add_ps(a[q][0], a[q][2]), _mm256_add_ps(a[q][1], a[q][3])));
-    for (int r = 0; r < nr; r++) out[r] = tmp[r];
+    __m256 r[2];
+    for (int q = 0; q < 2; q++) r[q] = _mm256_add_ps(_mm256_add_ps(a[q][0], a[q][2]), _mm256_add_ps(a[q][1], a[q][3]));
+    r16_store16_256(r[0], r[1], out, nr);
 }
 
 /* Decode (one token) with a type's own 16-row kernel, the group streamed once; 0: t has none. */
@@ -498,13 +508,6 @@ A256 static void r16_expand_256(const int t, const uint8_t *g, int nb, uint8_t *
  * route this replaces; 1 thread, 256 tokens, 576-14336 columns): Q4_K 1.03-1.10x, Q6_K 1.08-1.13x,
  * Q4_0 and Q5_0 1.07-1.10x, Q4_1 1.01-1.04x. Q8_0 stays on v8 tiles. Missing tokens of a tile are
  * zero; they are computed in pairs and not stored. */
-A256 AINL void r16_tile16_store_256(const __m256 *lo, const __m256 *hi, float *out, int nr) {
-    _Alignas(32) float tmp[16];
-    _mm256_store_ps(tmp, *lo);
-    _mm256_store_ps(tmp + 8, *hi);
-    for (int r = 0; r < nr; r++) out[r] = tmp[r];
-}
-
 /* Q4_K: pf8_q4k_256's float sequence (q4_K.c): a block's int16 sums whole, one vpmaddwd by the
  * block's integer scale, A = fma(float(P), d_k, A) per super-block, acc = fma(A, d, acc); the
  * mins in their own pass, each lane's accM in block order as there. */
@@ -560,7 +563,7 @@ A256 AINL void r16_tile16_q4k_256(const uint8_t *grp, int nb, const int T, const
     }
     for (int k = 0; k < T; k++) {
         const __m256 lo = _mm256_add_ps(acc[k][0], accM[k][0]), hi = _mm256_add_ps(acc[k][1], accM[k][1]);
-        r16_tile16_store_256(&lo, &hi, out + (size_t)k * ldo, nr);
+        r16_store16_256(lo, hi, out + (size_t)k * ldo, nr);
     }
 }
 
@@ -614,7 +617,7 @@ A256 AINL void r16_tile16_q6k_256(const uint8_t *grp, int nb, const int T, const
         __m256 r[2];
         for (int q = 0; q < 2; q++)
             r[q] = _mm256_add_ps(_mm256_add_ps(acc[k][0][0][q], acc[k][1][0][q]), _mm256_add_ps(acc[k][0][1][q], acc[k][1][1][q]));
-        r16_tile16_store_256(&r[0], &r[1], out + (size_t)k * ldo, nr);
+        r16_store16_256(r[0], r[1], out + (size_t)k * ldo, nr);
     }
 }
 
@@ -679,7 +682,7 @@ A256 AINL void r16_tile16_legacy_256(const int t, const uint8_t *grp, int nb, co
                 r[q] = _mm256_add_ps(r[q], _mm256_add_ps(accM[k][0][q], mo));
             }
         }
-        r16_tile16_store_256(&r[0], &r[1], out + (size_t)k * ldo, nr);
+        r16_store16_256(r[0], r[1], out + (size_t)k * ldo, nr);
     }
 }
 
