@@ -28,9 +28,18 @@ because this machine is shared and noisy; one table of medians and ratios (ours 
 at the end, then the paired ratios (the median over reps of ours / that rep's peer run: steadier than
 the ratio of medians when the host's memory bandwidth changes state between runs) and the spreads.  Ours runs in this process on the kernel path printed in
 the table (RQLLM_KERNEL forces one; --kernel sets RQLLM_KERNEL for our runs).
+
+Fresh pages (default; --keep-pages turns it off): before each run, the weight files that engine reads
+are dropped from the page cache (POSIX_FADV_DONTNEED) and ours is loaded again, so every run reads its
+weights into newly placed memory. On the VM this was developed on, decode speed depends on where the
+weights land in the host's memory, and that is fixed when they are read: the same build decoded the
+1.5B shape at 44 or 57 tok/s after alternate re-reads of its cache file, steady within each. ik's -rtr
+copies its weights into fresh memory on every run, so it drew anew each rep while a page-cache copy
+(ours, llama.cpp's mmap) drew once for the whole benchmark; now every engine draws per run.
 """
 from __future__ import annotations
 
+import gc
 import json
 import math
 import os
@@ -87,6 +96,24 @@ def bench_ours(model: Model, toks: list[int], n_decode: int) -> tuple[float, flo
         tok = int(np.argmax(logits))
     t2 = time.perf_counter()
     return len(toks) / (t1 - t0), n_decode / (t2 - t1)
+
+
+def drop_cached_pages(path: Path) -> None:
+    """Ask the kernel to drop the file's pages from the page cache (POSIX_FADV_DONTNEED; pages some
+    process has mapped stay), so that the next reader reads it into newly placed memory."""
+    if not hasattr(os, "posix_fadvise"):
+        return
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def weight_files(model: Model, path: Path) -> list[Path]:
+    """The files our engine reads the model's weights from: the GGUF and its repacked cache, if any."""
+    repacked = getattr(getattr(model, "layout", None), "repacked", None)
+    return [path] + ([Path(repacked)] if repacked is not None else [])
 
 
 class LlamaCpp:
@@ -284,7 +311,11 @@ def print_table(rows: list[dict], reps: int, peers: list[str]) -> None:
               help="Also run llama-cpp-python (default: only when neither binary is given and it is installed).")
 @click.option("--no-peer", is_flag=True, help="Ours only.")
 @click.option("--kernel", default=None, help="Kernel path for our runs (sets RQLLM_KERNEL), e.g. scalar, avx2, avx512.")
-def main(model_names, thread_counts, reps, prefill_arg, decode_arg, llama_bench, ik_bench, peer_python, no_peer, kernel):
+@click.option("--fresh-pages/--keep-pages", default=True, show_default=True,
+              help="Drop each engine's weight files from the page cache before each of its runs, so every "
+                   "run reads them into newly placed memory (see the module docstring).")
+def main(model_names, thread_counts, reps, prefill_arg, decode_arg, llama_bench, ik_bench, peer_python, no_peer, kernel,
+         fresh_pages):
     if kernel:
         os.environ["RQLLM_KERNEL"] = kernel  # read when the kernels first initialise, below
     active = kernel_path()
@@ -320,6 +351,8 @@ def main(model_names, thread_counts, reps, prefill_arg, decode_arg, llama_bench,
         n_prefill, n_decode = DEFAULT_LENGTHS.get(name, OTHER_LENGTHS)
         n_prefill, n_decode = prefill_arg or n_prefill, decode_arg or n_decode
         for threads in thread_counts:
+            if fresh_pages:
+                drop_cached_pages(path)   # (the repacked cache, if any, is dropped from the second rep on)
             ours = Model.load(path, threads=threads, kv_budget="256MiB", max_context=n_prefill + n_decode + 8)
             repacked = getattr(getattr(ours, "layout", None), "repacked", None) is not None
             print(f"{name}: weights {'repacked (R16)' if repacked else 'GGUF layout'}", file=sys.stderr)
@@ -337,10 +370,20 @@ def main(model_names, thread_counts, reps, prefill_arg, decode_arg, llama_bench,
             if py_peer:
                 runs["llama-py"] = []
             for rep in range(reps):
+                if fresh_pages and rep > 0:   # the first rep's weights were read just above
+                    files = weight_files(ours, path)
+                    del ours
+                    gc.collect()   # unmaps the files, so that their pages can be dropped
+                    for f in files:
+                        drop_cached_pages(f)
+                    ours = Model.load(path, threads=threads, kv_budget="256MiB", max_context=n_prefill + n_decode + 8)
+                    bench_ours(ours, toks, 4)
                 runs["ours"].append(bench_ours(ours, toks, n_decode))
                 for b in binaries:
                     if b.error:
                         continue
+                    if fresh_pages:
+                        drop_cached_pages(path)
                     try:
                         runs[b.label].append(b.bench(path, threads, n_prefill, n_decode))
                     except PeerError as e:
@@ -380,6 +423,8 @@ def main(model_names, thread_counts, reps, prefill_arg, decode_arg, llama_bench,
             rows.append(row)
             del ours, py_peer
     print_table(rows, reps, peers)
+    print("weights: " + ("dropped from the page cache and read afresh before every run (--fresh-pages)" if fresh_pages
+                         else "kept in the page cache between runs (--keep-pages)"))
     print(f"peak RSS of this process (ours{' and llama-cpp-python' if use_python else ''}): {peak_rss_mb():.0f} MB")
 
 

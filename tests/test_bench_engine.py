@@ -125,3 +125,32 @@ def test_an_unavailable_kernel_is_refused(tmp_path, smollm2_path, monkeypatch):
     monkeypatch.setenv("RQLLM_KERNEL", "")  # restored after the test: main() sets it
     result = CliRunner().invoke(bench_engine.main, ["--kernel", "avx512", "--model", "x", "--no-peer"])
     assert result.exit_code == 2 and "RQLLM_KERNEL=avx512" in result.output
+
+
+def test_fresh_pages_reload_ours_and_drop_each_engines_files_before_its_runs(tmp_path, smollm2_path, monkeypatch):
+    model = shapes.SHAPES["8b-shape"].generate(tmp_path / "tiny.gguf", tiny=True, tokenizer_src=smollm2_path)
+    llama = _fake(tmp_path / "llama-bench", tmp_path / "llama.log", 100.0, 10.0, 0, 0)
+    dropped, loads = [], []
+    real_drop, real_load = bench_engine.drop_cached_pages, bench_engine.Model.load
+    monkeypatch.setattr(bench_engine, "drop_cached_pages", lambda p: (dropped.append(Path(p)), real_drop(p)))
+    monkeypatch.setattr(bench_engine.Model, "load", lambda *a, **k: (loads.append(a[0]), real_load(*a, **k))[1])
+    args = ["--model", str(model), "--threads", "1", "--reps", "3", "--prefill", "16", "--decode", "2",
+            "--llama-bench", str(llama)]
+    result = CliRunner().invoke(bench_engine.main, args)
+    assert result.exit_code == 0, result.output
+    assert "read afresh before every run" in result.output
+    assert len(loads) == 3   # ours loaded again for reps 2 and 3
+    # before ours: the GGUF at the start, then each later rep its files (the GGUF and, when repacked, its
+    # cache); before each llama-bench run: the GGUF
+    assert dropped.count(Path(model)) == 1 + 2 + 3
+    dropped.clear(), loads.clear()
+    result = CliRunner().invoke(bench_engine.main, args + ["--keep-pages"])
+    assert result.exit_code == 0, result.output
+    assert dropped == [] and len(loads) == 1 and "kept in the page cache" in result.output
+
+
+def test_drop_cached_pages_accepts_a_regular_file(tmp_path):
+    f = tmp_path / "w.bin"
+    f.write_bytes(b"x" * 65536)
+    bench_engine.drop_cached_pages(f)   # advice only: the file is unchanged
+    assert f.read_bytes() == b"x" * 65536
