@@ -508,6 +508,22 @@ A256 static void r16_expand_256(const int t, const uint8_t *g, int nb, uint8_t *
  * route this replaces; 1 thread, 256 tokens, 576-14336 columns): Q4_K 1.03-1.10x, Q6_K 1.08-1.13x,
  * Q4_0 and Q5_0 1.07-1.10x, Q4_1 1.01-1.04x. Q8_0 stays on v8 tiles. Missing tokens of a tile are
  * zero; they are computed in pairs and not stored. */
+/* Dword j of an expanded block's weights (U: both 8-row halves) against a pair of tokens (x: the
+ * first one's 32 bytes, the second's follow), into the running int16 sums S[token][half] (first:
+ * they start here). The empty asm keeps the sums as chains in registers: GCC otherwise turns them
+ * into trees of all the products and spills those. */
+A256 AINL void r16_pair_dword_256(const uint8_t *U, const uint8_t *x, const int j, const int first, __m256i (*S)[2]) {
+    const __m256i W0 = _mm256_loadu_si256((const __m256i *)(U + 64 * j));
+    const __m256i W1 = _mm256_loadu_si256((const __m256i *)(U + 64 * j + 32));
+    const __m256i x0 = _mm256_set1_epi32((int)load_u32(x + 4 * j));
+    const __m256i x1 = _mm256_set1_epi32((int)load_u32(x + 32 + 4 * j));
+    const __m256i p[2][2] = {{_mm256_maddubs_epi16(W0, x0), _mm256_maddubs_epi16(W1, x0)},
+                             {_mm256_maddubs_epi16(W0, x1), _mm256_maddubs_epi16(W1, x1)}};
+    for (int kk = 0; kk < 2; kk++)
+        for (int q = 0; q < 2; q++) S[kk][q] = first ? p[kk][q] : _mm256_add_epi16(S[kk][q], p[kk][q]);
+    __asm__("" : "+x"(S[0][0]), "+x"(S[0][1]), "+x"(S[1][0]), "+x"(S[1][1]));
+}
+
 /* Q4_K: pf8_q4k_256's float sequence (q4_K.c): a block's int16 sums whole, one vpmaddwd by the
  * block's integer scale, A = fma(float(P), d_k, A) per super-block, acc = fma(A, d, acc); the
  * mins in their own pass, each lane's accM in block order as there. */
@@ -531,18 +547,7 @@ A256 AINL void r16_tile16_q4k_256(const uint8_t *grp, int nb, const int T, const
                 const uint8_t *x = tb + 32 * k;
                 __asm__("" : "+r"(x));   /* one token pair at a time: GCC would otherwise unroll the pairs */
                 __m256i S[2][2];         /* [token of the pair][half] */
-                for (int j = 0; j < 8; j++) {
-                    const __m256i W0 = _mm256_loadu_si256((const __m256i *)(U + 64 * j));
-                    const __m256i W1 = _mm256_loadu_si256((const __m256i *)(U + 64 * j + 32));
-                    const __m256i x0 = _mm256_set1_epi32((int)load_u32(x + 4 * j));
-                    const __m256i x1 = _mm256_set1_epi32((int)load_u32(x + 32 + 4 * j));
-                    const __m256i p[2][2] = {{_mm256_maddubs_epi16(W0, x0), _mm256_maddubs_epi16(W1, x0)},
-                                             {_mm256_maddubs_epi16(W0, x1), _mm256_maddubs_epi16(W1, x1)}};
-                    for (int kk = 0; kk < 2; kk++)
-                        for (int q = 0; q < 2; q++) S[kk][q] = j ? _mm256_add_epi16(S[kk][q], p[kk][q]) : p[kk][q];
-                    /* running sums in registers: GCC turns the chains into trees of all 32 products and spills them */
-                    __asm__("" : "+x"(S[0][0]), "+x"(S[0][1]), "+x"(S[1][0]), "+x"(S[1][1]));
-                }
+                for (int j = 0; j < 8; j++) r16_pair_dword_256(U, x, j, j == 0, S);
                 for (int kk = 0; kk < 2; kk++)
                     for (int q = 0; q < 2; q++)
                         A[k + kk][q] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(S[kk][q], sc[q])),
@@ -587,19 +592,8 @@ A256 AINL void r16_tile16_q6k_256(const uint8_t *grp, int nb, const int T, const
             const uint8_t *x = tb + 32 * k;
             __asm__("" : "+r"(x));
             for (int h = 0; h < 2; h++) {
-                __m256i S[2][2][2];   /* [dword pair][token of the pair][8-row half] */
-                for (int g = 0; g < 4; g++) {
-                    const int j = 4 * h + g, pr = g / 2;
-                    const __m256i W0 = _mm256_loadu_si256((const __m256i *)(U + 64 * j));
-                    const __m256i W1 = _mm256_loadu_si256((const __m256i *)(U + 64 * j + 32));
-                    for (int kk = 0; kk < 2; kk++) {
-                        const __m256i xj = _mm256_set1_epi32((int)load_u32(x + 32 * kk + 4 * j));
-                        const __m256i p0 = _mm256_maddubs_epi16(W0, xj), p1 = _mm256_maddubs_epi16(W1, xj);
-                        S[pr][kk][0] = (g & 1) ? _mm256_add_epi16(S[pr][kk][0], p0) : p0;
-                        S[pr][kk][1] = (g & 1) ? _mm256_add_epi16(S[pr][kk][1], p1) : p1;
-                    }
-                    __asm__("" : "+x"(S[pr][0][0]), "+x"(S[pr][0][1]), "+x"(S[pr][1][0]), "+x"(S[pr][1][1]));
-                }
+                __m256i S[2][2][2];   /* [dword pair][token of the pair][8-row half]: U <= 63, pairs fit int16 */
+                for (int g = 0; g < 4; g++) r16_pair_dword_256(U, x, 4 * h + g, !(g & 1), S[g / 2]);
                 for (int kk = 0; kk < 2; kk++) {
                     const __m256 dk = _mm256_set1_ps(d[k + kk]);
                     const __m256i n = _mm256_set1_epi32(nq[8 * h + k + kk]);
@@ -645,18 +639,7 @@ A256 AINL void r16_tile16_legacy_256(const int t, const uint8_t *grp, int nb, co
             __asm__("" : "+r"(x));
             for (int h = 0; h < 2; h++) {
                 __m256i S[2][2];   /* [token of the pair][8-row half] */
-                for (int g = 0; g < 4; g++) {
-                    const int j = 4 * h + g;
-                    const __m256i W0 = _mm256_loadu_si256((const __m256i *)(U + 64 * j));
-                    const __m256i W1 = _mm256_loadu_si256((const __m256i *)(U + 64 * j + 32));
-                    const __m256i x0 = _mm256_set1_epi32((int)load_u32(x + 4 * j));
-                    const __m256i x1 = _mm256_set1_epi32((int)load_u32(x + 32 + 4 * j));
-                    const __m256i p[2][2] = {{_mm256_maddubs_epi16(W0, x0), _mm256_maddubs_epi16(W1, x0)},
-                                             {_mm256_maddubs_epi16(W0, x1), _mm256_maddubs_epi16(W1, x1)}};
-                    for (int kk = 0; kk < 2; kk++)
-                        for (int q = 0; q < 2; q++) S[kk][q] = g ? _mm256_add_epi16(S[kk][q], p[kk][q]) : p[kk][q];
-                    __asm__("" : "+x"(S[0][0]), "+x"(S[0][1]), "+x"(S[1][0]), "+x"(S[1][1]));
-                }
+                for (int g = 0; g < 4; g++) r16_pair_dword_256(U, x, 4 * h + g, g == 0, S);
                 if (mins && h == 0)
                     for (int kk = 0; kk < 2; kk++)
                         for (int q = 0; q < 2; q++)
