@@ -30,8 +30,8 @@ the ratio of medians when the host's memory bandwidth changes state between runs
 the table (RQLLM_KERNEL forces one; --kernel sets RQLLM_KERNEL for our runs).
 
 Fresh pages (default; --keep-pages turns it off): before each run, the weight files that engine reads
-are dropped from the page cache (POSIX_FADV_DONTNEED) and ours is loaded again, so every run reads its
-weights into newly placed memory. On the VM this was developed on, decode speed depends on where the
+are dropped from the page cache (POSIX_FADV_DONTNEED) and read through again, and ours is loaded again,
+so every run has its weights in newly placed memory. On the VM this was developed on, decode speed depends on where the
 weights land in the host's memory, and that is fixed when they are read: the same build decoded the
 1.5B shape at 44 or 57 tok/s after alternate re-reads of its cache file, steady within each. ik's -rtr
 copies its weights into fresh memory on every run, so it drew anew each rep while a page-cache copy
@@ -108,6 +108,17 @@ def drop_cached_pages(path: Path) -> None:
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
     finally:
         os.close(fd)
+
+
+def read_afresh(path: Path) -> None:
+    """Drop the file's pages from the page cache, then read it through, so that it sits in newly
+    placed memory and no read-ahead of it is left running (on 2 cores that took up to half of the next
+    timed prefill's CPU: Gemma 3 at 1,822 instead of 3,700 tok/s in one run of five)."""
+    drop_cached_pages(path)
+    buf = memoryview(bytearray(8 << 20))
+    with open(path, "rb", buffering=0) as f:
+        while f.readinto(buf):
+            pass
 
 
 def weight_files(model: Model, path: Path) -> list[Path]:
@@ -352,7 +363,7 @@ def main(model_names, thread_counts, reps, prefill_arg, decode_arg, llama_bench,
         n_prefill, n_decode = prefill_arg or n_prefill, decode_arg or n_decode
         for threads in thread_counts:
             if fresh_pages:
-                drop_cached_pages(path)   # (the repacked cache, if any, is dropped from the second rep on)
+                read_afresh(path)   # (the repacked cache, if any, from the second rep on)
             ours = Model.load(path, threads=threads, kv_budget="256MiB", max_context=n_prefill + n_decode + 8)
             repacked = getattr(getattr(ours, "layout", None), "repacked", None) is not None
             print(f"{name}: weights {'repacked (R16)' if repacked else 'GGUF layout'}", file=sys.stderr)
@@ -375,7 +386,7 @@ def main(model_names, thread_counts, reps, prefill_arg, decode_arg, llama_bench,
                     del ours
                     gc.collect()   # unmaps the files, so that their pages can be dropped
                     for f in files:
-                        drop_cached_pages(f)
+                        read_afresh(f)
                     ours = Model.load(path, threads=threads, kv_budget="256MiB", max_context=n_prefill + n_decode + 8)
                     bench_ours(ours, toks, 4)
                 runs["ours"].append(bench_ours(ours, toks, n_decode))
@@ -383,7 +394,7 @@ def main(model_names, thread_counts, reps, prefill_arg, decode_arg, llama_bench,
                     if b.error:
                         continue
                     if fresh_pages:
-                        drop_cached_pages(path)
+                        read_afresh(path)
                     try:
                         runs[b.label].append(b.bench(path, threads, n_prefill, n_decode))
                     except PeerError as e:

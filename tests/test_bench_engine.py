@@ -131,8 +131,8 @@ def test_fresh_pages_reload_ours_and_drop_each_engines_files_before_its_runs(tmp
     model = shapes.SHAPES["8b-shape"].generate(tmp_path / "tiny.gguf", tiny=True, tokenizer_src=smollm2_path)
     llama = _fake(tmp_path / "llama-bench", tmp_path / "llama.log", 100.0, 10.0, 0, 0)
     dropped, loads = [], []
-    real_drop, real_load = bench_engine.drop_cached_pages, bench_engine.Model.load
-    monkeypatch.setattr(bench_engine, "drop_cached_pages", lambda p: (dropped.append(Path(p)), real_drop(p)))
+    real_read, real_load = bench_engine.read_afresh, bench_engine.Model.load
+    monkeypatch.setattr(bench_engine, "read_afresh", lambda p: (dropped.append(Path(p)), real_read(p)))
     monkeypatch.setattr(bench_engine.Model, "load", lambda *a, **k: (loads.append(a[0]), real_load(*a, **k))[1])
     args = ["--model", str(model), "--threads", "1", "--reps", "3", "--prefill", "16", "--decode", "2",
             "--llama-bench", str(llama)]
@@ -149,8 +149,9 @@ def test_fresh_pages_reload_ours_and_drop_each_engines_files_before_its_runs(tmp
     assert dropped == [] and len(loads) == 1 and "kept in the page cache" in result.output
 
 
-def test_drop_cached_pages_accepts_a_regular_file(tmp_path):
+def test_read_afresh_leaves_the_file_as_it_was(tmp_path):
     f = tmp_path / "w.bin"
-    f.write_bytes(b"x" * 65536)
-    bench_engine.drop_cached_pages(f)   # advice only: the file is unchanged
-    assert f.read_bytes() == b"x" * 65536
+    data = bytes(range(256)) * 40000   # more than one read buffer
+    f.write_bytes(data)
+    bench_engine.read_afresh(f)   # page-cache advice and a read: the file is unchanged
+    assert f.read_bytes() == data
