@@ -31,11 +31,12 @@ the table (RQLLM_KERNEL forces one; --kernel sets RQLLM_KERNEL for our runs).
 
 Fresh pages (default; --keep-pages turns it off): before each run, the weight files that engine reads
 are dropped from the page cache (POSIX_FADV_DONTNEED) and read through again, and ours is loaded again,
-so every run has its weights in newly placed memory. On the VM this was developed on, decode speed depends on where the
-weights land in the host's memory, and that is fixed when they are read: the same build decoded the
-1.5B shape at 44 or 57 tok/s after alternate re-reads of its cache file, steady within each. ik's -rtr
-copies its weights into fresh memory on every run, so it drew anew each rep while a page-cache copy
-(ours, llama.cpp's mmap) drew once for the whole benchmark; now every engine draws per run.
+so every run has its weights in newly placed memory. On the VM this was developed on, decode speed
+depends on where the weights land in the host's memory, and that is fixed when they are read: the
+same build decoded the 1.5B shape at 44 or 57 tok/s after alternate re-reads of its cache file,
+steady within each. ik's -rtr copies its weights into fresh memory on every run, so it drew anew each
+rep while a page-cache copy (ours, llama.cpp's mmap) drew once for the whole benchmark; now every
+engine draws per run.
 """
 from __future__ import annotations
 
@@ -362,9 +363,12 @@ def main(model_names, thread_counts, reps, prefill_arg, decode_arg, llama_bench,
         n_prefill, n_decode = DEFAULT_LENGTHS.get(name, OTHER_LENGTHS)
         n_prefill, n_decode = prefill_arg or n_prefill, decode_arg or n_decode
         for threads in thread_counts:
+            def load_ours() -> Model:
+                return Model.load(path, threads=threads, kv_budget="256MiB", max_context=n_prefill + n_decode + 8)
+
             if fresh_pages:
                 read_afresh(path)   # (the repacked cache, if any, from the second rep on)
-            ours = Model.load(path, threads=threads, kv_budget="256MiB", max_context=n_prefill + n_decode + 8)
+            ours = load_ours()
             repacked = getattr(getattr(ours, "layout", None), "repacked", None) is not None
             print(f"{name}: weights {'repacked (R16)' if repacked else 'GGUF layout'}", file=sys.stderr)
             cfg = ours.cfg
@@ -387,8 +391,8 @@ def main(model_names, thread_counts, reps, prefill_arg, decode_arg, llama_bench,
                     gc.collect()   # unmaps the files, so that their pages can be dropped
                     for f in files:
                         read_afresh(f)
-                    ours = Model.load(path, threads=threads, kv_budget="256MiB", max_context=n_prefill + n_decode + 8)
-                    bench_ours(ours, toks, 4)
+                    ours = load_ours()
+                    bench_ours(ours, toks, 4)   # the warm-up, as above
                 runs["ours"].append(bench_ours(ours, toks, n_decode))
                 for b in binaries:
                     if b.error:

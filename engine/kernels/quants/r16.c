@@ -572,55 +572,13 @@ A256 AINL void r16_tile16_q4k_256(const uint8_t *grp, int nb, const int T, const
     }
 }
 
-/* Q6_K: v8_tile_256's float sequence (per block parity and half: fma(float(P + NQ), WD * d_k, acc));
- * a half's int16 sums in pairs (U <= 63), as r16_dot_256. */
-A256 AINL void r16_tile16_q6k_256(const uint8_t *grp, int nb, const int T, const uint8_t *tile, float *out, int ldo,
-                                  int nr) {
-    const __m256i ones = _mm256_set1_epi16(1);
-    const float *WD = (const float *)(grp + 512 * (size_t)nb);
-    __m256 acc[8][2][2][2];   /* [token][block parity][half h][8-row half q] */
-    const int T2 = (T + 1) & ~1;
-    for (int k = 0; k < T2; k++)
-        for (int par = 0; par < 2; par++)
-            for (int h = 0; h < 2; h++) acc[k][par][h][0] = acc[k][par][h][1] = _mm256_setzero_ps();
-    for (int b = 0; b < nb; b++) {
-        const uint8_t *tb = tile + (size_t)b * V16_TILE_BLOCK_BYTES, *U = grp + 512 * (size_t)b;
-        const int32_t *nq = (const int32_t *)(tb + 256);
-        const float *d = (const float *)(tb + 320);
-        const int par = b & 1;
-        for (int k = 0; k < T2; k += 2) {
-            const uint8_t *x = tb + 32 * k;
-            __asm__("" : "+r"(x));
-            for (int h = 0; h < 2; h++) {
-                __m256i S[2][2][2];   /* [dword pair][token of the pair][8-row half]: U <= 63, pairs fit int16 */
-                for (int g = 0; g < 4; g++) r16_pair_dword_256(U, x, 4 * h + g, !(g & 1), S[g / 2]);
-                for (int kk = 0; kk < 2; kk++) {
-                    const __m256 dk = _mm256_set1_ps(d[k + kk]);
-                    const __m256i n = _mm256_set1_epi32(nq[8 * h + k + kk]);
-                    for (int q = 0; q < 2; q++) {
-                        const __m256i P = _mm256_add_epi32(
-                            _mm256_add_epi32(_mm256_madd_epi16(S[0][kk][q], ones), _mm256_madd_epi16(S[1][kk][q], ones)), n);
-                        const __m256 s = _mm256_mul_ps(_mm256_loadu_ps(WD + 32 * (size_t)b + 16 * h + 8 * q), dk);
-                        acc[k + kk][par][h][q] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(P), s, acc[k + kk][par][h][q]);
-                    }
-                }
-            }
-        }
-    }
-    for (int k = 0; k < T; k++) {
-        __m256 r[2];
-        for (int q = 0; q < 2; q++)
-            r[q] = _mm256_add_ps(_mm256_add_ps(acc[k][0][0][q], acc[k][1][0][q]), _mm256_add_ps(acc[k][0][1][q], acc[k][1][1][q]));
-        r16_store16_256(r[0], r[1], out + (size_t)k * ldo, nr);
-    }
-}
-
-/* The legacy types of 4- and 5-bit values (Q4_0, Q4_1, Q5_0, Q5_1): v8_tile_256's float sequence
- * (per block parity and half: fma(float(P + NQ), WD * d_k, acc); the mins by parity in their own
- * pass), a half's four vpmaddubsw sums whole in int16 (U <= 31: 4 x 2 x 31 x 127 fits). */
-A256 AINL void r16_tile16_legacy_256(const int t, const uint8_t *grp, int nb, const int T, const uint8_t *tile,
+/* Q6_K and the legacy types of 4- and 5-bit values (Q4_0, Q4_1, Q5_0, Q5_1): v8_tile_256's float
+ * sequence (per block parity and half: fma(float(P + NQ), WD * d_k, acc); the mins by parity). A
+ * half's four vpmaddubsw sums add up whole in int16 for 4- and 5-bit values (4 x 2 x 31 x 127 fits),
+ * in pairs for Q6_K (U <= 63), as r16_dot_256. */
+A256 AINL void r16_tile16_halves_256(const int t, const uint8_t *grp, int nb, const int T, const uint8_t *tile,
                                      float *out, int ldo, int nr) {
-    const int offs = type_offset(t) != 0, mins = type_has_min(t);
+    const int q6 = t == RQ_Q6_K, offs = type_offset(t) != 0, mins = type_has_min(t);
     const __m256i ones = _mm256_set1_epi16(1);
     const float *WD = (const float *)(grp + 512 * (size_t)nb), *M = WD + 32 * (size_t)nb;
     __m256 acc[8][2][2][2], accM[8][2][2];   /* [token][block parity][half h][8-row half q], [token][parity][q] */
@@ -633,23 +591,27 @@ A256 AINL void r16_tile16_legacy_256(const int t, const uint8_t *grp, int nb, co
         const int32_t *nq = (const int32_t *)(tb + 256);
         const float *d = (const float *)(tb + 320), *ds = (const float *)(tb + 352);
         const int par = b & 1;
-        const __m256 wd[2] = {_mm256_loadu_ps(WD + 32 * (size_t)b), _mm256_loadu_ps(WD + 32 * (size_t)b + 8)};
         for (int k = 0; k < T2; k += 2) {
             const uint8_t *x = tb + 32 * k;
-            __asm__("" : "+r"(x));
+            __asm__("" : "+r"(x));   /* one token pair at a time: GCC would otherwise unroll the pairs */
             for (int h = 0; h < 2; h++) {
-                __m256i S[2][2];   /* [token of the pair][8-row half] */
-                for (int g = 0; g < 4; g++) r16_pair_dword_256(U, x, 4 * h + g, g == 0, S);
+                __m256i S[2][2][2];   /* [dword pair (Q6_K) or 0][token of the pair][8-row half] */
+                for (int g = 0; g < 4; g++)
+                    r16_pair_dword_256(U, x, 4 * h + g, q6 ? !(g & 1) : g == 0, S[q6 ? g / 2 : 0]);
                 if (mins && h == 0)
                     for (int kk = 0; kk < 2; kk++)
                         for (int q = 0; q < 2; q++)
-                            accM[k + kk][par][q] = _mm256_fmadd_ps(_mm256_loadu_ps(M + 16 * (size_t)b + 8 * q), _mm256_set1_ps(ds[k + kk]), accM[k + kk][par][q]);
+                            accM[k + kk][par][q] = _mm256_fmadd_ps(_mm256_loadu_ps(M + 16 * (size_t)b + 8 * q),
+                                                                   _mm256_set1_ps(ds[k + kk]), accM[k + kk][par][q]);
                 for (int kk = 0; kk < 2; kk++) {
                     const __m256 dk = _mm256_set1_ps(d[k + kk]);
                     for (int q = 0; q < 2; q++) {
-                        __m256i P = _mm256_madd_epi16(S[kk][q], ones);
+                        __m256i P = _mm256_madd_epi16(S[0][kk][q], ones);
+                        if (q6) P = _mm256_add_epi32(P, _mm256_madd_epi16(S[1][kk][q], ones));
                         if (offs) P = _mm256_add_epi32(P, _mm256_set1_epi32(nq[8 * h + k + kk]));
-                        acc[k + kk][par][h][q] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(P), _mm256_mul_ps(wd[q], dk), acc[k + kk][par][h][q]);
+                        /* Q6_K has a scale per half, the legacy types one per block */
+                        const __m256 s = _mm256_mul_ps(_mm256_loadu_ps(WD + 32 * (size_t)b + (q6 ? 16 * h : 0) + 8 * q), dk);
+                        acc[k + kk][par][h][q] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(P), s, acc[k + kk][par][h][q]);
                     }
                 }
             }
@@ -674,8 +636,7 @@ A256 AINL int r16_tile16_256(const int t, const uint8_t *grp, int nb, int T, con
                              int nr) {
     if (t == RQ_Q8_0) return 0;
     if (t == RQ_Q4_K) r16_tile16_q4k_256(grp, nb, T, tile, out, ldo, nr);
-    else if (t == RQ_Q6_K) r16_tile16_q6k_256(grp, nb, T, tile, out, ldo, nr);
-    else r16_tile16_legacy_256(t, grp, nb, T, tile, out, ldo, nr);
+    else r16_tile16_halves_256(t, grp, nb, T, tile, out, ldo, nr);
     return 1;
 }
 
