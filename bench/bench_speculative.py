@@ -1,6 +1,6 @@
 """Speculative decoding: decode tok/s with and without, acceptance rates, and the summarise wall time.
 
-    python bench/bench_speculative.py                                  # both models, 3 runs
+    python bench/bench_speculative.py                                  # default model, SmolLM2, Gemma 3; 3 runs
     python bench/bench_speculative.py --models smollm2-135m --runs 5 --draft smollm2-135m=/path/draft.gguf
     python bench/bench_speculative.py --fixed-costs                    # DEFAULT_PASS_COSTS, not timed ones
     python bench/bench_speculative.py --summarize-runs 0 --json out.json
@@ -15,6 +15,11 @@ A set's decode tok/s in a run is its decoded tokens over its decode seconds; the
 median over runs of (mode's tok/s / plain tok/s in the same run). Greedy outputs are checked to be
 identical across modes (the bench stops otherwise). The summarise benchmark is bench_summarize's
 embedded run (1 worker, default budget) with speculative "prompt_lookup" and "off", interleaved.
+
+The lookup ceiling bounds what any prompt lookup could do on a set: the speed-up, at the engine's
+pass costs, of a lookup that knew the greedy output and each round checked the best run that follows
+an earlier occurrence of the last token (lookup_ceiling). A model that paraphrases its source has a
+low ceiling, however good the guessing; verification cost lowers it too.
 """
 from __future__ import annotations
 
@@ -25,14 +30,20 @@ import os
 import statistics
 import sys
 import time
+from collections import defaultdict
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from engine.defaults import DEFAULT_MODEL  # noqa: E402
 from engine.engine import Engine  # noqa: E402
 from engine.params import SamplingParams  # noqa: E402
 from engine.speculative import DEFAULT_PASS_COSTS, MAX_DRAFT  # noqa: E402
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
 
 OPEN_PROMPTS = [
     "Write a short story about a dragon who learns to bake bread.",
@@ -67,11 +78,49 @@ def open_requests() -> list[tuple[list[dict], SamplingParams]]:
     return [([{"role": "user", "content": p}], SamplingParams(max_tokens=MAX_TOKENS)) for p in OPEN_PROMPTS]
 
 
+def lookup_ceiling(prompt: Sequence[int], decided: Sequence[int], pass_cost: Sequence[float],
+                   max_draft: int = MAX_DRAFT) -> float:
+    """The decode speed-up over plain decoding of the best possible prompt lookup for one generation.
+
+    decided: the tokens greedy decoding decided after the prompt (the first from the prefill's
+    logits). At a round with decided[:i] known, a lookup can only propose text that follows an
+    earlier occurrence of the last token in prompt + decided[:i] (any longer match is one of those
+    too); agree[i] is the longest run of decided[i:] that some such continuation spells. Choosing,
+    from i, g <= agree[i] guesses costs pass_cost[g + 1] and decides g + 1 tokens (the last always
+    the model's own), so the least total cost is a shortest path over i, solved backwards."""
+    full = list(prompt) + list(decided)
+    n_prompt, n = len(prompt), len(decided)
+    if n < 2:
+        return 1.0
+    followers: dict[int, list[int]] = defaultdict(list)  # token -> positions right after its occurrences
+    for e in range(1, n_prompt):
+        followers[full[e - 1]].append(e)
+    agree = [0] * n
+    for i in range(1, n):
+        end = n_prompt + i  # the text so far is full[:end]; its last token is full[end - 1]
+        followers[full[end - 2]].append(end - 1)
+        room = min(max_draft, n - 1 - i)  # the round's last token is the model's
+        best = 0
+        for e in followers[full[end - 1]]:
+            m = 0
+            while m < room and e + m < end and full[e + m] == decided[i + m]:
+                m += 1
+            best = max(best, m)
+            if best == room:
+                break
+        agree[i] = best
+    cost = [0.0] * (n + 1)
+    for i in range(n - 1, 0, -1):
+        cost[i] = min(pass_cost[g + 1] + cost[i + g + 1] for g in range(agree[i] + 1))
+    return (n - 1) / cost[1]
+
+
 def run_set(eng: Engine, requests, modes: list[str], runs: int, label: str) -> dict:
     """Per mode and run: decoded tokens, decode seconds, guesses and kept guesses over the set."""
     per = {m: [] for m in modes}
     pairs = {m: [] for m in modes}  # per prompt and run: mode's tok/s over plain's, generated back to back
     reference: dict[int, list[int]] = {}
+    decided: dict[int, tuple[list[int], list[int]]] = {}  # prompt -> (prompt ids, tokens decided after it)
     for r in range(runs):
         totals = {m: {"tokens": 0, "seconds": 0.0, "draft": 0, "accepted": 0, "completion": 0} for m in modes}
         for i, (messages, params) in enumerate(requests):
@@ -81,6 +130,9 @@ def run_set(eng: Engine, requests, modes: list[str], runs: int, label: str) -> d
                 gen = eng.generate(messages=messages, params=params.model_copy(update={"speculative": m}))
                 if reference.setdefault(i, gen.ids) != gen.ids:
                     raise SystemExit(f"{label} prompt {i}: {m} output differs from the first run's greedy output")
+                # no stop strings here: "stop" is an end token, which counts as decided (as a sentinel
+                # no lookup matches: the ceiling may miss one guess per generation)
+                decided.setdefault(i, (gen.prompt_ids, gen.ids + ([-1] if gen.finish_reason == "stop" else [])))
                 t = totals[m]
                 t["tokens"] += round(gen.decode_tps * gen.decode_seconds)  # tokens decided after the first
                 t["seconds"] += gen.decode_seconds
@@ -95,6 +147,8 @@ def run_set(eng: Engine, requests, modes: list[str], runs: int, label: str) -> d
             per[m].append(totals[m])
         line = "  ".join(f"{m} {totals[m]['tokens'] / totals[m]['seconds']:.1f}" for m in modes)
         print(f"  {label} run {r + 1}/{runs}: decode tok/s {line}", file=sys.stderr, flush=True)
+    tokens = [len(d) - 1 for _, d in decided.values()]  # the first comes from the prefill
+    costs = [t / lookup_ceiling(p, d, eng.pass_costs) for t, (p, d) in zip(tokens, decided.values())]
     result = {}
     for m in modes:
         tps = [t["tokens"] / t["seconds"] for t in per[m]]
@@ -110,6 +164,7 @@ def run_set(eng: Engine, requests, modes: list[str], runs: int, label: str) -> d
             "output_from_guesses": round(last["accepted"] / last["completion"], 3) if last["completion"] else 0.0,
             "completion_tokens": last["completion"],
         }
+    result["prompt_lookup"]["lookup_ceiling"] = round(sum(tokens) / sum(costs), 3)
     return result
 
 
@@ -143,7 +198,7 @@ def summarize_wall(model: str, runs: int) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--models", nargs="+", default=["smollm2-135m", "gemma3-270m"])
+    ap.add_argument("--models", nargs="+", default=[DEFAULT_MODEL, "smollm2-135m", "gemma3-270m"])
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--draft", action="append", default=[], metavar="MODEL=DRAFT",
@@ -176,16 +231,18 @@ def main() -> None:
     print(f"\n{args.threads} threads, {os.cpu_count()} cores (shared machine), medians of {args.runs} runs; "
           f"decode tok/s over each prompt set, greedy, identical output in every mode")
     print("speedup: median over runs of the set's tok/s over plain's in the same run; paired: median over "
-          "prompts x runs of one generation's tok/s over plain's, generated right before it")
-    print(f"{'model':<14} {'prompts':<8} {'mode':<14} {'tok/s':>7} {'speedup':>8} {'paired':>7} {'kept/guessed':>14} "
-          f"{'rate':>5} {'from guesses':>12}")
+          "prompts x runs of one generation's tok/s over plain's, generated right before it; ceiling: the "
+          "best any prompt lookup could do on the set at these pass costs (lookup_ceiling)")
+    print(f"{'model':<28} {'prompts':<8} {'mode':<14} {'tok/s':>7} {'speedup':>8} {'paired':>7} {'kept/guessed':>14} "
+          f"{'rate':>5} {'from guesses':>12} {'ceiling':>8}")
     for model, res in results["models"].items():
         for kind in ("summary", "open"):
             for mode, r in res[kind].items():
                 rate = f"{r['acceptance_rate']:.2f}" if r["acceptance_rate"] is not None else "-"
-                print(f"{model:<14} {kind:<8} {mode:<14} {r['decode_tps_median']:>7.1f} {r['speedup_median']:>7.2f}x "
+                ceiling = f"{r['lookup_ceiling']:.2f}x" if "lookup_ceiling" in r else "-"
+                print(f"{model:<28} {kind:<8} {mode:<14} {r['decode_tps_median']:>7.1f} {r['speedup_median']:>7.2f}x "
                       f"{r['paired_speedup_median']:>6.2f}x "
-                      f"{r['accepted_tokens']:>6}/{r['draft_tokens']:<7} {rate:>5} {r['output_from_guesses']:>11.0%}")
+                      f"{r['accepted_tokens']:>6}/{r['draft_tokens']:<7} {rate:>5} {r['output_from_guesses']:>11.0%} {ceiling:>8}")
         print(f"{model}: pass cost of n = 1..{MAX_DRAFT + 1} tokens over 1 ({'fixed' if args.fixed_costs else 'timed'})"
               f": {res['pass_costs'][1:]}" + (f"; draft step {res['draft_step_cost']}" if res["draft_step_cost"] else ""))
         if "summarize" in res:
