@@ -278,6 +278,9 @@ static void embed(rq_model *m, const int32_t *tokens, int n) {
  * in (one pass, split passes and decode agree bit for bit), and the AVX-512 kernel, which runs
  * the AVX2 kernel's 8-lane operations on two rows per vector, gives the AVX2 kernel's results. */
 
+#define ATT_PF_KEYS 32   /* keys ahead that a score tile asks the cache for (prefetch_kv) */
+#define ATT_PF_TOKENS 16 /* passes of up to this many tokens prefetch (decode, speculative passes) */
+
 /* One KV head's cache: position j in ring slot j % slots, rows kv_dim apart. */
 typedef struct {
     const void *K, *V;   /* this KV head's entry in slot 0; f32, or f16 when f16 is set */
@@ -479,16 +482,14 @@ AINL void tile_keys(const att_kv *kv, int j, int hi, int *slot, const void **kp)
     }
 }
 
-#define ATT_PF_KEYS 32   /* keys ahead that a score tile asks the cache for */
-#define ATT_PF_TOKENS 16 /* passes of up to this many tokens prefetch (decode, speculative passes) */
-
 /* Prefetch the key and value entries of the 4 positions ATT_PF_KEYS after the tile at ring slot
  * `slot` (within the ring; past hi harmless). One head's entries sit kv_dim apart, so the hardware
  * prefetchers see a stride, not a stream, and without this the score tiles waited on their keys:
- * SmolLM2's one-token pass at 1,200 positions took 4.4 ms on 2 threads, 3.75 ms with it. The values are wanted only after the softmax, by which time they
- * are in L2 (a head's values over 1,000+ positions: ~130 KB at f16). Only in passes of a few
- * tokens (ATT_PF_TOKENS; kv->prefetch), and only for a block's first rows: in a prefill most blocks
- * find the keys in cache, and the extra instructions cost 1-3 % of a SmolLM2 prefill. */
+ * SmolLM2's one-token pass at 1,200 positions took 4.4 ms on 2 threads, 3.75 ms with it. The
+ * values are wanted only after the softmax, by which time they are in L2 (a head's values over
+ * 1,000+ positions: ~130 KB at f16). Only in passes of a few tokens (ATT_PF_TOKENS; kv->prefetch),
+ * and only for a block's first rows: in a prefill most blocks find the keys in cache, and the
+ * extra instructions cost 1-3 % of a SmolLM2 prefill. */
 AINL void prefetch_kv(const att_kv *kv, int slot) {
     const size_t entry = (size_t)kv->hd * (kv->f16 ? sizeof(uint16_t) : sizeof(float));
     for (int u = 0; u < 4; u++) {
