@@ -45,6 +45,8 @@ from engine.speculative import DEFAULT_PASS_COSTS, MAX_DRAFT  # noqa: E402
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
+    from engine.params import Generation
+
 OPEN_PROMPTS = [
     "Write a short story about a dragon who learns to bake bread.",
     "Explain how a refrigerator works.",
@@ -119,8 +121,7 @@ def run_set(eng: Engine, requests, modes: list[str], runs: int, label: str) -> d
     """Per mode and run: decoded tokens, decode seconds, guesses and kept guesses over the set."""
     per = {m: [] for m in modes}
     pairs = {m: [] for m in modes}  # per prompt and run: mode's tok/s over plain's, generated back to back
-    reference: dict[int, list[int]] = {}
-    decided: dict[int, tuple[list[int], list[int]]] = {}  # prompt -> (prompt ids, tokens decided after it)
+    first: dict[int, Generation] = {}  # prompt -> its first generation: the greedy output every mode must give
     for r in range(runs):
         totals = {m: {"tokens": 0, "seconds": 0.0, "draft": 0, "accepted": 0, "completion": 0} for m in modes}
         for i, (messages, params) in enumerate(requests):
@@ -128,11 +129,8 @@ def run_set(eng: Engine, requests, modes: list[str], runs: int, label: str) -> d
             for m in modes:
                 eng.forget_cache()
                 gen = eng.generate(messages=messages, params=params.model_copy(update={"speculative": m}))
-                if reference.setdefault(i, gen.ids) != gen.ids:
+                if first.setdefault(i, gen).ids != gen.ids:
                     raise SystemExit(f"{label} prompt {i}: {m} output differs from the first run's greedy output")
-                # no stop strings here: "stop" is an end token, which counts as decided (as a sentinel
-                # no lookup matches: the ceiling may miss one guess per generation)
-                decided.setdefault(i, (gen.prompt_ids, gen.ids + ([-1] if gen.finish_reason == "stop" else [])))
                 t = totals[m]
                 t["tokens"] += round(gen.decode_tps * gen.decode_seconds)  # tokens decided after the first
                 t["seconds"] += gen.decode_seconds
@@ -147,8 +145,11 @@ def run_set(eng: Engine, requests, modes: list[str], runs: int, label: str) -> d
             per[m].append(totals[m])
         line = "  ".join(f"{m} {totals[m]['tokens'] / totals[m]['seconds']:.1f}" for m in modes)
         print(f"  {label} run {r + 1}/{runs}: decode tok/s {line}", file=sys.stderr, flush=True)
-    tokens = [len(d) - 1 for _, d in decided.values()]  # the first comes from the prefill
-    costs = [t / lookup_ceiling(p, d, eng.pass_costs) for t, (p, d) in zip(tokens, decided.values())]
+    # No stop strings here: "stop" is an end token, which counts as decided (as a sentinel no lookup
+    # matches: the ceiling may miss one guess per generation).
+    decided = [(g.prompt_ids, g.ids + ([-1] if g.finish_reason == "stop" else [])) for g in first.values()]
+    tokens = [len(d) - 1 for _, d in decided]  # the first comes from the prefill
+    costs = [t / lookup_ceiling(p, d, eng.pass_costs) for t, (p, d) in zip(tokens, decided)]
     result = {}
     for m in modes:
         tps = [t["tokens"] / t["seconds"] for t in per[m]]

@@ -654,7 +654,7 @@ A256 AINL void v8_tile_256(const int t, const uint8_t *grp, int nb, const int T,
             __m256i W[8];
             for (int j = 0; j < 8; j++) W[j] = _mm256_loadu_si256((const __m256i *)(U + 512 * (size_t)b + 64 * j + 32 * q));
             const __m256 wd0 = _mm256_loadu_ps(WD + 32 * (size_t)b + 8 * q);
-            const __m256 wd1 = wd0;   /* the legacy types: one scale per block */
+            const __m256 wd1 = wd0;   /* Q8_0: one scale per block */
             const __m256 mn = _mm256_loadu_ps(M + 16 * (size_t)b + 8 * q);
             r16_acc_256(t, W, wd0, wd1, mn, tile + (size_t)b * V16_TILE_BLOCK_BYTES, T, k0, acc, accM);
         }
