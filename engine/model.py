@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import numpy as np
@@ -22,9 +22,9 @@ from engine.repack import RepackedWeights
 from engine.thread_governor import ThreadGovernor
 from engine.defaults import DEFAULT_KV_BUDGET
 from engine.registry import ModelError  # noqa: F401 - raised here, imported from here by callers
+from engine import rope
+from engine.rope import SCALING_TYPES, RopeScaling
 
-ARCH_IDS = {"llama": 0, "gemma3": 1, "qwen2": 2}
-SUPPORTED_ARCHS = tuple(ARCH_IDS)
 # Types the compiled kernels read (engine/kernels/quants.h).
 SUPPORTED_TYPES = tuple(
     GGMLQuantizationType[n]
@@ -36,6 +36,58 @@ MAX_UBATCH = 128  # tokens per compiled pass: larger prompts are run in passes o
 def default_threads() -> int:
     """RQLLM_THREADS, else the CPUs this process may use (affinity mask and cgroup quota: engine.cpus)."""
     return choose_threads().threads
+
+
+# ---------------------------------------------------------------------------------------------
+# What we run: every architecture is a row of switches of the one forward pass
+# (engine/kernels/forward.c), with its rules from llama.cpp's src/models/<arch>.cpp.
+
+@dataclass(frozen=True)
+class Arch:
+    rope_neox: bool  # RoPE rotates pairs (i, i + n_rot/2); else adjacent pairs (llama's NORM mode)
+    required: tuple[str, ...] = ()  # layer tensors (LAYER_TENSORS fields) it needs beyond COMMON_TENSORS
+    optional: tuple[str, ...] = ()  # layer tensors it may have
+    keys: tuple[str, ...] = ()  # metadata keys ("{arch}." + key) it reads beyond COMMON_KEYS
+    ffn_gelu: bool = False  # GELU-tanh gate; else SiLU
+    embd_scale: bool = False  # embeddings times sqrt(n_embd)
+    swa_pattern: int = 0  # with a sliding window, layer il slides when il % swa_pattern < swa_pattern - 1
+    local_rope_base: float | None = None  # sliding layers' fixed RoPE base; None: rope.freq_base_swa or freq_base
+    fused: bool = False  # q|k|v in attn_qkv and gate|up in ffn_up (phi3)
+    tied_output_only: bool = False  # logits always from token_embd (llama.cpp never reads output.weight)
+
+
+COMMON_TENSORS = ("attn_norm", "wq", "wk", "wv", "wo", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")
+COMMON_KEYS = (
+    "context_length", "embedding_length", "block_count", "feed_forward_length", "vocab_size",
+    "attention.head_count", "attention.head_count_kv", "attention.key_length", "attention.value_length",
+    "attention.layer_norm_rms_epsilon", "rope.freq_base", "rope.dimension_count",
+    "rope.scaling.type", "rope.scaling.factor", "rope.scaling.original_context_length", "rope.scaling.attn_factor",
+)
+GEMMA_NORMS = ("post_attn_norm", "post_ffw_norm")
+ARCHS: dict[str, Arch] = {
+    "llama": Arch(rope_neox=False, optional=("bq", "bk", "bv")),  # Llama 1-3, Mistral, SmolLM
+    "qwen2": Arch(rope_neox=True, required=("bq", "bk", "bv")),
+    "qwen3": Arch(rope_neox=True, required=("attn_q_norm", "attn_k_norm")),
+    "gemma2": Arch(rope_neox=True, required=GEMMA_NORMS, ffn_gelu=True, embd_scale=True, swa_pattern=2,
+                   keys=("attention.sliding_window", "rope.freq_base_swa", "attn_logit_softcapping",
+                         "final_logit_softcapping"), tied_output_only=True),
+    "gemma3": Arch(rope_neox=True, required=("attn_q_norm", "attn_k_norm", *GEMMA_NORMS), ffn_gelu=True,
+                   embd_scale=True, swa_pattern=6, local_rope_base=10000.0, keys=("attention.sliding_window",)),
+    # attention.sliding_window: llama.cpp warns and runs phi3 with full attention (its PR 13676); so do we
+    "phi3": Arch(rope_neox=True, fused=True, keys=("attention.sliding_window",)),
+}
+SUPPORTED_ARCHS = tuple(ARCHS)
+
+# Metadata keys and tensors that a file may carry and that change nothing we compute, each with why.
+# Anything else that we do not read is refused: a silently ignored key or tensor is a wrong answer.
+HARMLESS_KEYS = {
+    "rope.scaling.finetuned": "a note on how the model was trained",
+    "expert_count": "0 is a dense model (checked)",
+    "expert_used_count": "0 is a dense model (checked)",
+}
+HARMLESS_TENSORS = {
+    "attn_rot_embd": "old converters' copy of base^(-2i/n_rot), which the engine computes",
+}
 
 
 @dataclass(frozen=True)
@@ -50,18 +102,26 @@ class Config:
     n_vocab: int
     n_ctx_train: int
     norm_eps: float
+    n_rot: int
     rope_base: float
     rope_base_local: float
     rope_neox: bool
+    rope_scaling: RopeScaling
     sliding_window: int
     swa_pattern: int
     embd_scale: float
     attn_scale: float
+    attn_softcap: float
+    final_softcap: float
     ffn_gelu: bool
 
     @property
     def kv_dim(self) -> int:
         return self.n_head_kv * self.head_dim
+
+    @property
+    def spec(self) -> Arch:
+        return ARCHS[self.arch]
 
     def layer_is_local(self, il: int) -> bool:
         return self.sliding_window > 0 and self.swa_pattern > 0 and il % self.swa_pattern < self.swa_pattern - 1
@@ -69,8 +129,10 @@ class Config:
     @classmethod
     def from_gguf(cls, gguf: GGUFFile) -> Config:
         arch = gguf.arch
-        if arch not in ARCH_IDS:
+        spec = ARCHS.get(arch)
+        if spec is None:
             raise ModelError(f"{gguf.path}: unsupported architecture {arch!r}; supported: {', '.join(SUPPORTED_ARCHS)}")
+        _refuse_unread_keys(gguf, arch, spec)
 
         def key(name: str, default=None, kind: type = int):
             value = gguf.get(f"{arch}.{name}", default)
@@ -90,36 +152,53 @@ class Config:
                             ("attention.key_length", head_dim)):
             if not 0 < value < 1 << 24:  # checked before the square roots below
                 raise ModelError(f"{gguf.path}: metadata key {arch}.{name} = {value} is out of range")
+        if int(key("attention.value_length", head_dim)) != head_dim:
+            raise ModelError(f"{gguf.path}: metadata key {arch}.attention.value_length = "
+                             f"{key('attention.value_length')} differs from key_length {head_dim}: not implemented")
+        for name in ("expert_count", "expert_used_count"):
+            if int(key(name, 0)) != 0:
+                raise ModelError(f"{gguf.path}: metadata key {arch}.{name} = {key(name)}: mixture-of-experts "
+                                 f"models are not implemented")
         embd = gguf.tensors.get("token_embd.weight")
         if embd is None:
             raise ModelError(f"{gguf.path}: tensor token_embd.weight is missing")
-        n_vocab = int(key("vocab_size", embd.shape[1] if len(embd.shape) > 1 else 0))
-        gemma = arch == "gemma3"
+        n_layer = int(key("block_count"))
+        n_ctx_train = int(key("context_length", 4096))
+        rope_base = float(key("rope.freq_base", 10000.0, float))
+        window = int(key("attention.sliding_window", 0)) if spec.swa_pattern else 0
+        softcaps = "attn_logit_softcapping" in spec.keys
+        attn_scale = 1.0 / math.sqrt(head_dim)
+        if arch == "gemma2" and n_layer == 46 or arch == "gemma3" and n_layer == 62:
+            attn_scale = 1.0 / math.sqrt(n_embd / n_head)  # the 27Bs' query_pre_attn_scalar (llama.cpp)
         cfg = cls(
             arch=arch,
-            n_layer=int(key("block_count")),
+            n_layer=n_layer,
             n_embd=n_embd,
             n_ff=int(key("feed_forward_length")),
             n_head=n_head,
             n_head_kv=n_head_kv,
             head_dim=head_dim,
-            n_vocab=n_vocab,
-            n_ctx_train=int(key("context_length", 4096)),
+            n_vocab=int(key("vocab_size", embd.shape[1] if len(embd.shape) > 1 else 0)),
+            n_ctx_train=n_ctx_train,
             norm_eps=float(key("attention.layer_norm_rms_epsilon", 1e-5, float)),
-            rope_base=float(key("rope.freq_base", 10000.0, float)),
-            rope_base_local=10000.0 if gemma else float(key("rope.freq_base", 10000.0, float)),
-            rope_neox=arch in ("gemma3", "qwen2"),
-            sliding_window=int(key("attention.sliding_window", 0)) if gemma else 0,
-            swa_pattern=6 if gemma else 0,
-            embd_scale=math.sqrt(n_embd) if gemma else 1.0,
-            attn_scale=1.0 / math.sqrt(head_dim),
-            ffn_gelu=gemma,
+            n_rot=int(key("rope.dimension_count", head_dim)),
+            rope_base=rope_base,
+            rope_base_local=spec.local_rope_base or float(key("rope.freq_base_swa", rope_base, float)),
+            rope_neox=spec.rope_neox,
+            rope_scaling=_rope_scaling(gguf, arch, key, n_ctx_train),
+            sliding_window=window,
+            swa_pattern=spec.swa_pattern if window else 0,
+            embd_scale=math.sqrt(n_embd) if spec.embd_scale else 1.0,
+            attn_scale=attn_scale,
+            attn_softcap=float(key("attn_logit_softcapping", 0.0, float)) if softcaps else 0.0,
+            final_softcap=float(key("final_logit_softcapping", 0.0, float)) if softcaps else 0.0,
+            ffn_gelu=spec.ffn_gelu,
         )
         cfg._validate(gguf)
         return cfg
 
     def _validate(self, gguf: GGUFFile) -> None:
-        for name in ("n_layer", "n_embd", "n_ff", "n_head", "n_head_kv", "head_dim", "n_vocab"):
+        for name in ("n_layer", "n_embd", "n_ff", "n_head", "n_head_kv", "head_dim", "n_vocab", "n_rot"):
             value = getattr(self, name)
             if not 0 < value < 1 << 24:
                 raise ModelError(f"{gguf.path}: {name} = {value} is out of range")
@@ -127,87 +206,190 @@ class Config:
             raise ModelError(f"{gguf.path}: head_count {self.n_head} is not a multiple of head_count_kv {self.n_head_kv}")
         if self.head_dim % 2:
             raise ModelError(f"{gguf.path}: head dimension {self.head_dim} must be even for RoPE")
+        if self.n_rot % 2 or self.n_rot > self.head_dim:
+            raise ModelError(f"{gguf.path}: rope.dimension_count {self.n_rot} must be even and at most the head "
+                             f"dimension {self.head_dim}")
+        for name in ("attn_softcap", "final_softcap"):
+            if not 0 <= getattr(self, name) < 1e30:
+                raise ModelError(f"{gguf.path}: {name} = {getattr(self, name)} is out of range")
 
 
-LAYER_TENSORS = {  # our field -> (GGUF suffix, required, shape (cols, rows) as a function of config)
-    "attn_norm": ("attn_norm.weight", True, lambda c: (c.n_embd,)),
-    "wq": ("attn_q.weight", True, lambda c: (c.n_embd, c.n_head * c.head_dim)),
-    "wk": ("attn_k.weight", True, lambda c: (c.n_embd, c.kv_dim)),
-    "wv": ("attn_v.weight", True, lambda c: (c.n_embd, c.kv_dim)),
-    "wo": ("attn_output.weight", True, lambda c: (c.n_head * c.head_dim, c.n_embd)),
-    "bq": ("attn_q.bias", False, lambda c: (c.n_head * c.head_dim,)),
-    "bk": ("attn_k.bias", False, lambda c: (c.kv_dim,)),
-    "bv": ("attn_v.bias", False, lambda c: (c.kv_dim,)),
-    "attn_q_norm": ("attn_q_norm.weight", False, lambda c: (c.head_dim,)),
-    "attn_k_norm": ("attn_k_norm.weight", False, lambda c: (c.head_dim,)),
-    "post_attn_norm": ("post_attention_norm.weight", False, lambda c: (c.n_embd,)),
-    "ffn_norm": ("ffn_norm.weight", True, lambda c: (c.n_embd,)),
-    "ffn_gate": ("ffn_gate.weight", True, lambda c: (c.n_embd, c.n_ff)),
-    "ffn_up": ("ffn_up.weight", True, lambda c: (c.n_embd, c.n_ff)),
-    "ffn_down": ("ffn_down.weight", True, lambda c: (c.n_ff, c.n_embd)),
-    "post_ffw_norm": ("post_ffw_norm.weight", False, lambda c: (c.n_embd,)),
+def _refuse_unread_keys(gguf: GGUFFile, arch: str, spec: Arch) -> None:
+    """A `{arch}.` key that we neither read nor know to be harmless may change the math: refuse."""
+    known = set(COMMON_KEYS) | set(spec.keys) | set(HARMLESS_KEYS)
+    prefix = f"{arch}."
+    for name in gguf.metadata:
+        if name.startswith(prefix) and name[len(prefix):] not in known:
+            raise ModelError(f"{gguf.path}: metadata key {name} is not implemented for {arch}; refusing rather "
+                             f"than computing without it")
+
+
+def _rope_scaling(gguf: GGUFFile, arch: str, key, n_ctx_train: int) -> RopeScaling:
+    kind = gguf.get(f"{arch}.rope.scaling.type", "none")
+    if kind not in SCALING_TYPES or kind == "longrope":  # longrope is Phi-3's factor tensors, not this key
+        raise ModelError(f"{gguf.path}: metadata key {arch}.rope.scaling.type = {str(kind)[:40]!r} is not "
+                         f"implemented; implemented: none, linear, yarn")
+    factor = float(key("rope.scaling.factor", 1.0, float)) or 1.0
+    if kind == "none" and factor != 1.0:
+        kind = "linear"  # llama.cpp: an absent type means linear scaling by the factor
+    if not 0 < factor < 1e6:
+        raise ModelError(f"{gguf.path}: metadata key {arch}.rope.scaling.factor = {factor} is out of range")
+    scaling = RopeScaling(kind=kind, factor=factor,
+                          original_ctx=int(key("rope.scaling.original_context_length", n_ctx_train)),
+                          attn_factor=float(key("rope.scaling.attn_factor", 1.0, float)))
+    has_long_factors = "rope_factors_long.weight" in gguf.tensors
+    if scaling.attn_factor != 1.0 and kind != "yarn" and not has_long_factors:
+        raise ModelError(f"{gguf.path}: metadata key {arch}.rope.scaling.attn_factor = {scaling.attn_factor} is "
+                         f"implemented only with YaRN or LongRoPE factors")
+    if (kind == "yarn" or has_long_factors) and not 0 < scaling.original_ctx < 1 << 30:
+        raise ModelError(f"{gguf.path}: metadata key {arch}.rope.scaling.original_context_length = "
+                         f"{scaling.original_ctx} is out of range")
+    return scaling
+
+
+# Per-layer tensors: our field (forward.h's RQ_LAYER_FIELDS) -> (GGUF name suffix, shape (cols, rows)).
+LAYER_TENSORS = {
+    "attn_norm": ("attn_norm.weight", lambda c: (c.n_embd,)),
+    "wq": ("attn_q.weight", lambda c: (c.n_embd, c.n_head * c.head_dim)),
+    "wk": ("attn_k.weight", lambda c: (c.n_embd, c.kv_dim)),
+    "wv": ("attn_v.weight", lambda c: (c.n_embd, c.kv_dim)),
+    "wo": ("attn_output.weight", lambda c: (c.n_head * c.head_dim, c.n_embd)),
+    "bq": ("attn_q.bias", lambda c: (c.n_head * c.head_dim,)),
+    "bk": ("attn_k.bias", lambda c: (c.kv_dim,)),
+    "bv": ("attn_v.bias", lambda c: (c.kv_dim,)),
+    "attn_q_norm": ("attn_q_norm.weight", lambda c: (c.head_dim,)),
+    "attn_k_norm": ("attn_k_norm.weight", lambda c: (c.head_dim,)),
+    "post_attn_norm": ("post_attention_norm.weight", lambda c: (c.n_embd,)),
+    "ffn_norm": ("ffn_norm.weight", lambda c: (c.n_embd,)),
+    "ffn_gate": ("ffn_gate.weight", lambda c: (c.n_embd, c.n_ff)),
+    "ffn_up": ("ffn_up.weight", lambda c: (c.n_embd, c.n_ff)),
+    "ffn_down": ("ffn_down.weight", lambda c: (c.n_ff, c.n_embd)),
+    "post_ffw_norm": ("post_ffw_norm.weight", lambda c: (c.n_embd,)),
 }
-# Tensors that must be present for an architecture even though other archs lack them.
-ARCH_REQUIRED = {
-    "gemma3": ("attn_q_norm", "attn_k_norm", "post_attn_norm", "post_ffw_norm"),
-    "qwen2": ("bq", "bk", "bv"),
+# Fused tensors (Arch.fused): GGUF suffix -> the fields its rows hold, in order, each (field, rows).
+FUSED_TENSORS = {
+    "attn_qkv.weight": lambda c: (("wq", c.n_head * c.head_dim), ("wk", c.kv_dim), ("wv", c.kv_dim)),
+    "ffn_up.weight": lambda c: (("ffn_gate", c.n_ff), ("ffn_up", c.n_ff)),
 }
 NORM_FIELDS = {"attn_norm", "attn_q_norm", "attn_k_norm", "post_attn_norm", "ffn_norm", "post_ffw_norm",
                "bq", "bk", "bv"}
 # The fields the forward pass multiplies by (forward.c: matmul / rq_matmul_multi), besides "output".
 MATMUL_FIELDS = ("wq", "wk", "wv", "wo", "ffn_gate", "ffn_up", "ffn_down")
+# Global RoPE factor tensors (engine/rope.py): Llama 3's, and Phi-3's LongRoPE pair.
+ROPE_FACTOR_TENSORS = ("rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight")
 
 
 class Weights:
-    """Tensor specs (type, address, rows, cols[, R16 address]) pointing into the mapped file, validated."""
+    """Tensor specs (type, address, rows, cols[, R16 address]) pointing into the mapped file, validated.
+    Every tensor of the file is used or listed in HARMLESS_TENSORS, else the model is refused."""
 
     def __init__(self, gguf: GGUFFile, cfg: Config):
         self.gguf = gguf
         self.cfg = cfg
+        spec = cfg.spec
+        used = {"token_embd.weight", "output_norm.weight"}
         self.globals = {
             "token_embd": self._spec("token_embd.weight", (cfg.n_embd, cfg.n_vocab)),
             "output_norm": self._spec("output_norm.weight", (cfg.n_embd,), f32=True),
         }
-        tied = "output.weight" not in gguf.tensors
+        tied = spec.tied_output_only or "output.weight" not in gguf.tensors
         self.tied_output = tied
         self.output_name = "token_embd.weight" if tied else "output.weight"
+        used.add(self.output_name)
         self.globals["output"] = self.globals["token_embd"] if tied else self._spec(
             "output.weight", (cfg.n_embd, cfg.n_vocab))
+        self.rope_factors = {}  # GGUF name -> float32 [n_rot/2]
+        for name in ROPE_FACTOR_TENSORS:
+            if name in gguf.tensors:
+                self._spec(name, (cfg.n_rot // 2,), f32=True)
+                self.rope_factors[name] = gguf.tensor_data(name).view("<f4").copy()
+                used.add(name)
+        if ("rope_factors_long.weight" in self.rope_factors) != ("rope_factors_short.weight" in self.rope_factors):
+            raise ModelError(f"{gguf.path}: rope_factors_long.weight and rope_factors_short.weight come as a pair")
         self.layers: list[dict[str, tuple[int, ...]]] = []
+        self.sources: list[dict[str, tuple[str, int]]] = []  # per layer: field -> (GGUF name, first row)
         for il in range(cfg.n_layer):
-            layer = {}
-            for field, (suffix, required, shape) in LAYER_TENSORS.items():
+            layer, sources = {}, {}
+            if spec.fused:
+                for suffix, parts in FUSED_TENSORS.items():
+                    name = f"blk.{il}.{suffix}"
+                    if name in gguf.tensors and (suffix != "ffn_up.weight" or f"blk.{il}.ffn_gate.weight" not in gguf.tensors):
+                        row0 = 0
+                        fields = parts(cfg)
+                        full = self._spec(name, (cfg.n_embd, sum(rows for _, rows in fields)))
+                        for field, rows in fields:
+                            layer[field] = self._row_slice(full, row0, rows)
+                            sources[field] = (name, row0)
+                            row0 += rows
+                        used.add(name)
+            for field, (suffix, shape) in LAYER_TENSORS.items():
                 name = f"blk.{il}.{suffix}"
-                must = required or field in ARCH_REQUIRED.get(cfg.arch, ())
+                if field in layer:
+                    continue
                 if name not in gguf.tensors:
-                    if must:
+                    if field in COMMON_TENSORS or field in spec.required:
                         raise ModelError(f"{gguf.path}: tensor {name} is missing (needed by {cfg.arch})")
                     continue
+                if field not in COMMON_TENSORS + spec.required + spec.optional:
+                    raise ModelError(f"{gguf.path}: tensor {name} is not used by the {cfg.arch} forward pass; "
+                                     f"refusing rather than computing without it")
                 layer[field] = self._spec(name, shape(cfg), f32=field in NORM_FIELDS)
+                sources[field] = (name, 0)
+                used.add(name)
             self.layers.append(layer)
+            self.sources.append(sources)
+        for name in gguf.tensors:
+            if name not in used and name.split(".")[-2] not in HARMLESS_TENSORS:
+                raise ModelError(f"{gguf.path}: tensor {name} is not used by the {cfg.arch} forward pass; "
+                                 f"refusing rather than computing without it")
+
+    def rope_tables(self, capacity: int) -> tuple[np.ndarray, np.ndarray, float]:
+        """(frequencies of global layers, of sliding layers, cos/sin factor) for a cache of
+        `capacity` positions: Phi-3's long factors when that exceeds the original context, as
+        llama.cpp chooses by its context size (src/llama-model.cpp, get_rope_factors)."""
+        cfg = self.cfg
+        factors = self.rope_factors.get("rope_freqs.weight")
+        if "rope_factors_long.weight" in self.rope_factors:
+            long = capacity > cfg.rope_scaling.original_ctx
+            factors = self.rope_factors["rope_factors_long.weight" if long else "rope_factors_short.weight"]
+        if factors is not None and not (np.isfinite(factors).all() and (factors > 0).all()):
+            raise ModelError(f"{self.gguf.path}: the RoPE factors must be positive and finite")
+        glob = rope.frequencies(cfg.rope_base, cfg.n_rot, cfg.rope_scaling, factors)
+        local = rope.frequencies(cfg.rope_base_local, cfg.n_rot, cfg.rope_scaling, factors)
+        return glob, local, rope.mscale(cfg.rope_scaling)
 
     def matmul_names(self) -> list[str]:
         """GGUF names of the tensors the forward pass multiplies by, each once (a tied output is
         token_embd.weight, whose rows the embedding lookup also reads from the GGUF)."""
-        names = [f"blk.{il}.{LAYER_TENSORS[f][0]}" for il, layer in enumerate(self.layers)
-                 for f in MATMUL_FIELDS if f in layer]
+        names = [sources[f][0] for sources in self.sources for f in MATMUL_FIELDS if f in sources]
         return list(dict.fromkeys([*names, self.output_name]))
 
-    def use_repacked(self, addresses: dict[str, int]) -> int:
+    def use_repacked(self, addresses: dict[str, int], group_bytes: dict[str, int]) -> int:
         """Give each matmul weight in `addresses` (GGUF name -> address of its R16 copy) that address
         as its spec's 5th element, which the forward pass then multiplies by; returns how many.
+        A slice of a fused tensor starts whole groups further (group_bytes: bytes per group of 16
+        rows); one that starts inside a group stays on the GGUF layout.
         token_embd's own spec keeps only the GGUF address: the lookup reads its rows there."""
         used = 0
-        for il, layer in enumerate(self.layers):
+        for layer, sources in zip(self.layers, self.sources):
             for f in MATMUL_FIELDS:
-                name = f"blk.{il}.{LAYER_TENSORS[f][0]}"
-                if f in layer and name in addresses:
-                    layer[f] = (*layer[f][:4], addresses[name])
+                if f not in sources:
+                    continue
+                name, row0 = sources[f]
+                if name in addresses and row0 % repack_cache.GROUP_ROWS == 0:
+                    at = addresses[name] + row0 // repack_cache.GROUP_ROWS * group_bytes[name]
+                    layer[f] = (*layer[f][:4], at)
                     used += 1
         if self.output_name in addresses:
             self.globals["output"] = (*self.globals["output"][:4], addresses[self.output_name])
             used += 1
         return used
+
+    def _row_slice(self, spec: tuple[int, ...], row0: int, rows: int) -> tuple[int, int, int, int]:
+        """Rows row0..row0+rows of a matrix spec, which are contiguous in the GGUF layout."""
+        type_, address, _, cols = spec[:4]
+        from engine.kernels._quants import row_bytes
+        return (type_, address + row0 * row_bytes(type_, cols), rows, cols)
 
     def _spec(self, name: str, shape: tuple[int, ...], f32: bool = False) -> tuple[int, int, int, int]:
         info = self.gguf.tensors.get(name)
@@ -245,7 +427,7 @@ def _repacked_weights(gguf: GGUFFile, weights: Weights, repack: bool | None, thr
         return None, WeightLayout(None, f"GGUF layout: the repacked cache could not be made ({exc})")
     if repacked is None:
         return None, WeightLayout(None, "GGUF layout: no weight matrix has a type the R16 layout covers")
-    weights.use_repacked(repacked.addresses)
+    weights.use_repacked(repacked.addresses, repacked.group_bytes)
     gguf.advise_random_reads(except_tensors=set(weights.matmul_names()) - set(repacked.addresses))
     return repacked, WeightLayout(repacked.path, repacked.describe())
 
@@ -307,11 +489,14 @@ class Model:
         self.threads = threads
         self.repacked = repacked  # the mapping must live as long as the forward pass reads it
         self.layout = layout or WeightLayout(None, "GGUF layout")
-        config = asdict(cfg)
-        config.update(arch=ARCH_IDS[cfg.arch], rope_neox=int(cfg.rope_neox), ffn_gelu=int(cfg.ffn_gelu),
-                      max_ubatch=MAX_UBATCH, n_threads=threads)
-        self._fwd = ForwardModel(config, weights.globals, weights.layers, kv.k, kv.v, kv.capacity,
-                                 (gguf, repacked))
+        from engine.kernels._forward import config_fields
+
+        freq, freq_local, mscale = weights.rope_tables(kv.capacity)
+        values = {f.name: getattr(cfg, f.name) for f in fields(cfg)}
+        values.update(rope_mscale=mscale, max_ubatch=MAX_UBATCH, n_threads=threads)
+        compiled = {name: values[name] for name in config_fields()}  # a field Python lacks: KeyError here
+        self._fwd = ForwardModel(compiled, freq, freq_local, weights.globals, weights.layers, kv.k, kv.v,
+                                 kv.capacity, (gguf, repacked))
         self._logits = np.zeros(cfg.n_vocab, dtype=np.float32)
         self.governor = ThreadGovernor(threads)  # one thread while the cores are shared
         self._threads_set = threads

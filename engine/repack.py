@@ -313,6 +313,12 @@ class RepackedWeights:
         return {t.name: base + t.offset for t in self.plan.tensors}
 
     @property
+    def group_bytes(self) -> dict[str, int]:
+        """Bytes of one group of GROUP_ROWS rows per tensor: a slice of a tensor's rows from a
+        group boundary on (a fused q|k|v) starts at its address plus whole groups."""
+        return {t.name: t.nbytes // t.groups for t in self.plan.tensors}
+
+    @property
     def nbytes(self) -> int:
         return self.plan.file_size
 

@@ -9,6 +9,16 @@
 
 #define ALIGN 64
 
+#include <stddef.h>
+
+#define RQ_CONFIG_FIELD_ENTRY(type, name) {#name, (int)offsetof(rq_config, name), (type)0.5 != 0},
+const rq_config_field rq_config_fields[] = {RQ_CONFIG_FIELDS(RQ_CONFIG_FIELD_ENTRY)};
+const int rq_config_n_fields = sizeof(rq_config_fields) / sizeof(rq_config_fields[0]);
+
+#define RQ_LAYER_FIELD_ENTRY(name) {#name, (int)offsetof(rq_layer_weights, name)},
+const rq_layer_field rq_layer_fields[] = {RQ_LAYER_FIELDS(RQ_LAYER_FIELD_ENTRY)};
+const int rq_layer_n_fields = sizeof(rq_layer_fields) / sizeof(rq_layer_fields[0]);
+
 struct rq_model {
     rq_config cfg;
     rq_weights w;
@@ -24,8 +34,8 @@ struct rq_model {
     float *hb, *hb2;/* [U][n_ff] */
     float *att_scratch;        /* [threads][att_scratch_floats]: attention blocks' scores and q */
     size_t att_scratch_floats;
-    float *rope_freq[2];   /* per rotated pair i: base^(-2i/head_dim), [0] global, [1] local layers */
-    float *rope_cs[2];     /* this pass's (cos, sin) per token and pair, [U][head_dim/2][2], per base */
+    const float *rope_freq[2];  /* per rotated pair (rq_config's): [0] global, [1] local layers */
+    float *rope_cs[2];     /* this pass's (cos, sin) per token and pair, [U][head_dim/2][2], per table */
     rq_act *acts;   /* [U], each over max_cols */
     int8_t *act_qs;
     float *act_d;
@@ -115,15 +125,19 @@ static void add_inplace(float *y, const float *x, int n) {
     for (int i = 0; i < n; i++) y[i] += x[i];
 }
 
-/* (cos, sin) of pair i's angle pos * freq[i] for one position: cs[2i], cs[2i+1]. */
-static void rope_angles(float *cs, const float *freq, int half, int pos) {
-    for (int i = 0; i < half; i++) sincosf((float)pos * freq[i], &cs[2 * i + 1], &cs[2 * i]);
+/* (cos, sin) of pair i's angle pos * freq[i] for one position, times mscale: cs[2i], cs[2i+1]. */
+static void rope_angles(float *cs, const float *freq, int half, int pos, float mscale) {
+    for (int i = 0; i < half; i++) {
+        sincosf((float)pos * freq[i], &cs[2 * i + 1], &cs[2 * i]);
+        cs[2 * i] *= mscale;
+        cs[2 * i + 1] *= mscale;
+    }
 }
 
-/* Rotate each head of vec (n_heads x head_dim) by the angles cs of its position (rope_angles).
- * neox = 0: pairs (2i, 2i+1) (llama); neox = 1: pairs (i, i + d/2) (gemma3, qwen2). */
-static void rope(float *vec, int n_heads, int head_dim, const float *cs, int neox) {
-    int half = head_dim / 2;
+/* Rotate the first n_rot dimensions of each head of vec (n_heads x head_dim) by the angles cs of
+ * its position (rope_angles). neox = 0: pairs (2i, 2i+1) (llama); neox = 1: pairs (i, i + n_rot/2). */
+static void rope(float *vec, int n_heads, int head_dim, int n_rot, const float *cs, int neox) {
+    int half = n_rot / 2;
     for (int i = 0; i < half; i++) {
         float c = cs[2 * i], s = cs[2 * i + 1];
         for (int h = 0; h < n_heads; h++) {
@@ -174,6 +188,7 @@ static size_t att_scratch_floats(int capacity, int hd);   /* attention's per-thr
 
 rq_model *rq_model_create(const rq_config *cfg, const rq_weights *w, const rq_kv *kv) {
     rq_kernels_init();
+    if (!cfg->rope_freq || cfg->n_rot < 2 || cfg->n_rot > cfg->head_dim || cfg->n_rot % 2) return NULL;
     rq_model *m = calloc(1, sizeof(rq_model));
     if (!m) return NULL;
     m->cfg = *cfg;
@@ -208,16 +223,14 @@ rq_model *rq_model_create(const rq_config *cfg, const rq_weights *w, const rq_kv
     m->act_sum16 = alloc_aligned(sizeof(int32_t) * (size_t)U * (cols / 16));
     /* The angles depend on the position and the base only: computed once per pass for all
      * layers, from frequencies computed once here (powf per token and pair cost ~1 % of prefill). */
-    const int half = c->head_dim / 2;
+    m->rope_freq[0] = c->rope_freq;
+    m->rope_freq[1] = c->rope_freq_local ? c->rope_freq_local : c->rope_freq;
     for (int b = 0; b < 2; b++) {
-        m->rope_freq[b] = alloc_aligned(sizeof(float) * half);
         m->rope_cs[b] = alloc_aligned(sizeof(float) * U * c->head_dim);
-        if (!m->rope_freq[b] || !m->rope_cs[b]) {
+        if (!m->rope_cs[b]) {
             rq_model_free(m);
             return NULL;
         }
-        const float base = b ? c->rope_base_local : c->rope_base;
-        for (int i = 0; i < half; i++) m->rope_freq[b][i] = powf(base, -2.0f * (float)i / (float)c->head_dim);
     }
     if (!m->x || !m->xb || !m->q || !m->k || !m->v || !m->att_out || !m->hb || !m->hb2 ||
         !m->att_scratch || !m->acts || !m->act_qs || !m->act_d || !m->act_sum16) {
@@ -237,7 +250,7 @@ void rq_model_free(rq_model *m) {
     free(m->x); free(m->xb); free(m->q); free(m->k); free(m->v); free(m->att_out);
     free(m->hb); free(m->hb2); free(m->att_scratch); free(m->acts);
     free(m->act_qs); free(m->act_d); free(m->act_sum16);
-    for (int b = 0; b < 2; b++) { free(m->rope_freq[b]); free(m->rope_cs[b]); }
+    for (int b = 0; b < 2; b++) free(m->rope_cs[b]);
     free(m);
 }
 
@@ -287,7 +300,18 @@ typedef struct {
     int kv_dim, slots, hd, f16;
     float scale;
     int prefetch;        /* the keys are likely not in cache: the score tiles prefetch (prefetch_kv) */
+    float softcap;       /* > 0: scores become softcap * tanh(score / softcap) before the softmax */
 } att_kv;
+
+/* x = cap * tanh(x / cap) on x[0..n), as cap * (1 - 2 / (e^(2x / cap) + 1)) with rq_exp, whose
+ * lanes equal exp_ref's: the same values on every kernel path (libm's tanhf would be a call per
+ * score). Gemma 2 caps its attention scores and its logits. */
+static void softcap(float *x, int n, float cap) {
+    const float k = 2.0f / cap;
+    for (int i = 0; i < n; i++) x[i] *= k;
+    rq_exp(x, x, n);
+    for (int i = 0; i < n; i++) x[i] = cap * (1.0f - 2.0f / (x[i] + 1.0f));
+}
 
 /* The entry (key or value vector) of this KV head in ring slot `slot` of K or V. */
 static inline const void *kv_entry(const att_kv *kv, const void *base, int slot) {
@@ -350,11 +374,10 @@ static size_t block_floats(int n_rows, int keys, int hd) {
 static void attend_row_ref(const att_kv *kv, const att_row *row, float *sc) {
     const int lo = row->lo, pos = row->hi, nk = pos - lo + 1, hd = kv->hd;
     float mx = -INFINITY, buf[hd];
-    for (int j = lo; j <= pos; j++) {
-        float s = dot_f32(row->q, kv_floats(kv, kv_entry(kv, kv->K, j % kv->slots), buf), hd) * kv->scale;
-        sc[j - lo] = s;
-        mx = s > mx ? s : mx;
-    }
+    for (int j = lo; j <= pos; j++)
+        sc[j - lo] = dot_f32(row->q, kv_floats(kv, kv_entry(kv, kv->K, j % kv->slots), buf), hd) * kv->scale;
+    if (kv->softcap > 0) softcap(sc, nk, kv->softcap);
+    for (int j = 0; j < nk; j++) mx = sc[j] > mx ? sc[j] : mx;
     float sum = 0.0f;
     for (int j = 0; j < nk; j++) sc[j] = exp_ref(sc[j] - mx);
     for (int j = 0; j < nk; j++) sum += sc[j];
@@ -591,8 +614,11 @@ A256F AINL void attend_rows_256_t(const att_kv *kv, const att_row *rows, int n_r
     int j0;
     const int stride = block_stride(block_keys(rows, n_rows, &j0)), hd = kv->hd;
     block_scores_256(kv, rows, n_rows, scratch, stride, j0, f16);
-    for (int r = 0; r < n_rows; r++)
-        softmax_256(scratch + (size_t)r * stride + (rows[r].lo - j0), rows[r].hi - rows[r].lo + 1);
+    for (int r = 0; r < n_rows; r++) {
+        float *s = scratch + (size_t)r * stride + (rows[r].lo - j0);
+        if (kv->softcap > 0) softcap(s, rows[r].hi - rows[r].lo + 1, kv->softcap);
+        softmax_256(s, rows[r].hi - rows[r].lo + 1);
+    }
     for (int r = 0; r < n_rows; r += 2) {   /* two rows share each value load */
         const float *p = scratch + (size_t)r * stride;
         int c = 0;
@@ -756,8 +782,11 @@ A512 AINL void attend_rows_512_t(const att_kv *kv, const att_row *rows, int n_ro
             scores_4x4_512(qi + (size_t)r * hd, qi + (size_t)(r + 2) * hd, kp, hd, kv->scale, s, j - j0, f16);
         }
     }
-    for (int r = 0; r < n_rows; r++)
-        softmax_512(sc + (size_t)r * stride + (rows[r].lo - j0), rows[r].hi - rows[r].lo + 1);
+    for (int r = 0; r < n_rows; r++) {
+        float *s = sc + (size_t)r * stride + (rows[r].lo - j0);
+        if (kv->softcap > 0) softcap(s, rows[r].hi - rows[r].lo + 1, kv->softcap);
+        softmax_512(s, rows[r].hi - rows[r].lo + 1);
+    }
     for (int r = 0; r < n_rows; r += 4)   /* four rows share each value load */
         wsum_rows_512(kv, rows + r, n_rows - r < 4 ? n_rows - r : 4, sc + (size_t)r * stride, stride, j0, f16);
 }
@@ -845,7 +874,7 @@ static size_t att_scratch_floats(int capacity, int hd) {
  * f32, or f16 when f16 is set; window > 0: a token sees only the last `window` positions. */
 typedef struct {
     int n_head, n_head_kv, hd, slots, window, f16;
-    float scale;
+    float scale, softcap;
 } att_shape;
 
 /* A pass's attention runs as blocks of `tokens` consecutive tokens x `heads` query heads of one
@@ -891,7 +920,7 @@ static void attend_tokens(const att_shape *a, const float *q, const void *K, con
         const int h1 = h0 + heads < (kvh + 1) * group ? h0 + heads : (kvh + 1) * group;
         const size_t head_at = (size_t)kvh * hd * (a->f16 ? sizeof(uint16_t) : sizeof(float));
         const att_kv kv = {(const char *)K + head_at, (const char *)V + head_at, a->n_head_kv * hd, a->slots, hd, a->f16,
-                           a->scale, n <= ATT_PF_TOKENS};
+                           a->scale, n <= ATT_PF_TOKENS, a->softcap};
         att_row rows[ATT_MAX_ROWS];
         int nr = 0;
         for (int t = b * tokens; t < n && t < (b + 1) * tokens; t++) {
@@ -904,12 +933,13 @@ static void attend_tokens(const att_shape *a, const float *q, const void *K, con
 }
 
 int rq_attention(const float *q, const void *k, const void *v, int f16, float *out, int n, int pos0, int n_head,
-                 int n_head_kv, int hd, int slots, int window, float scale, int tokens, int heads, int n_threads) {
+                 int n_head_kv, int hd, int slots, int window, float scale, float softcap, int tokens, int heads,
+                 int n_threads) {
     const int keys = window > 0 && window + n - 1 < pos0 + n ? window + n - 1 : pos0 + n;
     if (n <= 0 || pos0 < 0 || n_head <= 0 || n_head_kv <= 0 || n_head % n_head_kv || hd <= 0 || keys > slots ||
         n_threads <= 0)
         return -1;
-    const att_shape a = {n_head, n_head_kv, hd, slots, window, f16 != 0, scale};
+    const att_shape a = {n_head, n_head_kv, hd, slots, window, f16 != 0, scale, softcap};
     size_t per_thread = block_floats(ATT_MAX_ROWS, keys, hd);
     float *scratch = alloc_aligned(sizeof(float) * per_thread * n_threads);
     if (!scratch) return -1;
@@ -1011,15 +1041,15 @@ static void attention(rq_model *m, int il, int n, int pos0) {
         if (L->attn_k_norm.data)
             for (int h = 0; h < c->n_head_kv; h++)
                 rmsnorm(kt + h * hd, kt + h * hd, f32_data(&L->attn_k_norm), hd, c->norm_eps);
-        rope(qt, c->n_head, hd, rope_cs + (size_t)t * hd, c->rope_neox);
-        rope(kt, c->n_head_kv, hd, rope_cs + (size_t)t * hd, c->rope_neox);
+        rope(qt, c->n_head, hd, c->n_rot, rope_cs + (size_t)t * hd, c->rope_neox);
+        rope(kt, c->n_head_kv, hd, c->n_rot, rope_cs + (size_t)t * hd, c->rope_neox);
         size_t slot = (size_t)((pos0 + t) % slots);
         kv_store(m->kv.k[il], m->kv.f16, slot * kv_dim, kt, kv_dim);
         kv_store(m->kv.v[il], m->kv.f16, slot * kv_dim, m->v + (size_t)t * kv_dim, kv_dim);
     }
 
     const att_shape shape = {c->n_head, c->n_head_kv, hd, slots, local ? c->sliding_window : 0, m->kv.f16,
-                             c->attn_scale};
+                             c->attn_scale, c->attn_softcap};
     attend_tokens(&shape, m->q, m->kv.k[il], m->kv.v[il], m->att_out, n, pos0, 0, 0, m->n_threads, m->att_scratch,
                   m->att_scratch_floats);
 
@@ -1064,6 +1094,8 @@ static void logits_for(rq_model *m, int t0, int n, float *logits) {
         rmsnorm(m->xb + (size_t)(t - t0) * d, m->x + (size_t)t * d, f32_data(&m->w.output_norm), d, c->norm_eps);
     quantize_rows(m, m->xb, n - t0, d, d);
     matmul(m, &m->w.output, n - t0, logits, c->n_vocab);
+    if (c->final_softcap > 0)
+        for (int t = 0; t < n - t0; t++) softcap(logits + (size_t)t * c->n_vocab, c->n_vocab, c->final_softcap);
 }
 
 /* One pass of n <= max_ubatch tokens. */
@@ -1076,7 +1108,8 @@ static void forward_pass(rq_model *m, const int32_t *tokens, int n, int pos0, fl
     const int hd = c->head_dim, n_bases = c->sliding_window > 0 ? 2 : 1;
     FOR_TOKENS
     for (int t = 0; t < n; t++)
-        for (int b = 0; b < n_bases; b++) rope_angles(m->rope_cs[b] + (size_t)t * hd, m->rope_freq[b], hd / 2, pos0 + t);
+        for (int b = 0; b < n_bases; b++) rope_angles(m->rope_cs[b] + (size_t)t * hd, m->rope_freq[b], c->n_rot / 2, pos0 + t,
+                                                      c->rope_mscale);
     for (int il = 0; il < c->n_layer; il++) {
         attention(m, il, n, pos0);
         FOR_TOKENS

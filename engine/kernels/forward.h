@@ -12,23 +12,57 @@
 
 #include "quants.h"
 
-enum { RQ_ARCH_LLAMA = 0, RQ_ARCH_GEMMA3 = 1, RQ_ARCH_QWEN2 = 2 };
+/* The configuration, declared once: each X(type, name) below becomes a field of rq_config and
+ * an entry of rq_config_fields, through which Python (engine/model.py's Config, forward.pxi)
+ * fills the struct by name. Architectures are not named here: each is a set of these switches.
+ * Only int and float fields (pointers go apart, below). */
+#define RQ_CONFIG_FIELDS(X)                                                                          \
+    X(int, n_layer) X(int, n_embd) X(int, n_ff) X(int, n_head) X(int, n_head_kv) X(int, head_dim)   \
+    X(int, n_vocab)                                                                                  \
+    X(float, norm_eps)                                                                               \
+    X(int, n_rot)           /* rotated dimensions per head (<= head_dim; the rest pass through) */   \
+    X(int, rope_neox)       /* 0: rotate adjacent pairs (llama); 1: rotate (i, i + n_rot/2) */      \
+    X(float, rope_mscale)   /* multiplies cos and sin (YaRN's and LongRoPE's attention factor) */    \
+    X(int, sliding_window)  /* 0: none */                                                            \
+    X(int, swa_pattern)     /* layer il is local when il % swa_pattern < swa_pattern - 1 */          \
+    X(float, embd_scale)    /* the embedding rows are multiplied by this (gemma: sqrt(n_embd)) */    \
+    X(float, attn_scale)    /* scale applied to q.k */                                               \
+    X(float, attn_softcap)  /* > 0: scores become cap * tanh(score / cap) (gemma2) */                \
+    X(float, final_softcap) /* > 0: the same on the logits */                                        \
+    X(int, ffn_gelu)        /* 1: GELU-tanh gate (gemma); 0: SiLU (SwiGLU) */                        \
+    X(int, max_ubatch)      /* most tokens per internal pass; longer inputs are split */             \
+    X(int, n_threads)
+
+/* Per-layer tensors, declared once: each X(name) is an rq_tensor field of rq_layer_weights and an
+ * entry of rq_layer_fields, which forward.pxi fills from engine/model.py's LAYER_TENSORS by name.
+ * An absent optional tensor has data NULL. */
+#define RQ_LAYER_FIELDS(X)                                                                           \
+    X(attn_norm) X(wq) X(wk) X(wv) X(wo)                                                             \
+    X(bq) X(bk) X(bv)                     /* q/k/v biases (F32), optional */                         \
+    X(attn_q_norm) X(attn_k_norm)         /* per-head RMSNorm of q and k before RoPE */              \
+    X(post_attn_norm)                     /* RMSNorm of the attention output (gemma) */              \
+    X(ffn_norm) X(ffn_gate) X(ffn_up) X(ffn_down)                                                    \
+    X(post_ffw_norm)                      /* RMSNorm of the FFN output (gemma) */
+
+#define RQ_DECLARE_CONFIG_FIELD(type, name) type name;
+#define RQ_DECLARE_LAYER_FIELD(name) rq_tensor name;
 
 typedef struct {
-    int arch;
-    int n_layer, n_embd, n_ff, n_head, n_head_kv, head_dim, n_vocab;
-    float norm_eps;
-    float rope_base;        /* global layers */
-    float rope_base_local;  /* sliding-window layers (gemma3) */
-    int rope_neox;          /* 0: rotate adjacent pairs (llama); 1: rotate (i, i + d/2) */
-    int sliding_window;     /* 0: none */
-    int swa_pattern;        /* layer il is local when il % swa_pattern < swa_pattern - 1 (gemma3: 6) */
-    float embd_scale;       /* gemma3: sqrt(n_embd); else 1 */
-    float attn_scale;       /* scale applied to q.k */
-    int ffn_gelu;           /* 1: GELU-tanh gate (gemma3); 0: SiLU (SwiGLU) */
-    int max_ubatch;         /* most tokens per internal pass; longer inputs are split */
-    int n_threads;
+    RQ_CONFIG_FIELDS(RQ_DECLARE_CONFIG_FIELD)
+    /* RoPE frequency of each rotated pair i < n_rot/2 (the angle at position p is p * freq[i]),
+     * for global layers and for sliding-window layers: base^(-2i/n_rot) with the model's
+     * frequency factors and scaling already applied (engine/rope.py). Borrowed. */
+    const float *rope_freq, *rope_freq_local;
 } rq_config;
+
+/* A field of rq_config as Python sees it: its name, byte offset, and whether it is a float. */
+typedef struct {
+    const char *name;
+    int offset;
+    int is_float;
+} rq_config_field;
+extern const rq_config_field rq_config_fields[];
+extern const int rq_config_n_fields;
 
 /* One tensor in the mapped file: rows x cols elements of `type`, row-major (ggml's ne1 x ne0). */
 typedef struct {
@@ -39,13 +73,16 @@ typedef struct {
 } rq_tensor;
 
 typedef struct {
-    rq_tensor attn_norm, wq, wk, wv, wo;
-    rq_tensor bq, bk, bv;                     /* qwen2 biases (F32), optional */
-    rq_tensor attn_q_norm, attn_k_norm;       /* gemma3 per-head norms */
-    rq_tensor post_attn_norm;                 /* gemma3 */
-    rq_tensor ffn_norm, ffn_gate, ffn_up, ffn_down;
-    rq_tensor post_ffw_norm;                  /* gemma3 */
+    RQ_LAYER_FIELDS(RQ_DECLARE_LAYER_FIELD)
 } rq_layer_weights;
+
+/* A field of rq_layer_weights: its name and byte offset. */
+typedef struct {
+    const char *name;
+    int offset;
+} rq_layer_field;
+extern const rq_layer_field rq_layer_fields[];
+extern const int rq_layer_n_fields;
 
 typedef struct {
     rq_tensor token_embd;
@@ -93,8 +130,10 @@ void rq_exp(const float *x, float *y, int n);
  * window > 0: a token sees only
  * the last `window` positions) as the forward pass runs it, in blocks of `tokens` consecutive
  * tokens x `heads` query heads of one KV head (0: the pass's choice), on n_threads threads.
+ * softcap > 0: scores become softcap * tanh(score / softcap) before the softmax.
  * Returns -1 on bad arguments (the ring must hold every position a call reads). */
 int rq_attention(const float *q, const void *k, const void *v, int f16, float *out, int n, int pos0, int n_head,
-                 int n_head_kv, int hd, int slots, int window, float scale, int tokens, int heads, int n_threads);
+                 int n_head_kv, int hd, int slots, int window, float scale, float softcap, int tokens, int heads,
+                 int n_threads);
 
 #endif

@@ -11,21 +11,30 @@ from libc.stdlib cimport calloc, free
 cnp.import_array()
 
 cdef extern from "forward.h":
+    # The scalar fields of rq_config and the tensors of rq_layer_weights are declared once, in
+    # forward.h; this module fills them by name through the field tables (_fill_config, _fill_layer).
     ctypedef struct rq_config:
-        int arch
-        int n_layer, n_embd, n_ff, n_head, n_head_kv, head_dim, n_vocab
-        float norm_eps, rope_base, rope_base_local
-        int rope_neox, sliding_window, swa_pattern
-        float embd_scale, attn_scale
-        int ffn_gelu, max_ubatch, n_threads
+        int n_layer, n_embd, n_vocab
+        const float *rope_freq
+        const float *rope_freq_local
+    ctypedef struct rq_config_field:
+        const char *name
+        int offset
+        int is_float
+    const rq_config_field rq_config_fields[]
+    const int rq_config_n_fields
     ctypedef struct rq_tensor:
         int type
         const void *data
         int rows, cols
         const void *r16
     ctypedef struct rq_layer_weights:
-        rq_tensor attn_norm, wq, wk, wv, wo, bq, bk, bv, attn_q_norm, attn_k_norm, post_attn_norm
-        rq_tensor ffn_norm, ffn_gate, ffn_up, ffn_down, post_ffw_norm
+        pass
+    ctypedef struct rq_layer_field:
+        const char *name
+        int offset
+    const rq_layer_field rq_layer_fields[]
+    const int rq_layer_n_fields
     ctypedef struct rq_weights:
         rq_tensor token_embd, output_norm, output
         rq_layer_weights *layers
@@ -44,8 +53,48 @@ cdef extern from "forward.h":
     void rq_model_record_layers(rq_model *m, float *buf, int max_tokens)
     void rq_exp(const float *x, float *y, int n) nogil
     int rq_attention(const float *q, const void *k, const void *v, int f16, float *out, int n, int pos0, int n_head,
-                     int n_head_kv, int hd, int slots, int window, float scale, int tokens, int heads,
+                     int n_head_kv, int hd, int slots, int window, float scale, float softcap, int tokens, int heads,
                      int n_threads) nogil
+
+
+def config_fields() -> tuple:
+    """The names of the compiled forward pass's scalar config fields (forward.h's RQ_CONFIG_FIELDS)."""
+    return tuple(rq_config_fields[i].name.decode() for i in range(rq_config_n_fields))
+
+
+def layer_fields() -> tuple:
+    """The names of the per-layer tensors the compiled forward pass reads (RQ_LAYER_FIELDS)."""
+    return tuple(rq_layer_fields[i].name.decode() for i in range(rq_layer_n_fields))
+
+
+cdef void _fill_config(rq_config *cfg, dict config) except *:
+    """Every scalar field of cfg from config[name]; a name on either side only is an error."""
+    cdef char *base = <char *>cfg
+    cdef int i
+    names = config_fields()
+    missing = [n for n in names if n not in config]
+    extra = sorted(set(config) - set(names))
+    if missing or extra:
+        raise ValueError(f"config fields missing: {missing}; unknown to the compiled forward pass: {extra}")
+    for i in range(rq_config_n_fields):
+        value = config[names[i]]
+        if rq_config_fields[i].is_float:
+            (<float *>(base + rq_config_fields[i].offset))[0] = value
+        else:
+            (<int *>(base + rq_config_fields[i].offset))[0] = value
+
+
+cdef void _fill_layer(rq_layer_weights *layer, dict specs) except *:
+    """The tensors of one layer from specs[name]; a name the compiled pass lacks is an error
+    (a tensor the pass would silently not use)."""
+    cdef char *base = <char *>layer
+    cdef int i
+    names = layer_fields()
+    extra = sorted(set(specs) - set(names))
+    if extra:
+        raise ValueError(f"layer tensors unknown to the compiled forward pass: {extra}")
+    for i in range(rq_layer_n_fields):
+        (<rq_tensor *>(base + rq_layer_fields[i].offset))[0] = _tensor(specs.get(names[i]))
 
 
 cdef rq_tensor _tensor(object spec):
@@ -76,25 +125,24 @@ cdef class ForwardModel:
     cdef object keepalive
     cdef object record_buf
 
-    def __cinit__(self, dict config, dict globals_, list layers, list k_cache, list v_cache, int capacity,
-                  object owner):
+    def __cinit__(self, dict config, object rope_freq, object rope_freq_local, dict globals_, list layers,
+                  list k_cache, list v_cache, int capacity, object owner):
+        """config: every scalar field of forward.h's rq_config by name; rope_freq(_local): float32
+        arrays of n_rot/2 pair frequencies (engine/rope.py), kept alive with the model."""
         cdef rq_config cfg
         cdef rq_weights w
         cdef rq_kv kv
         cdef int il, n_layer = config["n_layer"]
         cdef cnp.ndarray arr
+        cdef cnp.ndarray freq = np.ascontiguousarray(rope_freq, dtype=np.float32)
+        cdef cnp.ndarray freq_local = np.ascontiguousarray(rope_freq_local, dtype=np.float32)
         if len(layers) != n_layer or len(k_cache) != n_layer or len(v_cache) != n_layer:
             raise ValueError("layers and KV arrays must have one entry per layer")
-        cfg.arch = config["arch"]; cfg.n_layer = n_layer; cfg.n_embd = config["n_embd"]
-        cfg.n_ff = config["n_ff"]; cfg.n_head = config["n_head"]; cfg.n_head_kv = config["n_head_kv"]
-        cfg.head_dim = config["head_dim"]; cfg.n_vocab = config["n_vocab"]
-        cfg.norm_eps = config["norm_eps"]; cfg.rope_base = config["rope_base"]
-        cfg.rope_base_local = config["rope_base_local"]; cfg.rope_neox = config["rope_neox"]
-        cfg.sliding_window = config["sliding_window"]; cfg.swa_pattern = config["swa_pattern"]
-        cfg.embd_scale = config["embd_scale"]; cfg.attn_scale = config["attn_scale"]
-        cfg.ffn_gelu = config["ffn_gelu"]
-        cfg.max_ubatch = config["max_ubatch"]
-        cfg.n_threads = config["n_threads"]
+        if freq.ndim != 1 or freq_local.shape[0] != freq.shape[0] or 2 * freq.shape[0] != config["n_rot"]:
+            raise ValueError("rope_freq and rope_freq_local must hold n_rot / 2 floats each")
+        _fill_config(&cfg, config)
+        cfg.rope_freq = <const float *>cnp.PyArray_DATA(freq)
+        cfg.rope_freq_local = <const float *>cnp.PyArray_DATA(freq_local)
 
         self.layers = <rq_layer_weights *>calloc(n_layer, sizeof(rq_layer_weights))
         self.slots = <int *>calloc(n_layer, sizeof(int))
@@ -109,23 +157,7 @@ cdef class ForwardModel:
         if kv_dtype not in (np.float16, np.float32):
             raise ValueError(f"KV arrays must be float16 or float32, not {kv_dtype}")
         for il in range(n_layer):
-            spec = layers[il]
-            self.layers[il].attn_norm = _tensor(spec.get("attn_norm"))
-            self.layers[il].wq = _tensor(spec.get("wq"))
-            self.layers[il].wk = _tensor(spec.get("wk"))
-            self.layers[il].wv = _tensor(spec.get("wv"))
-            self.layers[il].wo = _tensor(spec.get("wo"))
-            self.layers[il].bq = _tensor(spec.get("bq"))
-            self.layers[il].bk = _tensor(spec.get("bk"))
-            self.layers[il].bv = _tensor(spec.get("bv"))
-            self.layers[il].attn_q_norm = _tensor(spec.get("attn_q_norm"))
-            self.layers[il].attn_k_norm = _tensor(spec.get("attn_k_norm"))
-            self.layers[il].post_attn_norm = _tensor(spec.get("post_attn_norm"))
-            self.layers[il].ffn_norm = _tensor(spec.get("ffn_norm"))
-            self.layers[il].ffn_gate = _tensor(spec.get("ffn_gate"))
-            self.layers[il].ffn_up = _tensor(spec.get("ffn_up"))
-            self.layers[il].ffn_down = _tensor(spec.get("ffn_down"))
-            self.layers[il].post_ffw_norm = _tensor(spec.get("post_ffw_norm"))
+            _fill_layer(&self.layers[il], layers[il])
             for cache, ptrs in ((k_cache[il], 0), (v_cache[il], 1)):
                 arr = cache
                 if arr.dtype != kv_dtype or not arr.flags["C_CONTIGUOUS"] or arr.ndim != 2:
@@ -143,13 +175,13 @@ cdef class ForwardModel:
         kv.v = self.vptrs
         self.model = rq_model_create(&cfg, &w, &kv)
         if self.model == NULL:
-            raise MemoryError("could not allocate the forward pass's scratch buffers")
+            raise MemoryError("could not create the forward pass (its scratch buffers, or a bad n_rot)")
         self.n_vocab = cfg.n_vocab
         self.n_embd = cfg.n_embd
         self.n_layer = n_layer
         self.capacity = capacity
         # The mapped file and the KV arrays must live as long as the C model reads them.
-        self.keepalive = (owner, k_cache, v_cache)
+        self.keepalive = (owner, k_cache, v_cache, freq, freq_local)
 
     def __dealloc__(self):
         if self.model != NULL:
@@ -218,7 +250,7 @@ def exp_f32(x, path=None):
 
 
 def attention_f32(q, k, v, int pos0, int window=0, float scale=1.0, int tokens=0, int heads=0, int threads=1,
-                  path=None):
+                  path=None, float softcap=0.0):
     """Test hook: the forward pass's attention (rq_attention) of q [n, n_head, hd] (f32) at positions
     pos0.. over the KV ring k, v [slots, n_head_kv, hd], both float16 (an f16 cache, read as halves)
     or else taken as float32; returns [n, n_head, hd] (f32)."""
@@ -236,8 +268,8 @@ def attention_f32(q, k, v, int pos0, int window=0, float scale=1.0, int tokens=0
     try:
         rc = rq_attention(<const float *>cnp.PyArray_DATA(qa), <const void *>cnp.PyArray_DATA(ka),
                           <const void *>cnp.PyArray_DATA(va), f16, <float *>cnp.PyArray_DATA(out), qa.shape[0],
-                          pos0, qa.shape[1], ka.shape[1], qa.shape[2], ka.shape[0], window, scale, tokens, heads,
-                          threads)
+                          pos0, qa.shape[1], ka.shape[1], qa.shape[2], ka.shape[0], window, scale, softcap, tokens,
+                          heads, threads)
     finally:
         g.restore()
     if rc != 0:
