@@ -25,6 +25,16 @@ layers, `i < n/8 || i >= 7*n/8 || (i - n/8) % 3 == 2` with C integer division (f
 with unused tokens (token type 5, `<|rqllm_pad_N|>`) up to Qwen2's 151936, so token_embd has the
 real row count ([1536, 151936]).
 
+`qwen3-4b-shape` (Qwen3 4B, ~2.4 GB): arch qwen3, 36 layers, hidden 2560, FFN 9728, 32 heads / 8 KV
+heads of head dim 128 (`attention.key_length`: the q projection is 4096 wide, not 2560), F32 QK
+norms (blk.N.attn_{q,k}_norm, {128}), rope base 1e6, RMS eps 1e-6, context 40960, tied output,
+vocabulary padded to 151936; llama.cpp's Q4_K_M types as for 1.5b-shape.
+
+`llama3.2-3b-shape` (Llama 3.2 3B, ~2.0 GB): arch llama, 28 layers, hidden 3072, FFN 8192, 24 heads /
+8 KV heads (head dim 128), rope base 500000, context 131072, tied output, vocabulary padded to
+128256, and the global `rope_freqs.weight` (64 F32) that Llama 3's converter writes: factor 32,
+low/high frequency factors 1 / 4, original context 8192 (llama3_rope_factors); Q4_K_M types.
+
 The tokenizer keys are copied from SmolLM2's GGUF (registry.resolve("smollm2-135m")).  Files are
 generated into the cache ($RQLLM_CACHE honoured), never committed.
 
@@ -87,10 +97,13 @@ class Shape:
     # reference differs from itself by ~10 % between float32 and ggml rounding on a toy model).
     # 0.1 for 1.5b-shape: weights of std ~0.03 as in trained models, soft attention.
     d_scale: float = 1.0
+    key_length: int | None = None  # head dim when it is not n_embd / n_head (written as attention.key_length)
+    qk_norm: bool = False  # F32 blk.N.attn_{q,k}_norm.weight {head_dim}
+    llama3_rope: bool = False  # F32 rope_freqs.weight {head_dim / 2}: Llama 3's frequency factors
 
     @property
     def head_dim(self) -> int:
-        return self.n_embd // self.n_head
+        return self.key_length or self.n_embd // self.n_head
 
 
 LLAMA3_8B = Shape(n_layer=32, n_embd=4096, n_ff=14336, n_head=32, n_head_kv=8)
@@ -101,6 +114,28 @@ QWEN25_1_5B = Shape(n_layer=28, n_embd=1536, n_ff=8960, n_head=12, n_head_kv=2, 
 # Toy Qwen2: with 2 layers use_more_bits makes layer 1 Q6_K and leaves layer 0 Q4_K; the
 # vocabulary is padded to fewer than 151936 tokens to keep the tests' reference pass quick.
 TINY_QWEN2 = Shape(n_layer=2, n_embd=256, n_ff=512, n_head=4, n_head_kv=2, n_vocab=50000, **_QWEN2)
+_QWEN3 = dict(arch="qwen3", n_ctx=40960, rope_base=1000000.0, norm_eps=1e-6, tied_output=True, qk_norm=True,
+              q6k_layers="llama.cpp", d_scale=0.1, key_length=128)
+QWEN3_4B = Shape(n_layer=36, n_embd=2560, n_ff=9728, n_head=32, n_head_kv=8, n_vocab=151936, **_QWEN3)
+TINY_QWEN3 = Shape(n_layer=2, n_embd=256, n_ff=512, n_head=4, n_head_kv=2, n_vocab=50000, **_QWEN3)
+_LLAMA32 = dict(arch="llama", n_ctx=131072, rope_base=500000.0, norm_eps=1e-5, tied_output=True, llama3_rope=True,
+                q6k_layers="llama.cpp", d_scale=0.1)
+LLAMA32_3B = Shape(n_layer=28, n_embd=3072, n_ff=8192, n_head=24, n_head_kv=8, n_vocab=128256, **_LLAMA32)
+TINY_LLAMA32 = Shape(n_layer=2, n_embd=256, n_ff=512, n_head=4, n_head_kv=2, n_vocab=50000, **_LLAMA32)
+
+
+def llama3_rope_factors(head_dim: int, base: float, factor: float = 32.0, low_freq_factor: float = 1.0,
+                        high_freq_factor: float = 4.0, original_ctx: int = 8192) -> np.ndarray:
+    """rope_freqs.weight as Llama 3's converter computes it (convert_hf_to_gguf.py, LlamaModel):
+    1 for pairs whose wavelength is under original_ctx / high_freq_factor, `factor` above
+    original_ctx / low_freq_factor, a smooth blend between."""
+    freq = base ** (-np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    wavelen = 2 * np.pi / freq
+    smooth = (original_ctx / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    blend = 1.0 / ((1.0 - smooth) / factor + smooth)
+    out = np.where(wavelen < original_ctx / high_freq_factor, 1.0,
+                   np.where(wavelen > original_ctx / low_freq_factor, factor, blend))
+    return out.astype(np.float32)
 
 
 def use_more_bits(i_layer: int, n_layer: int) -> bool:
@@ -166,6 +201,11 @@ SHAPES: dict[str, Recipe] = {
                        "8B-shape (random weights)", 4.5),
     "1.5b-shape": Recipe("1.5b-shape", QWEN25_1_5B, TINY_QWEN2, "1.5b-shape-q4_k_m.gguf",
                          "rqllm.bench.shape_1_5b.recipe", 1, "1.5B-shape (random weights)", 1.0),
+    "qwen3-4b-shape": Recipe("qwen3-4b-shape", QWEN3_4B, TINY_QWEN3, "qwen3-4b-shape-q4_k_m.gguf",
+                             "rqllm.bench.shape_qwen3_4b.recipe", 1, "Qwen3-4B-shape (random weights)", 2.4),
+    "llama3.2-3b-shape": Recipe("llama3.2-3b-shape", LLAMA32_3B, TINY_LLAMA32, "llama3.2-3b-shape-q4_k_m.gguf",
+                                "rqllm.bench.shape_llama32_3b.recipe", 1, "Llama-3.2-3B-shape (random weights)",
+                                2.0),
 }
 
 
@@ -206,6 +246,8 @@ def tensor_plan(shape: Shape, n_vocab: int) -> list[TensorPlan]:
     q = shape.n_head * shape.head_dim
     # A tied token_embd is also the output and gets the output's type (llama.cpp: Q6_K).
     plan = [TensorPlan("token_embd.weight", (e, n_vocab), T.Q6_K if shape.tied_output else T.Q4_K)]
+    if shape.llama3_rope:
+        plan.append(TensorPlan("rope_freqs.weight", (shape.head_dim // 2,), T.F32))
     for il in range(shape.n_layer):
         wide = T.Q6_K if q6k_layer(shape, il) else T.Q4_K  # Q6_K on some ffn_down / attn_v, as Q4_K_M does
         plan.append(TensorPlan(f"blk.{il}.attn_norm.weight", (e,), T.F32))
@@ -213,6 +255,9 @@ def tensor_plan(shape: Shape, n_vocab: int) -> list[TensorPlan]:
             plan.append(TensorPlan(f"blk.{il}.attn_{proj}.weight", (e, rows), qtype))
             if shape.qkv_bias:
                 plan.append(TensorPlan(f"blk.{il}.attn_{proj}.bias", (rows,), T.F32))
+        if shape.qk_norm:
+            plan += [TensorPlan(f"blk.{il}.attn_q_norm.weight", (shape.head_dim,), T.F32),
+                     TensorPlan(f"blk.{il}.attn_k_norm.weight", (shape.head_dim,), T.F32)]
         plan += [
             TensorPlan(f"blk.{il}.attn_output.weight", (q, e), T.Q4_K),
             TensorPlan(f"blk.{il}.ffn_norm.weight", (e,), T.F32),
@@ -230,9 +275,14 @@ def _f16_bytes(x: np.ndarray) -> np.ndarray:
     return x.astype(np.float16).view(np.uint8).reshape(-1, 2)
 
 
-def tensor_bytes(plan: TensorPlan, rng: np.random.Generator, d_scale: float = 1.0) -> np.ndarray:
+def tensor_bytes(plan: TensorPlan, rng: np.random.Generator, d_scale: float = 1.0,
+                 shape: Shape | None = None) -> np.ndarray:
     """The tensor's data: random blocks with small positive f16 scales (D_RANGE times d_scale),
-    norms near 1, biases near 0."""
+    norms near 1, biases near 0, Llama 3's RoPE factors."""
+    if plan.name == "rope_freqs.weight":
+        if shape is None:
+            raise ValueError("rope_freqs.weight needs the shape (its head dim and rope base)")
+        return llama3_rope_factors(shape.head_dim, shape.rope_base)
     if plan.type == T.F32:
         if plan.name.endswith(".bias"):
             return (BIAS_STD * rng.standard_normal(plan.shape[0])).astype(np.float32)
@@ -318,6 +368,9 @@ def generate(dst: str | os.PathLike[str], shape: Shape = LLAMA3_8B, *, recipe: R
         writer.add_head_count_kv(shape.n_head_kv)
         if shape.arch == "llama":  # real Qwen2 files leave it out (it defaults to the head dim)
             writer.add_rope_dimension_count(shape.head_dim)
+        if shape.key_length:
+            writer.add_key_length(shape.key_length)
+            writer.add_value_length(shape.key_length)
         writer.add_rope_freq_base(shape.rope_base)
         writer.add_layer_norm_rms_eps(shape.norm_eps)
         writer.add_vocab_size(n_vocab)
@@ -336,7 +389,7 @@ def generate(dst: str | os.PathLike[str], shape: Shape = LLAMA3_8B, *, recipe: R
         writer.write_ti_data_to_file()
         rng = np.random.default_rng(seed)
         for t in plan:
-            writer.write_tensor_data(tensor_bytes(t, rng, shape.d_scale))
+            writer.write_tensor_data(tensor_bytes(t, rng, shape.d_scale, shape))
         writer.close()
         os.replace(tmp, dst)
     except BaseException:
