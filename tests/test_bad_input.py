@@ -58,7 +58,7 @@ EXPECTED: dict[str, tuple[str, str]] = {
     "truncated inside the header": (START, "runs past the end of the file"),
     "wrong magic": (START, "not a GGUF file: magic is b'GGUX', expected b'GGUF'"),
     "garbled tensor table": (START, "name of tensor #0 is 18446744073709551615 bytes long (at most 63 allowed)"),
-    "unknown architecture": (START, "unsupported architecture 'mamba'; supported: llama, gemma3, qwen2"),
+    "unknown architecture": (START, "unsupported architecture 'mamba'; supported: llama, qwen2, qwen3, gemma2, gemma3, phi3"),
     "unknown quant type id": (START, "tensor 'token_embd.weight' has unknown ggml type id 200"),
     "quant type we do not run (IQ4_NL)": (START, "tensor token_embd.weight has type IQ4_NL, not supported"),
     "tensor shapes that do not match the metadata": (
