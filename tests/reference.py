@@ -1,11 +1,12 @@
-"""A plain numpy reference forward pass for the `llama`, `gemma3` and `qwen2` GGUF architectures.
+"""A plain numpy reference forward pass for the `llama`, `gemma3`, `qwen2`, `qwen3`, `gemma2` and
+`phi3` GGUF architectures.
 
 This is the ground truth the fast engine is tested against, so it is written to be read and
 trusted, not to be fast: every weight is dequantized to float32 once (gguf.quants.dequantize),
 all math is float32 numpy, and each pass of a layer is one plain function, top to bottom.
 
-    ref = ReferenceModel(path)
-    ref.config                      # Config: shapes, eps, rope bases, sliding window ...
+    ref = ReferenceModel(path)      # n_ctx=512: the context llama.cpp is assumed to run with
+    ref.config                      # Config: shapes, eps, rope bases and scaling, sliding window ...
     ref.forward(tokens)             # [n, vocab] logits at every position
     ref.forward_layers(tokens)      # (residual stream after embedding and after each layer, logits)
     ref.greedy(tokens, n)           # n greedy token ids
@@ -28,6 +29,25 @@ src/llama-model.cpp, src/llama-hparams.cpp, ggml's rope):
   The GGUF norm weights already include Gemma's "+1": use them as they are.  No logit softcapping.
 * qwen2 (src/models/qwen2.cpp): a llama block with biases added to q, k and v
   (blk.N.attn_{q,k,v}.bias) before RoPE, and NEOX RoPE; output.weight untied when present.
+* qwen3 (src/models/qwen3.cpp): a llama block without biases, NEOX RoPE, head_dim from
+  attention.key_length (H * head_dim may differ from n_embd), and per-head RMSNorm of q and k
+  (attn_q_norm / attn_k_norm, over head_dim) before RoPE.
+* gemma2 (src/models/gemma2.cpp): gemma3's sandwich block without q/k norms, embeddings scaled by
+  sqrt(n_embd), q scaled by 1/sqrt(head_dim) (1/sqrt(n_embd/n_head) for the 46-layer 27B) after
+  RoPE; attention logits soft-capped c * tanh(s / c) before mask and softmax
+  (attn_logit_softcapping, src/llama-graph.cpp build_attn_mha) and the output logits too
+  (final_logit_softcapping); sliding window pattern 2: even layers local, odd global
+  (llama_hparams::set_swa_pattern); output always tied.
+* phi3 (src/models/phi3.cpp): fused attn_qkv (rows: q, then k, then v), fused ffn_up whose first
+  n_ff outputs are the gate (silu) and the next n_ff the up projection (ggml_swiglu), NEOX RoPE on
+  the first rope.dimension_count dims of each head only, q scaled by 1/sqrt(head_dim).
+* RoPE scaling (every architecture; ggml-cpu ops.cpp rope_yarn / ggml_rope_cache_init,
+  ggml.c ggml_rope_yarn_corr_dims, src/llama-context.cpp, src/llama-model.cpp get_rope_factors):
+  pair i turns by theta_i = pos * base^(-2i/n_rot) / ff_i, with ff_i the file's frequency factors
+  (rope_freqs.weight, Llama 3; or rope_factors_long/short.weight, Phi-3 LongRoPE: long when the
+  context exceeds rope.scaling.original_context_length); "linear" multiplies theta by 1/factor;
+  "yarn" mixes the linear and the unscaled angle per pair and scales cos/sin; the file's
+  rope.scaling.attn_factor scales cos and sin of the rotated dims.
 
 The model is run from position 0 with full causal attention; `greedy` keeps the keys and values of
 earlier positions (a plain list per layer) so each new token costs one position, and computes
@@ -55,7 +75,8 @@ import numpy as np
 from gguf import GGUFReader
 from gguf.quants import dequantize
 
-__all__ = ["Config", "ReferenceModel", "load", "blas_threads", "rms_norm", "rope", "gelu_tanh", "silu", "attention"]
+__all__ = ["Config", "ReferenceModel", "load", "blas_threads", "rms_norm", "rope", "rope_scaling",
+           "yarn_corr_dims", "gelu_tanh", "silu", "attention"]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -87,6 +108,19 @@ class Config:
     add_bos: bool
     n_ctx_train: int
     local_layers: tuple[bool, ...] = field(default=())
+    # RoPE scaling (all defaults: none).  See rope() and rope_scaling().
+    n_ctx: int = 512  # the context llama.cpp runs with (picks Phi-3's long or short factors)
+    rope_freq_scale: float = 1.0  # 1 / rope.scaling.factor ("linear" and "yarn")
+    rope_ext_factor: float = 0.0  # YaRN's extrapolation mix: 1 for rope.scaling.type "yarn"
+    rope_n_ctx_orig: int = 0  # rope.scaling.original_context_length (YaRN's correction dims)
+    rope_beta_fast: float = 32.0
+    rope_beta_slow: float = 1.0
+    rope_attn_factor: float = 1.0  # rope.scaling.attn_factor
+    rope_factors: tuple[float, ...] | None = None  # ff_i: theta_i is divided by it
+    rope_factors_name: str | None = None  # the tensor they came from
+    qk_norm: bool = False  # per-head RMSNorm of q and k before RoPE (gemma3, qwen3)
+    attn_softcap: float | None = None  # attention logits -> c * tanh(s / c) (gemma2)
+    final_softcap: float | None = None  # output logits -> c * tanh(l / c) (gemma2)
 
     def is_local(self, il: int) -> bool:
         return bool(self.local_layers) and self.local_layers[il]
@@ -123,39 +157,115 @@ def _field(reader: GGUFReader, key: str, default=None):
     return f.contents()
 
 
-def read_config(reader: GGUFReader) -> Config:
+ARCHS = ("llama", "gemma3", "qwen2", "qwen3", "gemma2", "phi3")
+DEFAULT_N_CTX = 512  # the n_ctx every llama.cpp fixture is recorded with (tests/tools/*.py)
+
+# The tensors each architecture's layer function reads (blk.N.<name>.weight / .bias); a file with
+# any other tensor is refused rather than run without it.
+LAYER_TENSORS = {
+    "llama": {"attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate",
+              "ffn_up", "ffn_down"},
+    "qwen2": {"attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", "ffn_gate",
+              "ffn_up", "ffn_down", "attn_q_bias", "attn_k_bias", "attn_v_bias"},
+    "qwen3": {"attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "attn_q_norm", "attn_k_norm",
+              "ffn_norm", "ffn_gate", "ffn_up", "ffn_down"},
+    "gemma3": {"attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "attn_q_norm", "attn_k_norm",
+               "post_attention_norm", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down", "post_ffw_norm"},
+    "gemma2": {"attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "post_attention_norm",
+               "ffn_norm", "ffn_gate", "ffn_up", "ffn_down", "post_ffw_norm"},
+    "phi3": {"attn_norm", "attn_qkv", "attn_output", "ffn_norm", "ffn_up", "ffn_down"},
+}
+GLOBAL_TENSORS = {"token_embd.weight", "output_norm.weight", "output.weight", "rope_freqs.weight",
+                  "rope_factors_long.weight", "rope_factors_short.weight"}
+
+
+def read_config(reader: GGUFReader, n_ctx: int = DEFAULT_N_CTX) -> Config:
+    """The Config of a GGUF file, llama.cpp running it with an n_ctx-token context."""
     arch = _field(reader, "general.architecture")
-    if arch not in ("llama", "gemma3", "qwen2"):
-        raise ValueError(f"reference supports llama, gemma3 and qwen2, not {arch!r}")
+    if arch not in ARCHS:
+        raise ValueError(f"reference supports {', '.join(ARCHS)}, not {arch!r}")
     a = lambda key, default=None: _field(reader, f"{arch}.{key}", default)  # noqa: E731
     n_embd = int(a("embedding_length"))
     n_head = int(a("attention.head_count"))
     n_head_kv = int(a("attention.head_count_kv", n_head))
     head_dim = int(a("attention.key_length", n_embd // n_head))
+    if int(a("attention.value_length", head_dim)) != head_dim:
+        raise ValueError("attention.value_length != key_length is not implemented in the reference")
     n_layer = int(a("block_count"))
-    names = {t.name for t in reader.tensors}
-    tok_embd = next(t for t in reader.tensors if t.name == "token_embd.weight")
+    tensors = {t.name: t for t in reader.tensors}
+    names = set(tensors)
+    _check_tensors(arch, names)
+    tok_embd = tensors["token_embd.weight"]
     vocab = int(tok_embd.shape[1])  # GGUF order: [n_embd, vocab]
     rope_base = float(a("rope.freq_base", 10000.0))
+    window, pattern, local = None, None, ()
+    rope_base_local = rope_base
+    embd_scale = 1.0
     if arch == "gemma3":
         window = int(a("attention.sliding_window"))
         pattern = 6
         local = tuple(il % pattern < pattern - 1 for il in range(n_layer))
         rope_base_local = 10000.0  # llama.cpp: hparams.rope_freq_base_train_swa for gemma3
-        neox = True
         embd_scale = math.sqrt(n_embd)
-    else:
-        window, pattern, local = None, None, ()
-        rope_base_local = rope_base
-        neox = arch == "qwen2"  # llama.cpp: LLAMA_ROPE_TYPE_NEOX for qwen2, NORM for llama
-        embd_scale = 1.0
+    elif arch == "gemma2":
+        # src/models/gemma2.cpp load_arch_hparams: n_swa default 4096, load_swa_pattern(ml, 2),
+        # rope_freq_base_train_swa = rope.freq_base_swa or rope.freq_base
+        window = int(a("attention.sliding_window", 4096))
+        pattern = a("attention.sliding_window_pattern", 2)
+        if not isinstance(pattern, int):
+            raise ValueError("a per-layer sliding_window_pattern array is not implemented in the reference")
+        local = tuple(pattern == 0 or il % pattern < pattern - 1 for il in range(n_layer))
+        rope_base_local = float(a("rope.freq_base_swa", rope_base))
+        embd_scale = math.sqrt(n_embd)  # gemma2.cpp: ggml_scale(inpL, sqrtf(n_embd))
+    # llama.cpp (llama_model_rope_type): LLAMA_ROPE_TYPE_NORM for llama, NEOX for the others
+    neox = arch != "llama"
     attn_scale = 1.0 / math.sqrt(head_dim)
     if arch == "gemma3" and n_layer == 62:  # llama.cpp: Gemma 3 27B uses query_pre_attn_scalar
         attn_scale = 1.0 / math.sqrt(n_embd / n_head)
+    if arch == "gemma2" and n_layer == 46:  # gemma2.cpp: LLM_TYPE_27B scales q by 1/sqrt(n_embd/n_head)
+        attn_scale = 1.0 / math.sqrt(n_embd / n_head)
     if a("attention.scale") is not None:
         raise ValueError("a GGUF attention.scale is not implemented in the reference")
-    if a("rope.scaling.type") not in (None, "none") or a("rope.scale_linear") not in (None, 1.0):
-        raise ValueError("rope scaling is not implemented in the reference")
+    for key in ("expert_count", "rope.scaling.yarn_log_multiplier", "rope.dimension_sections"):
+        if a(key) not in (None, 0, 0.0):
+            raise ValueError(f"{arch}.{key} is not implemented in the reference")
+    n_rot = int(a("rope.dimension_count", head_dim))
+    if n_rot != head_dim and arch != "phi3":  # llama.cpp asserts n_rot == head_dim for the others
+        raise ValueError(f"rope.dimension_count {n_rot} != head_dim {head_dim} is only implemented for phi3")
+    n_ctx_train = int(a("context_length", 0))
+    # -- RoPE scaling (src/llama-model.cpp load_hparams, src/llama-context.cpp) -----------------
+    # rope.scaling.type defaults to "linear"; freq_scale = 1/factor (factor absent or 0 -> 1);
+    # "none" forces freq_scale 1; ext_factor = 1 for "yarn", else 0 (llama.cpp's context default)
+    scaling = a("rope.scaling.type", "linear")
+    if scaling not in ("none", "linear", "yarn"):
+        raise ValueError(f"rope.scaling.type {scaling!r} is not implemented in the reference")
+    factor = float(a("rope.scaling.factor", a("rope.scale_linear", 0.0)) or 0.0)
+    freq_scale = 1.0 if factor == 0.0 or scaling == "none" else 1.0 / factor
+    n_ctx_orig = int(a("rope.scaling.original_context_length", n_ctx_train) or n_ctx_train)
+    # get_rope_factors: rope_freqs when present, else long if n_ctx_seq > n_ctx_orig_yarn, else
+    # short; n_ctx_seq is n_ctx rounded up to a multiple of 256 (llama_context: GGML_PAD(n_ctx, 256)).
+    # arch llama loads long/short only for scaling type "longrope" (refused above), phi3 always.
+    n_ctx_seq = -(-int(n_ctx) // 256) * 256
+    if arch == "gemma3" and (freq_scale != 1.0 or scaling == "yarn"):
+        # gemma3's local layers keep their own freq_scale (rope_freq_scale_train_swa): not modelled
+        raise ValueError("rope scaling is not implemented in the reference for gemma3")
+    factors_name = None
+    if "rope_freqs.weight" in names:
+        if arch != "llama":  # only llama.cpp's llama graph reads rope_freqs (src/models/llama.cpp)
+            raise ValueError(f"rope_freqs.weight in an {arch} file is not implemented in the reference")
+        factors_name = "rope_freqs.weight"
+    elif arch == "phi3" and {"rope_factors_long.weight", "rope_factors_short.weight"} & names:
+        factors_name = "rope_factors_long.weight" if n_ctx_seq > n_ctx_orig else "rope_factors_short.weight"
+        if factors_name not in names:
+            factors_name = None  # TENSOR_NOT_REQUIRED: llama.cpp then rotates without factors
+    elif {"rope_factors_long.weight", "rope_factors_short.weight"} & names:
+        raise ValueError(f"rope_factors_long/short in an {arch} file are not implemented in the reference")
+    factors = None
+    if factors_name is not None:
+        ff = np.asarray(tensors[factors_name].data, dtype=np.float32).reshape(-1)
+        if len(ff) != n_rot // 2:
+            raise ValueError(f"{factors_name} has {len(ff)} values, not n_rot/2 = {n_rot // 2}")
+        factors = tuple(float(v) for v in ff)
     bos = _field(reader, "tokenizer.ggml.bos_token_id")
     eos = _field(reader, "tokenizer.ggml.eos_token_id")
     return Config(
@@ -170,19 +280,45 @@ def read_config(reader: GGUFReader) -> Config:
         eps=float(a("attention.layer_norm_rms_epsilon")),
         rope_base=rope_base,
         rope_base_local=rope_base_local,
-        n_rot=int(a("rope.dimension_count", head_dim)),
+        n_rot=n_rot,
         rope_neox=neox,
         sliding_window=window,
         swa_pattern=pattern,
         embd_scale=embd_scale,
         attn_scale=attn_scale,
-        tied_output="output.weight" not in names,
+        tied_output="output.weight" not in names or arch == "gemma2",  # gemma2.cpp: always tied
         bos_id=None if bos is None else int(bos),
         eos_id=None if eos is None else int(eos),
         add_bos=bool(_field(reader, "tokenizer.ggml.add_bos_token", False)),
-        n_ctx_train=int(a("context_length", 0)),
+        n_ctx_train=n_ctx_train,
         local_layers=local,
+        n_ctx=int(n_ctx),
+        rope_freq_scale=freq_scale,
+        rope_ext_factor=1.0 if scaling == "yarn" else 0.0,
+        rope_n_ctx_orig=n_ctx_orig,
+        rope_attn_factor=float(a("rope.scaling.attn_factor", 1.0)),
+        rope_factors=factors,
+        rope_factors_name=factors_name,
+        qk_norm=arch in ("gemma3", "qwen3"),
+        # gemma2.cpp: attn_soft_cap = true, caps default 50 and 30 (llama-hparams.h)
+        attn_softcap=float(a("attn_logit_softcapping", 50.0)) if arch == "gemma2" else None,
+        final_softcap=float(a("final_logit_softcapping", 30.0)) if arch == "gemma2" else None,
     )
+
+
+def _check_tensors(arch: str, names: set[str]) -> None:
+    """Refuse a file with a tensor the reference would silently ignore."""
+    unknown = []
+    for name in names:
+        if name.startswith("blk."):
+            short, _, kind = name.split(".", 1)[1].partition(".")[2].rpartition(".")
+            short = short + ("_bias" if kind == "bias" else "")
+            if kind not in ("weight", "bias") or short not in LAYER_TENSORS[arch]:
+                unknown.append(name)
+        elif name not in GLOBAL_TENSORS:
+            unknown.append(name)
+    if unknown:
+        raise ValueError(f"{arch} tensors not implemented in the reference: {sorted(unknown)[:8]}")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -195,18 +331,41 @@ def rms_norm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
     return (x / np.sqrt(ms + np.float32(eps))) * w
 
 
-def rope(x: np.ndarray, pos: np.ndarray, base: float, n_rot: int, neox: bool) -> np.ndarray:
+def rope(x: np.ndarray, pos: np.ndarray, base: float, n_rot: int, neox: bool, *,
+         freq_factors=None, freq_scale: float = 1.0, ext_factor: float = 0.0,
+         corr_dims: tuple[float, float] = (0.0, 0.0), mscale: float = 1.0) -> np.ndarray:
     """Rotary embedding of x [n, heads, head_dim] at positions pos [n].
 
     Pair i (0 <= i < n_rot/2) is rotated by angle pos * base^(-2i/n_rot).  The pair is
     (x[2i], x[2i+1]) in ggml's normal mode and (x[i], x[i + n_rot/2]) in NEOX mode.
-    Dimensions from n_rot on are left alone.
+    Dimensions from n_rot on are left alone (not scaled by mscale either).
+
+    Scaling, as ggml-cpu's ggml_rope_cache_init / rope_yarn (ops.cpp) computes it:
+    theta_extrap = pos * base^(-2i/n_rot) / freq_factors[i]; theta_interp = freq_scale *
+    theta_extrap; without YaRN (ext_factor 0) theta = theta_interp; with it
+    theta = theta_interp * (1 - m) + theta_extrap * m, m = ext_factor * ramp(i) (ramp 1 below
+    corr_dims[0], 0 above corr_dims[1], linear between), and mscale is multiplied by
+    1 + 0.1 ln(1 / freq_scale).  cos and sin are multiplied by mscale.
     """
     half = n_rot // 2
     inv_freq = base ** (-np.arange(half, dtype=np.float64) * 2.0 / n_rot)
     theta = pos.astype(np.float64)[:, None] * inv_freq[None, :]  # [n, half]
-    cos = np.cos(theta).astype(np.float32)[:, None, :]  # [n, 1, half] broadcast over heads
-    sin = np.sin(theta).astype(np.float32)[:, None, :]
+    if freq_factors is not None:
+        theta = theta / np.asarray(freq_factors, dtype=np.float64)[None, :]
+    if ext_factor != 0.0:
+        low, high = corr_dims
+        ramp = 1.0 - np.clip((np.arange(half) - low) / max(0.001, high - low), 0.0, 1.0)  # rope_yarn_ramp
+        mix = ramp * ext_factor
+        theta = freq_scale * theta * (1.0 - mix) + theta * mix
+        mscale = mscale * (1.0 + 0.1 * math.log(1.0 / freq_scale))
+    elif freq_scale != 1.0:
+        theta = freq_scale * theta
+    cos = np.cos(theta)
+    sin = np.sin(theta)
+    if mscale != 1.0:
+        cos, sin = cos * mscale, sin * mscale
+    cos = cos.astype(np.float32)[:, None, :]  # [n, 1, half] broadcast over heads
+    sin = sin.astype(np.float32)[:, None, :]
     out = x.copy()
     if neox:
         x0, x1 = x[..., :half], x[..., half:n_rot]
@@ -217,6 +376,41 @@ def rope(x: np.ndarray, pos: np.ndarray, base: float, n_rot: int, neox: bool) ->
         out[..., 0:n_rot:2] = x0 * cos - x1 * sin
         out[..., 1:n_rot:2] = x0 * sin + x1 * cos
     return out
+
+
+def yarn_corr_dims(n_rot: int, n_ctx_orig: int, base: float, beta_fast: float, beta_slow: float):
+    """ggml.c ggml_rope_yarn_corr_dims: the pair range over which YaRN's ramp falls from 1 to 0.
+
+    corr_dim(beta) = n_rot * ln(n_ctx_orig / (2 pi beta)) / (2 ln base); start = floor(corr_dim
+    (beta_fast)) clamped at 0, end = ceil(corr_dim(beta_slow)) clamped at n_rot - 1."""
+    def corr_dim(beta):
+        return n_rot * math.log(n_ctx_orig / (beta * 2 * math.pi)) / (2 * math.log(base))
+
+    return max(0.0, math.floor(corr_dim(beta_fast))), min(n_rot - 1.0, math.ceil(corr_dim(beta_slow)))
+
+
+def rope_scaling(cfg: Config, base: float) -> dict:
+    """rope()'s scaling arguments for a layer with this rope base.
+
+    The attn_factor llama.cpp hands to ggml_rope_ext (src/llama-context.cpp): with YaRN
+    (ext_factor != 0) get_mscale(factor) = 1 + 0.1 ln(factor), divided by 1 + 0.1 ln(factor)
+    ("we need to cancel this factor", as rope_yarn multiplies it in again), then times the file's
+    rope.scaling.attn_factor.  Net on cos/sin: (1 + 0.1 ln factor) * attn_factor with YaRN,
+    attn_factor without (Phi-3 LongRoPE)."""
+    mscale = 1.0
+    if cfg.rope_ext_factor != 0.0:
+        factor = 1.0 / cfg.rope_freq_scale
+        get_mscale = 1.0 if factor <= 1.0 else 0.1 * math.log(factor) + 1.0
+        mscale = get_mscale / (1.0 + 0.1 * math.log(factor))
+    mscale *= cfg.rope_attn_factor
+    if (cfg.rope_factors is None and cfg.rope_freq_scale == 1.0 and cfg.rope_ext_factor == 0.0
+            and mscale == 1.0):
+        return {}  # plain RoPE
+    corr = (0.0, 0.0)
+    if cfg.rope_ext_factor != 0.0:
+        corr = yarn_corr_dims(cfg.n_rot, cfg.rope_n_ctx_orig, base, cfg.rope_beta_fast, cfg.rope_beta_slow)
+    return {"freq_factors": cfg.rope_factors, "freq_scale": cfg.rope_freq_scale,
+            "ext_factor": cfg.rope_ext_factor, "corr_dims": corr, "mscale": mscale}
 
 
 def silu(x: np.ndarray) -> np.ndarray:
@@ -238,11 +432,14 @@ def attention(
     scale: float,
     window: int | None,
     ggml_numerics: bool = False,
+    softcap: float | None = None,
 ) -> np.ndarray:
     """Causal (optionally sliding-window) attention with grouped KV heads.
 
     q [n, n_head, d], k/v [m, n_head_kv, d], positions q_pos [n], k_pos [m].
     Query i sees key j when k_pos[j] <= q_pos[i] and, with a window, q_pos[i] - k_pos[j] < window.
+    With softcap c the scores s = q.k become c * tanh(s / c) before the mask and the softmax's
+    scale (src/llama-graph.cpp build_attn_mha: kq -> scale 1/c, tanh, scale c -> soft_max_ext).
     Returns [n, n_head, d].  With ggml_numerics, q/k/v and the softmax weights are rounded to fp16.
     """
     if ggml_numerics:
@@ -255,7 +452,11 @@ def attention(
     out = np.empty_like(q)
     for h in range(n_head):
         kh, vh = k[:, h // group, :], v[:, h // group, :]
-        scores = (q[:, h, :] @ kh.T) * np.float32(scale)  # [n, m]
+        if softcap is None:
+            scores = (q[:, h, :] @ kh.T) * np.float32(scale)  # [n, m]
+        else:
+            scores = np.float32(softcap) * np.tanh((q[:, h, :] @ kh.T) / np.float32(softcap))
+            scores = scores * np.float32(scale)
         scores = np.where(allowed, scores, np.float32(-np.inf))
         scores -= scores.max(axis=-1, keepdims=True)
         p = np.exp(scores)
@@ -376,8 +577,9 @@ def llama_layer(x, L, cfg: Config, il: int, pos, cache, ggml_numerics=False):
     q = L["attn_q"](h).reshape(n, cfg.n_head, cfg.head_dim)
     k = L["attn_k"](h).reshape(n, cfg.n_head_kv, cfg.head_dim)
     v = L["attn_v"](h).reshape(n, cfg.n_head_kv, cfg.head_dim)
-    q = rope(q, pos, cfg.rope_base, cfg.n_rot, neox=False)
-    k = rope(k, pos, cfg.rope_base, cfg.n_rot, neox=False)
+    scaling = rope_scaling(cfg, cfg.rope_base)  # Llama 3 rope_freqs, linear, YaRN
+    q = rope(q, pos, cfg.rope_base, cfg.n_rot, neox=False, **scaling)
+    k = rope(k, pos, cfg.rope_base, cfg.n_rot, neox=False, **scaling)
     k_all, v_all, k_pos = cache.append(il, k, v, pos)
     a = attention(q, k_all, v_all, pos, k_pos, cfg.attn_scale, None, ggml_numerics)
     x = x + L["attn_output"](a.reshape(n, cfg.n_head * cfg.head_dim))
@@ -398,8 +600,9 @@ def gemma3_layer(x, L, cfg: Config, il: int, pos, cache, ggml_numerics=False):
     q = L["attn_q"](h).reshape(n, cfg.n_head, cfg.head_dim)
     k = L["attn_k"](h).reshape(n, cfg.n_head_kv, cfg.head_dim)
     v = L["attn_v"](h).reshape(n, cfg.n_head_kv, cfg.head_dim)
-    q = rms_norm(q, L["attn_q_norm"], cfg.eps)  # per head, over head_dim
-    k = rms_norm(k, L["attn_k_norm"], cfg.eps)
+    if cfg.qk_norm:
+        q = rms_norm(q, L["attn_q_norm"], cfg.eps)  # per head, over head_dim
+        k = rms_norm(k, L["attn_k_norm"], cfg.eps)
     q = rope(q, pos, base, cfg.n_rot, neox=True)
     k = rope(k, pos, base, cfg.n_rot, neox=True)
     q = q * np.float32(cfg.attn_scale)  # gemma scales q; the attention then uses scale 1
@@ -424,8 +627,9 @@ def qwen2_layer(x, L, cfg: Config, il: int, pos, cache, ggml_numerics=False):
     q = (L["attn_q"](h) + L["attn_q_bias"]).reshape(n, cfg.n_head, cfg.head_dim)
     k = (L["attn_k"](h) + L["attn_k_bias"]).reshape(n, cfg.n_head_kv, cfg.head_dim)
     v = (L["attn_v"](h) + L["attn_v_bias"]).reshape(n, cfg.n_head_kv, cfg.head_dim)
-    q = rope(q, pos, cfg.rope_base, cfg.n_rot, cfg.rope_neox)  # NEOX for qwen2 (a test flips it)
-    k = rope(k, pos, cfg.rope_base, cfg.n_rot, cfg.rope_neox)
+    scaling = rope_scaling(cfg, cfg.rope_base)
+    q = rope(q, pos, cfg.rope_base, cfg.n_rot, cfg.rope_neox, **scaling)  # NEOX for qwen2 (a test flips it)
+    k = rope(k, pos, cfg.rope_base, cfg.n_rot, cfg.rope_neox, **scaling)
     k_all, v_all, k_pos = cache.append(il, k, v, pos)
     a = attention(q, k_all, v_all, pos, k_pos, cfg.attn_scale, None, ggml_numerics)
     x = x + L["attn_output"](a.reshape(n, cfg.n_head * cfg.head_dim))
@@ -436,7 +640,88 @@ def qwen2_layer(x, L, cfg: Config, il: int, pos, cache, ggml_numerics=False):
     return x
 
 
-LAYER_FNS = {"llama": llama_layer, "gemma3": gemma3_layer, "qwen2": qwen2_layer}
+def qwen3_layer(x, L, cfg: Config, il: int, pos, cache, ggml_numerics=False):
+    """One qwen3 block (src/models/qwen3.cpp): a llama block with head_dim from key_length, per-head
+    RMSNorm of q and k before RoPE (attn_q_norm / attn_k_norm), NEOX RoPE, no biases."""
+    n = x.shape[0]
+    # attention
+    h = rms_norm(x, L["attn_norm"], cfg.eps)
+    q = L["attn_q"](h).reshape(n, cfg.n_head, cfg.head_dim)
+    k = L["attn_k"](h).reshape(n, cfg.n_head_kv, cfg.head_dim)
+    v = L["attn_v"](h).reshape(n, cfg.n_head_kv, cfg.head_dim)
+    if cfg.qk_norm:
+        q = rms_norm(q, L["attn_q_norm"], cfg.eps)  # per head, over head_dim; v is not normed
+        k = rms_norm(k, L["attn_k_norm"], cfg.eps)
+    scaling = rope_scaling(cfg, cfg.rope_base)
+    q = rope(q, pos, cfg.rope_base, cfg.n_rot, cfg.rope_neox, **scaling)
+    k = rope(k, pos, cfg.rope_base, cfg.n_rot, cfg.rope_neox, **scaling)
+    k_all, v_all, k_pos = cache.append(il, k, v, pos)
+    a = attention(q, k_all, v_all, pos, k_pos, cfg.attn_scale, None, ggml_numerics)
+    x = x + L["attn_output"](a.reshape(n, cfg.n_head * cfg.head_dim))
+    # feed-forward
+    h = rms_norm(x, L["ffn_norm"], cfg.eps)
+    f = silu(L["ffn_gate"](h)) * L["ffn_up"](h)
+    x = x + L["ffn_down"](f)
+    return x
+
+
+def gemma2_layer(x, L, cfg: Config, il: int, pos, cache, ggml_numerics=False):
+    """One gemma2 block (src/models/gemma2.cpp): sandwich norms around attention and FFN, NEOX RoPE,
+    q scaled after RoPE, soft-capped attention logits, sliding window on local (even) layers."""
+    n = x.shape[0]
+    base = cfg.layer_rope_base(il)
+    window = cfg.sliding_window if cfg.is_local(il) else None
+    # attention
+    h = rms_norm(x, L["attn_norm"], cfg.eps)
+    q = L["attn_q"](h).reshape(n, cfg.n_head, cfg.head_dim)
+    k = L["attn_k"](h).reshape(n, cfg.n_head_kv, cfg.head_dim)
+    v = L["attn_v"](h).reshape(n, cfg.n_head_kv, cfg.head_dim)
+    scaling = rope_scaling(cfg, base)
+    q = rope(q, pos, base, cfg.n_rot, cfg.rope_neox, **scaling)
+    k = rope(k, pos, base, cfg.n_rot, cfg.rope_neox, **scaling)
+    q = q * np.float32(cfg.attn_scale)  # gemma2.cpp: ggml_scale(Qcur, f_attention_scale), kq_scale 1
+    k_all, v_all, k_pos = cache.append(il, k, v, pos)
+    a = attention(q, k_all, v_all, pos, k_pos, 1.0, window, ggml_numerics, softcap=cfg.attn_softcap)
+    a = L["attn_output"](a.reshape(n, cfg.n_head * cfg.head_dim))
+    x = x + rms_norm(a, L["post_attention_norm"], cfg.eps)
+    # feed-forward
+    h = rms_norm(x, L["ffn_norm"], cfg.eps)
+    gelu = gelu_tanh_f16_table if ggml_numerics else gelu_tanh
+    f = gelu(L["ffn_gate"](h)) * L["ffn_up"](h)
+    f = L["ffn_down"](f)
+    x = x + rms_norm(f, L["post_ffw_norm"], cfg.eps)
+    return x
+
+
+def phi3_layer(x, L, cfg: Config, il: int, pos, cache, ggml_numerics=False):
+    """One phi3 block (src/models/phi3.cpp): fused q|k|v and gate|up matrices, NEOX RoPE on the
+    first n_rot dims of each head (with LongRoPE factors and attn_factor), q scaled by
+    1/sqrt(head_dim) after RoPE, attention scale 1."""
+    n = x.shape[0]
+    e_q, e_kv = cfg.n_head * cfg.head_dim, cfg.n_head_kv * cfg.head_dim
+    # attention
+    h = rms_norm(x, L["attn_norm"], cfg.eps)
+    qkv = L["attn_qkv"](h)  # llama-graph.cpp build_qkv: views at 0, e_q, e_q + e_kv
+    q = qkv[:, :e_q].reshape(n, cfg.n_head, cfg.head_dim)
+    k = qkv[:, e_q:e_q + e_kv].reshape(n, cfg.n_head_kv, cfg.head_dim)
+    v = qkv[:, e_q + e_kv:].reshape(n, cfg.n_head_kv, cfg.head_dim)
+    scaling = rope_scaling(cfg, cfg.rope_base)
+    q = rope(q, pos, cfg.rope_base, cfg.n_rot, cfg.rope_neox, **scaling)
+    k = rope(k, pos, cfg.rope_base, cfg.n_rot, cfg.rope_neox, **scaling)
+    q = q * np.float32(cfg.attn_scale)
+    k_all, v_all, k_pos = cache.append(il, k, v, pos)
+    a = attention(q, k_all, v_all, pos, k_pos, 1.0, None, ggml_numerics)
+    x = x + L["attn_output"](a.reshape(n, e_q))
+    # feed-forward: ggml_swiglu on ffn_up's 2 * n_ff outputs: silu(first half) * second half
+    h = rms_norm(x, L["ffn_norm"], cfg.eps)
+    gu = L["ffn_up"](h)
+    f = silu(gu[:, :cfg.n_ff]) * gu[:, cfg.n_ff:]
+    x = x + L["ffn_down"](f)
+    return x
+
+
+LAYER_FNS = {"llama": llama_layer, "gemma3": gemma3_layer, "qwen2": qwen2_layer, "qwen3": qwen3_layer,
+             "gemma2": gemma2_layer, "phi3": phi3_layer}
 
 
 class KVCache:
@@ -472,10 +757,12 @@ class ReferenceModel:
     backend rounds (see "optional: llama.cpp's CPU numerics" above).
     """
 
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, n_ctx: int = DEFAULT_N_CTX):
+        """n_ctx: the context llama.cpp is taken to run with; it decides only which of Phi-3's
+        rope_factors_long / _short apply (the fixtures are recorded with n_ctx 512)."""
         self.path = Path(path)
         reader = open_gguf(self.path)
-        self.config = read_config(reader)
+        self.config = read_config(reader, n_ctx)
         self.types = {t.name: t.tensor_type.name for t in reader.tensors}
         self.weights = {t.name: self._dequant(t) for t in reader.tensors}  # name -> float32 array
         # Q4_1/Q5_1 block mins, for ggml numerics only (Q8_1 rounding): name -> [out, in/32]
@@ -556,7 +843,11 @@ class ReferenceModel:
     def logits(self, x: np.ndarray, ggml_numerics: bool = False) -> np.ndarray:
         """Final RMSNorm and the output matrix: residual stream [n, n_embd] -> [n, vocab]."""
         h = rms_norm(x, self.output_norm, self.config.eps)
-        return self._output[ggml_numerics](h)
+        out = self._output[ggml_numerics](h)
+        cap = self.config.final_softcap
+        if cap is not None:  # gemma2.cpp: final logit soft-capping
+            out = np.float32(cap) * np.tanh(out / np.float32(cap))
+        return out
 
     def _run(self, tokens, cache: KVCache, keep_layers: bool, ggml_numerics: bool):
         if ggml_numerics and self._layers[True] is None:
@@ -640,6 +931,6 @@ def _openblas_thread_functions():
 
 
 @functools.lru_cache(maxsize=2)
-def load(path: str | Path) -> ReferenceModel:
+def load(path: str | Path, n_ctx: int = DEFAULT_N_CTX) -> ReferenceModel:
     """A ReferenceModel shared by every caller in this process (loading takes 10-30 s)."""
-    return ReferenceModel(path)
+    return ReferenceModel(path, n_ctx)
