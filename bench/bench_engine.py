@@ -7,8 +7,9 @@
 
 Models: a known model name (engine.registry), or a named shape from bench/shapes.py (`8b-shape`,
 `1.5b-shape`: random-weight Q4_K_M files with real models' shapes, generated into the cache on first
-use).  Prefill/decode lengths default per model: pp256/tg16 for 8b-shape, pp256/tg32 for
-1.5b-shape, pp256/tg64 for the others; --prefill/--decode override.
+use; also `qwen3-4b-shape`, `llama3.2-3b-shape`).  Prefill/decode lengths default per model: pp256/tg16
+for 8b-shape, qwen3-4b-shape and llama3.2-3b-shape, pp256/tg32 for 1.5b-shape, pp256/tg64 for the
+others; --prefill/--decode override.
 
 Peers, each optional:
 * `--llama-bench PATH`: llama.cpp's llama-bench binary, run as a subprocess per repetition with
@@ -66,7 +67,8 @@ from engine.model import Model  # noqa: E402
 
 SHAPE_8B = "8b-shape"
 SHAPE_1_5B = "1.5b-shape"
-DEFAULT_LENGTHS = {SHAPE_8B: (256, 16), SHAPE_1_5B: (256, 32)}  # (prefill, decode) per model
+# (prefill, decode) per model
+DEFAULT_LENGTHS = {SHAPE_8B: (256, 16), SHAPE_1_5B: (256, 32), "qwen3-4b-shape": (256, 16), "llama3.2-3b-shape": (256, 16)}
 OTHER_LENGTHS = (256, 64)
 PEER_TIMEOUT_S = 1800
 
@@ -310,7 +312,8 @@ def print_table(rows: list[dict], reps: int, peers: list[str]) -> None:
 
 @click.command()
 @click.option("--model", "model_names", multiple=True, default=("smollm2-135m", "gemma3-270m"),
-              help="A known model, a bench/shapes.py name (8b-shape, 1.5b-shape) or a .gguf path; repeatable.")
+              help="A known model, a bench/shapes.py name (8b-shape, 1.5b-shape, qwen3-4b-shape, "
+                   "llama3.2-3b-shape) or a .gguf path; repeatable.")
 @click.option("--threads", "thread_counts", multiple=True, type=int, default=(1, 2))
 @click.option("--reps", type=int, default=5)
 @click.option("--prefill", "prefill_arg", type=int, default=None, help="Prompt tokens (default per model).")

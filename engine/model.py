@@ -214,6 +214,16 @@ class Config:
                 raise ModelError(f"{gguf.path}: {name} = {getattr(self, name)} is out of range")
 
 
+def _tensor_kind(name: str) -> str:
+    """A tensor's name without its block prefix and weight/bias suffix: "blk.3.attn_rot_embd" -> "attn_rot_embd"."""
+    parts = name.split(".")
+    if parts[0] == "blk" and len(parts) > 2:
+        parts = parts[2:]
+    if len(parts) > 1 and parts[-1] in ("weight", "bias"):
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
 def _refuse_unread_keys(gguf: GGUFFile, arch: str, spec: Arch) -> None:
     """A `{arch}.` key that we neither read nor know to be harmless may change the math: refuse."""
     known = set(COMMON_KEYS) | set(spec.keys) | set(HARMLESS_KEYS)
@@ -226,18 +236,20 @@ def _refuse_unread_keys(gguf: GGUFFile, arch: str, spec: Arch) -> None:
 
 def _rope_scaling(gguf: GGUFFile, arch: str, key, n_ctx_train: int) -> RopeScaling:
     kind = gguf.get(f"{arch}.rope.scaling.type", "none")
-    if kind not in SCALING_TYPES or kind == "longrope":  # longrope is Phi-3's factor tensors, not this key
+    has_long_factors = "rope_factors_long.weight" in gguf.tensors
+    if kind == "longrope" and has_long_factors:
+        kind = "none"  # LongRoPE is its factor tensors (Weights.rope_tables) and the attention factor
+    if kind not in SCALING_TYPES or kind == "longrope":
         raise ModelError(f"{gguf.path}: metadata key {arch}.rope.scaling.type = {str(kind)[:40]!r} is not "
-                         f"implemented; implemented: none, linear, yarn")
+                         f"implemented; implemented: none, linear, yarn, and longrope with its factor tensors")
     factor = float(key("rope.scaling.factor", 1.0, float)) or 1.0
     if kind == "none" and factor != 1.0:
-        kind = "linear"  # llama.cpp: an absent type means linear scaling by the factor
+        kind = "linear"  # llama.cpp applies 1 / factor whatever the type says (src/llama-model.cpp)
     if not 0 < factor < 1e6:
         raise ModelError(f"{gguf.path}: metadata key {arch}.rope.scaling.factor = {factor} is out of range")
     scaling = RopeScaling(kind=kind, factor=factor,
                           original_ctx=int(key("rope.scaling.original_context_length", n_ctx_train)),
                           attn_factor=float(key("rope.scaling.attn_factor", 1.0, float)))
-    has_long_factors = "rope_factors_long.weight" in gguf.tensors
     if scaling.attn_factor != 1.0 and kind != "yarn" and not has_long_factors:
         raise ModelError(f"{gguf.path}: metadata key {arch}.rope.scaling.attn_factor = {scaling.attn_factor} is "
                          f"implemented only with YaRN or LongRoPE factors")
@@ -339,7 +351,7 @@ class Weights:
             self.layers.append(layer)
             self.sources.append(sources)
         for name in gguf.tensors:
-            if name not in used and name.split(".")[-2] not in HARMLESS_TENSORS:
+            if name not in used and _tensor_kind(name) not in HARMLESS_TENSORS:
                 raise ModelError(f"{gguf.path}: tensor {name} is not used by the {cfg.arch} forward pass; "
                                  f"refusing rather than computing without it")
 

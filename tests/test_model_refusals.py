@@ -104,6 +104,9 @@ CASES = {
     "half of LongRoPE's pair": (
         dict(drop=("rope_freqs.weight",), tensors={"rope_factors_long.weight": np.ones(32)}),
         "rope_factors_long.weight and rope_factors_short.weight come as a pair"),
+    "LongRoPE named without its factor tensors": (
+        dict(keys={"llama.rope.scaling.type": ("longrope", S)}),
+        "llama.rope.scaling.type = 'longrope' is not implemented"),
     "qwen3 without its QK norms": (
         dict(arch="qwen3"),
         "tensor blk.0.attn_q_norm.weight is missing (needed by qwen3)"),
@@ -121,10 +124,12 @@ def test_refused_with_one_line_naming_it(base, tmp_path, case):
     assert "\n" not in text and text.startswith(str(path))
 
 
-def test_harmless_keys_are_accepted(base, tmp_path):
-    """Keys in the table of harmless ones (a dense model's expert_count 0, rope.scaling.finetuned) load,
-    and give the same logits as without them."""
+def test_harmless_keys_and_tensors_are_accepted(base, tmp_path):
+    """Keys and tensors in the tables of harmless ones (a dense model's expert_count 0,
+    rope.scaling.finetuned, an old converter's attn_rot_embd) load, and give the same logits as
+    without them."""
     path = rewrite(base, tmp_path / "harmless.gguf",
-                   keys={"llama.expert_count": (0, U), "llama.rope.scaling.finetuned": (True, GGUFValueType.BOOL)})
+                   keys={"llama.expert_count": (0, U), "llama.rope.scaling.finetuned": (True, GGUFValueType.BOOL)},
+                   tensors={"blk.0.attn_rot_embd": np.ones(32)})
     ids = [1, 200, 3000, 42]
     np.testing.assert_array_equal(load(path).forward_all(ids), load(base).forward_all(ids))

@@ -253,7 +253,8 @@ def attention_f32(q, k, v, int pos0, int window=0, float scale=1.0, int tokens=0
                   path=None, float softcap=0.0):
     """Test hook: the forward pass's attention (rq_attention) of q [n, n_head, hd] (f32) at positions
     pos0.. over the KV ring k, v [slots, n_head_kv, hd], both float16 (an f16 cache, read as halves)
-    or else taken as float32; returns [n, n_head, hd] (f32)."""
+    or else taken as float32; softcap > 0: scores capped to softcap * tanh(score / softcap) before
+    the softmax (gemma2); returns [n, n_head, hd] (f32)."""
     cdef int f16 = np.asarray(k).dtype == np.float16 and np.asarray(v).dtype == np.float16
     kv_dtype = np.float16 if f16 else np.float32
     cdef cnp.ndarray qa = np.ascontiguousarray(q, dtype=np.float32)
