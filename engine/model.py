@@ -16,6 +16,7 @@ import numpy as np
 from engine.cpus import choose_threads
 from engine.gguf_constants import GGMLQuantizationType
 from engine.gguf_file import GGUFError, GGUFFile
+from engine import decode_prefetch
 from engine import repack as repack_cache
 from engine.kv_cache import KVCache, parse_bytes
 from engine.repack import RepackedWeights
@@ -441,7 +442,10 @@ def _repacked_weights(gguf: GGUFFile, weights: Weights, repack: bool | None, thr
         return None, WeightLayout(None, "GGUF layout: no weight matrix has a type the R16 layout covers")
     weights.use_repacked(repacked.addresses, repacked.group_bytes)
     gguf.advise_random_reads(except_tensors=set(weights.matmul_names()) - set(repacked.addresses))
-    return repacked, WeightLayout(repacked.path, repacked.describe())
+    largest = max(repacked.plan.tensors, key=lambda t: t.nbytes)
+    prefetch = decode_prefetch.choose((largest.type, gguf.tensor_data(largest.name), repacked.tensor_bytes(largest.name),
+                                       largest.rows, largest.cols), threads)
+    return repacked, WeightLayout(repacked.path, f"{repacked.describe()}; {prefetch.describe()}")
 
 
 def _type_name(t: int) -> str:

@@ -312,6 +312,13 @@ class RepackedWeights:
         base = int(self._view.__array_interface__["data"][0])
         return {t.name: base + t.offset for t in self.plan.tensors}
 
+    def tensor_bytes(self, name: str) -> np.ndarray:
+        """The R16 bytes of one tensor (a read-only view of the mapping)."""
+        if self._view is None:
+            raise RepackError(f"{self.path}: closed")
+        t = next(t for t in self.plan.tensors if t.name == name)
+        return self._view[t.offset: t.offset + t.nbytes]
+
     @property
     def group_bytes(self) -> dict[str, int]:
         """Bytes of one group of GROUP_ROWS rows per tensor: a slice of a tensor's rows from a

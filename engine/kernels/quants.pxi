@@ -49,6 +49,7 @@ cdef extern from "quants.h":
                        const rq_act *acts, int ntok, float *out, int ldo) nogil
     int rq_r16_supported(int t) nogil
     int rq_r16_layout_version() nogil
+    size_t rq_r16_set_prefetch(size_t nbytes) nogil
     int rq_r16_usable() nogil
     size_t rq_r16_bytes(int t, int rows, int cols) nogil
     int rq_r16_multi_share(size_t lo, size_t hi, size_t base, size_t gb, int ng, int *g0, int *g1) nogil
@@ -432,6 +433,12 @@ def r16_supported(int t):
     return bool(rq_r16_supported(t))
 
 
+def r16_set_prefetch(size_t nbytes):
+    """The distance in bytes at which one-token passes prefetch a repacked group's units; returns the
+    previous distance. Results do not depend on it."""
+    return rq_r16_set_prefetch(nbytes)
+
+
 def r16_layout_version():
     """The R16 layout's version (a cache written with another one must be rebuilt)."""
     return rq_r16_layout_version()
@@ -477,7 +484,7 @@ def matmul_r16(int t, W, R, int rows, int cols, X, int nthreads=1, path=None, in
     seconds per call instead (timing, like bench_matmul)."""
     import time
     wb, act = _mm_prep(t, W, rows, cols, X, path)
-    cdef cnp.uint8_t[::1] wv = wb
+    cdef const cnp.uint8_t[::1] wv = wb
     cdef const cnp.uint8_t[::1] rv = _bytes_array(R)
     cdef Act a = act
     out = np.empty((a.ntok, rows), dtype=np.float32)

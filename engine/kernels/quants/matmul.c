@@ -374,6 +374,17 @@ int rq_r16_supported(int t) { return r16_type(t); }
 
 int rq_r16_layout_version(void) { return R16_V; }
 
+size_t rq_r16_set_prefetch(size_t bytes) {
+#ifdef RQ_HAVE_X86
+    size_t before = r16_pf_ahead;
+    r16_pf_ahead = bytes;
+    return before;
+#else
+    (void)bytes;
+    return 0;
+#endif
+}
+
 int rq_r16_usable(void) {
 #ifdef RQ_HAVE_X86
     const int path = rq_kernel_path();

@@ -51,9 +51,9 @@ static void r16_repack_groups(int t, const uint8_t *W, int rows, int cols, uint8
 
 #ifdef RQ_HAVE_X86
 
-#ifndef R16_PF_AHEAD
-#define R16_PF_AHEAD 6144
-#endif
+/* How far ahead (bytes) decode asks for a group's units: rq_r16_set_prefetch. */
+static size_t r16_pf_ahead = 6144;
+#define R16_PF_AHEAD r16_pf_ahead
 /* Streaming a group from DRAM: at the first block of each unit, ask for the unit R16_PF_AHEAD further on. */
 AINL void r16_prefetch_ahead(const r16_ptrs *p, size_t b) {
     if (r16_j(p, b) != 0) return;
