@@ -122,8 +122,9 @@ void rq_matmul_ref(int t, const void *W, int rows, int cols,
 int rq_r16_supported(int t);
 /* Changes whenever the R16 layout does: caches of an older layout must be rebuilt. */
 int rq_r16_layout_version(void);
-/* The distance (bytes) at which one-token passes prefetch a repacked group's units; returns the old one. */
-size_t rq_r16_set_prefetch(size_t bytes);
+/* The distance (bytes) at which one-token passes prefetch a repacked group's units, into L2 when
+ * to_l2 (else L1); returns the old distance (and the old to_l2 in *was_to_l2 unless NULL). */
+size_t rq_r16_set_prefetch(size_t bytes, int to_l2, int *was_to_l2);
 /* 1 if the current kernel path computes with R16 copies (else rq_matmul_r16 uses W). */
 int rq_r16_usable(void);
 /* Bytes of the R16 copy of a rows x cols matrix of type t (rows padded to 16); 0 if unsupported. */

@@ -49,7 +49,7 @@ cdef extern from "quants.h":
                        const rq_act *acts, int ntok, float *out, int ldo) nogil
     int rq_r16_supported(int t) nogil
     int rq_r16_layout_version() nogil
-    size_t rq_r16_set_prefetch(size_t nbytes) nogil
+    size_t rq_r16_set_prefetch(size_t nbytes, int to_l2, int *was_to_l2) nogil
     int rq_r16_usable() nogil
     size_t rq_r16_bytes(int t, int rows, int cols) nogil
     int rq_r16_multi_share(size_t lo, size_t hi, size_t base, size_t gb, int ng, int *g0, int *g1) nogil
@@ -433,10 +433,12 @@ def r16_supported(int t):
     return bool(rq_r16_supported(t))
 
 
-def r16_set_prefetch(size_t nbytes):
-    """The distance in bytes at which one-token passes prefetch a repacked group's units; returns the
-    previous distance. Results do not depend on it."""
-    return rq_r16_set_prefetch(nbytes)
+def r16_set_prefetch(size_t nbytes, bint to_l2=False):
+    """The distance in bytes at which one-token passes prefetch a repacked group's units, into L2
+    (to_l2) or L1; returns the previous (distance, to_l2). Results do not depend on it."""
+    cdef int was = 0
+    cdef size_t before = rq_r16_set_prefetch(nbytes, to_l2, &was)
+    return before, bool(was)
 
 
 def r16_layout_version():

@@ -374,13 +374,16 @@ int rq_r16_supported(int t) { return r16_type(t); }
 
 int rq_r16_layout_version(void) { return R16_V; }
 
-size_t rq_r16_set_prefetch(size_t bytes) {
+size_t rq_r16_set_prefetch(size_t bytes, int to_l2, int *was_to_l2) {
 #ifdef RQ_HAVE_X86
     size_t before = r16_pf_ahead;
+    if (was_to_l2) *was_to_l2 = r16_pf_to_l2;
     r16_pf_ahead = bytes;
+    r16_pf_to_l2 = to_l2 != 0;
     return before;
 #else
-    (void)bytes;
+    (void)bytes; (void)to_l2;
+    if (was_to_l2) *was_to_l2 = 0;
     return 0;
 #endif
 }

@@ -51,14 +51,21 @@ static void r16_repack_groups(int t, const uint8_t *W, int rows, int cols, uint8
 
 #ifdef RQ_HAVE_X86
 
-/* How far ahead (bytes) decode asks for a group's units: rq_r16_set_prefetch. */
+/* How far ahead (bytes) decode asks for a group's units, and into L1 (T0) or L2 (T1):
+ * rq_r16_set_prefetch, chosen by timing at load (engine/decode_prefetch.py). */
 static size_t r16_pf_ahead = 6144;
+static int r16_pf_to_l2 = 0;
 #define R16_PF_AHEAD r16_pf_ahead
+#define R16_PREFETCH(addr)                                                 \
+    do {                                                                   \
+        if (r16_pf_to_l2) _mm_prefetch((const char *)(addr), _MM_HINT_T1); \
+        else _mm_prefetch((const char *)(addr), _MM_HINT_T0);              \
+    } while (0)
 /* Streaming a group from DRAM: at the first block of each unit, ask for the unit R16_PF_AHEAD further on. */
 AINL void r16_prefetch_ahead(const r16_ptrs *p, size_t b) {
     if (r16_j(p, b) != 0) return;
     const char *ahead = (const char *)r16_unit(p, b) + R16_PF_AHEAD;
-    for (size_t o = 0; o < p->ub; o += 64) _mm_prefetch(ahead + o, _MM_HINT_T0);
+    for (size_t o = 0; o < p->ub; o += 64) R16_PREFETCH(ahead + o);
 }
 /* A pass over blocks two at a time (b, b + 1): ask for both blocks' units (with one block per unit,
  * as the legacy types have, asking at even blocks only leaves every other unit to the hardware). */
@@ -402,7 +409,7 @@ A256 AINL void r16_q4k16_256(const r16_ptrs *p, int nb, const uint8_t *tile, int
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), accM0 = _mm256_setzero_ps(), accM1 = _mm256_setzero_ps();
     for (int i = 0; i < nb / 8; i++) {
         const uint8_t *u = p->g + (size_t)i * p->ub, *t8 = tile + (size_t)(8 * i) * V16_TILE_BLOCK_BYTES;
-        for (size_t o = 0; o < p->ub; o += 64) _mm_prefetch((const char *)u + R16_PF_AHEAD + o, _MM_HINT_T0);
+        for (size_t o = 0; o < p->ub; o += 64) R16_PREFETCH((const char *)u + R16_PF_AHEAD + o);
         r16_q4k_unit1_256(p, u, t8, k0, 0, &acc0, &accM0);
         r16_q4k_unit1_256(p, u, t8, k0, 1, &acc1, &accM1);
     }
@@ -446,7 +453,7 @@ A256 AINL void r16_q6k16_256(const r16_ptrs *p, int nb, const uint8_t *tile, int
         for (int i = 0; i < 4; i++) a[q][i] = _mm256_setzero_ps();
     for (int i = 0; i < nb / 8; i++) {
         const uint8_t *u = p->g + (size_t)i * p->ub, *t8 = tile + (size_t)(8 * i) * V16_TILE_BLOCK_BYTES;
-        for (size_t o = 0; o < p->ub; o += 64) _mm_prefetch((const char *)u + R16_PF_AHEAD + o, _MM_HINT_T0);
+        for (size_t o = 0; o < p->ub; o += 64) R16_PREFETCH((const char *)u + R16_PF_AHEAD + o);
         r16_q6k_unit1_256(p, u, t8, k0, 0, a[0]);
         r16_q6k_unit1_256(p, u, t8, k0, 1, a[1]);
     }
