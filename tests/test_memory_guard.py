@@ -101,15 +101,16 @@ def test_bad_model_file_is_reported_before_loading(tmp_path):
 
 
 def test_shapes_that_do_not_match_the_metadata_are_refused_at_start(tmp_path, smollm2_path):
-    # SmolLM2 with its embedding length claimed to be 512 instead of 576: every tensor disagrees.
+    # SmolLM2 with its embedding length claimed to be 594 instead of 576 (a head dimension of 66, still
+    # room for its 64 rotated dimensions): every tensor disagrees.
     data = bytearray(Path(smollm2_path).read_bytes())
     key = b"llama.embedding_length"
     at = data.index(key) + len(key) + 4  # past the key and its value type
     assert int.from_bytes(data[at:at + 4], "little") == 576
-    data[at:at + 4] = (512).to_bytes(4, "little")
+    data[at:at + 4] = (594).to_bytes(4, "little")
     bad = tmp_path / "shapes.gguf"
     bad.write_bytes(bytes(data))
-    with pytest.raises(MemoryGuardError, match=r"token_embd.weight has shape \[576, 49152\], the metadata implies \[512, 49152\]"):
+    with pytest.raises(MemoryGuardError, match=r"token_embd.weight has shape \[576, 49152\], the metadata implies \[594, 49152\]"):
         check_worker_start(str(bad), "64MiB")
 
 
