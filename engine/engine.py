@@ -10,7 +10,8 @@ Contract (used by jobs/ and pipeline/):
     eng.render_chat(messages: list[dict]) -> str          # chat template applied, generation prompt added
     eng.chat_capability.can_chat / .describe(name)        # False: a base model (warn at chat requests)
     gen = eng.generate(prompt=str | None, messages=list[dict] | None, params=SamplingParams(),
-                       on_text=callable(str) | None, should_stop=callable() -> bool | None) -> Generation
+                       on_text=callable(str) | None, should_stop=callable() -> bool | None,
+                       owner=str | None) -> Generation
         # on_text receives UTF-8-safe text pieces as they are produced; their concatenation == gen.text
         # should_stop is polled between tokens; when it returns True generation ends early with
         #   EngineInterrupted raised (the caller re-queues the job).
@@ -20,7 +21,9 @@ Contract (used by jobs/ and pipeline/):
         #   line (gen.ids still holds every generated token); on_text gets text only up to such ends.
 
 Consecutive requests that share a prompt prefix reuse its KV entries instead of recomputing them
-(summarisation chunks share their instructions); Generation.prefix_hit_tokens says how many.
+(summarisation chunks share their instructions); Generation.prefix_hit_tokens says how many. Only
+requests of the same `owner` share them (None is an owner too): a request of another owner starts
+from an empty cache, so neither its hit count nor its prefill time says anything of earlier prompts.
 
 Speculative decoding (engine.speculative): params.speculative, else the engine's `speculative`
 default, picks how tokens are guessed - prompt lookup, or the draft model loaded with `draft` (same
@@ -107,6 +110,7 @@ class Engine:
             raise EngineError(str(exc)) from None
         # tokens whose K/V sit in the cache at positions 0..
         self._cache = CachedTokens(MAX_UBATCH - 1 if self.model.cfg.sliding_window else None)
+        self._cache_owner: str | None = None  # whose request wrote what the caches hold
         self.draft = self._load_draft(draft, repack) if draft is not None else None
         self.speculative: SpeculativeMode = speculative
         # engine.speculative: timed at the first speculative requests, or set_speculation_costs()
@@ -198,7 +202,7 @@ class Engine:
     def generate(self, prompt: str | None = None, messages: Sequence[dict] | None = None,
                  params: SamplingParams | None = None, *, on_text: Callable[[str], None] | None = None,
                  should_stop: Callable[[], bool] | None = None,
-                 prompt_ids: list[int] | None = None) -> Generation:
+                 prompt_ids: list[int] | None = None, owner: str | None = None) -> Generation:
         params = params or SamplingParams()
         ids = list(prompt_ids) if prompt_ids is not None else self.prompt_ids(prompt, messages)
         if not ids:
@@ -213,6 +217,11 @@ class Engine:
             raise EngineError("speculative decoding with a draft model was asked for, but this engine has no "
                               "draft model (start it with --draft MODEL)")
 
+        if owner != self._cache_owner:
+            # Another tenant's prefix must not be reused: a hit (or a faster prefill) would tell this
+            # request which tokens the earlier prompt had.
+            self.forget_cache()
+            self._cache_owner = owner
         t0 = time.perf_counter()
         start = self._cache.reusable(ids)
         self._cache.begin(start)  # what follows is about to be overwritten

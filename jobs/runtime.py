@@ -6,6 +6,7 @@ generate with streaming, cooperative timeout and result recording.
 """
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -21,6 +22,8 @@ from jobs.streams import DEFAULT_STREAM_MAXLEN, TokenStreamWriter
 
 if TYPE_CHECKING:
     from redis import Redis
+
+log = logging.getLogger("rqllm.tasks")
 
 class JobInterrupted(Exception):
     """The worker was told to stop right away (second SIGTERM/SIGINT); the job goes back to its queue."""
@@ -141,6 +144,7 @@ def _run_generation(job: GenerationJob, options: TaskOptions, *, attempt: int, t
             params=job.params,
             on_text=writer.add,
             should_stop=should_stop,
+            owner=job.owner,  # the KV prefix of one API key's prompt is never reused for another's
         )
     except EngineInterrupted:
         if timed_out and not ctx.force_stop():
@@ -163,6 +167,10 @@ def _run_generation(job: GenerationJob, options: TaskOptions, *, attempt: int, t
         raise fail("worker_error", f"{type(e).__name__}: {e}") from None
 
     result = JobResult.from_generation(job, gen, job_id=job_id, **common)
+    # For operators: API clients no longer see these (they would describe other tenants' work)
+    log.info("job %s done on %s: %d prompt tokens, %d from the prefix cache, prefill %.3f s, decode %.3f s",
+             job_id, ctx.worker_name, gen.prompt_tokens, gen.prefix_hit_tokens, gen.prefill_seconds,
+             gen.decode_seconds)
     ctx.ledger.finish(result, result_ttl=options.result_ttl, stream_ttl=options.stream_ttl,
                       last_text=writer.take(), stream_maxlen=ctx.stream_maxlen)
     ctx.stats["jobs"] += 1

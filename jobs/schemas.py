@@ -3,12 +3,13 @@
 Both are pydantic models that travel through Redis as JSON only. Sampling knobs and the engine's
 outcome reuse engine.params (SamplingParams, Generation, FinishReason); nothing here redefines them.
 
-Job ids are derived from the content (model + prompt/messages + sampling params incl. seed), so the
-same request submitted twice maps to the same rq job and its finished result is found instead of
-recomputed. One exception: a *sampled* request (temperature > 0) without a seed is not reproducible,
-so its custom_id is mixed into the hash: two such lines in one file give two independent samples,
-while resubmitting the same file still finds them. params.speculative counts only for sampled jobs
-that set it (greedy output is the same with or without speculative decoding).
+Job ids are derived from the content (model + prompt/messages + sampling params incl. seed, and the
+owner when there is one), so the same request submitted twice by the same owner maps to the same rq
+job and its finished result is found instead of recomputed. One exception: a *sampled* request
+(temperature > 0) without a seed is not reproducible, so its custom_id is mixed into the hash: two
+such lines in one file give two independent samples, while resubmitting the same file still finds
+them. params.speculative counts only for sampled jobs that set it (greedy output is the same with or
+without speculative decoding).
 """
 from __future__ import annotations
 
@@ -33,6 +34,10 @@ Priority = Literal["high", "default", "low"]
 PRIORITIES: tuple[str, ...] = ("high", "default", "low")
 
 _MODEL_KEY_RE = re.compile(r"[^a-z0-9._-]+")
+# A model is named by a registry-style name or by a path to a .gguf file (keyed by the file's stem);
+# nothing else ever becomes a queue name (rq:queue:rqllm:<key>:<priority>).
+MODEL_NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+MODEL_KEY_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,127}")
 
 # Prompts are refused at submission above this size (UTF-8 bytes, all chat messages together): no
 # KV budget here holds more than a few hundred KB of text, and a 50 MB prompt must not travel through
@@ -126,6 +131,24 @@ class GenerationJob(BaseModel):
     custom_id: str | None = Field(None, max_length=512)
     batch_id: str | None = None
     metadata: dict[str, Any] = Field(default_factory=dict)
+    # Who asked: a non-reversible id of the API key (pipeline.api.auth), None for producers without
+    # one (the CLI). Part of the id, so jobs, stored results and cancellation are never shared across
+    # owners; the worker reuses a cached prompt prefix only for the same owner.
+    owner: str | None = Field(None, min_length=1, max_length=128, pattern=r"^[\x21-\x7e]+$")
+
+    @field_validator("model")
+    @classmethod
+    def _model_names_a_queue(cls, v: str) -> str:
+        model_key(v)  # InvalidJob (a ValueError) names what is wrong
+        return v
+
+    @field_validator("params", mode="before")
+    @classmethod
+    def _strict_params(cls, v: Any) -> Any:
+        """JSON's types as they are (pydantic's strict mode): `true` is not 1, "0.5" is not 0.5."""
+        if isinstance(v, dict):
+            return SamplingParams.model_validate(v, strict=True)
+        return v
 
     @field_validator("prompt")
     @classmethod
@@ -194,6 +217,8 @@ class GenerationJob(BaseModel):
             key["prompt"] = self.prompt
         if self.params.temperature > 0 and self.params.seed is None:
             key["custom_id"] = self.custom_id
+        if self.owner is not None:  # absent for owner None: the CLI's ids (and stored results) stay as they were
+            key["owner"] = self.owner
         return key
 
     def content_id(self) -> str:
@@ -305,13 +330,16 @@ def model_key(model: str) -> str:
     Producers and workers must name the model the same way (both derive the queue from this).
     """
     m = model.strip()
-    if "/" in m or m.lower().endswith(".gguf"):
-        m = Path(m).name
-        if m.lower().endswith(".gguf"):
-            m = m[: -len(".gguf")]
-    key = _MODEL_KEY_RE.sub("-", m.lower()).strip("-")
-    if not key:
-        raise InvalidJob(f"model name {model!r} gives an empty queue key")
+    if m.lower().endswith(".gguf"):
+        key = _MODEL_KEY_RE.sub("-", Path(m).name[: -len(".gguf")].lower()).strip("-")
+    elif MODEL_NAME_RE.fullmatch(m):
+        key = m.lower()
+    else:
+        shown = repr(model) if len(model) <= 80 else repr(model[:80]) + "..."
+        raise InvalidJob(f"model {shown} is neither a model name (letters, digits, '.', '_' or '-', at most 128, "
+                         "starting with a letter or digit) nor a path to a .gguf file")
+    if not MODEL_KEY_RE.fullmatch(key):
+        raise InvalidJob(f"model {model!r}: the .gguf file's name gives no valid queue name")
     return key
 
 

@@ -4,7 +4,8 @@ Jobs are content-addressed and shared: two batches (or a batch and an HTTP reque
 same content wait for one job. Cancelling for one of them must not take the job from the others, so
 `cancel_unwanted_job` acts only when the caller is the last one waiting, and decides that inside a
 WATCH transaction on the job's waiting sets, rq hash and result: a batch that joins the job meanwhile
-makes the transaction retry, and the job is then left alone.
+makes the transaction retry, and the job is then left alone. Only one owner's batches and requests
+can share a job (GenerationJob.owner is part of its id), so no API key cancels another key's job.
 
 A cancelled job is recorded failed with the caller's code and message, atomically with the decision
 (jobs.ledger's finish: the waiting batch hears about it at once, its collector writes the line). A

@@ -116,9 +116,11 @@ class Client:
         recompute: bool = False,
         batch_id: str | None = None,
         metadata: dict[str, Any] | None = None,
+        owner: str | None = None,
     ) -> str:
         """Validate every job (InvalidJob names the bad ones, nothing is submitted then), record the batch,
-        reuse finished results, enqueue the rest. Returns the batch id."""
+        reuse finished results, enqueue the rest. Returns the batch id.
+        owner: set on every job (GenerationJob.owner: the API key's owner id); a job naming another is refused."""
         if priority not in PRIORITIES:
             raise InvalidJob(f"priority must be one of {', '.join(PRIORITIES)}, not {priority!r}")
         if retries < 0:
@@ -132,6 +134,11 @@ class Client:
                 cid = raw.get("custom_id") if isinstance(raw, dict) else getattr(raw, "custom_id", None)
                 errors.append(f"job {i + 1}" + (f" ({cid})" if cid else "") + f": {e}")
                 continue
+            if owner is not None and gjob.owner != owner:
+                if gjob.owner is not None:
+                    errors.append(f"job {i + 1}: owner {gjob.owner!r} is not this batch's owner")
+                    continue
+                gjob = validate_job({**gjob.model_dump(exclude={"id"}), "owner": owner})  # the id includes it
             if gjob.custom_id is None:
                 # Re-derive the id: a sampled job without a seed is keyed by its custom_id too.
                 gjob = validate_job({**gjob.model_dump(exclude={"id"}), "custom_id": f"request-{i + 1}"})

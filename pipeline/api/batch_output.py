@@ -5,7 +5,8 @@
 
 When the batch ends, the successful lines go to the output file and the failed ones (refused, failed
 in a worker, cancelled or expired before running) to the error file: every input line is in exactly
-one of them, keyed by custom_id.
+one of them, keyed by custom_id. The files hold what an API client may see (client_line): the
+collector's lines also name the worker, its timings and prefix-cache hits, which stay with operators.
 """
 from __future__ import annotations
 
@@ -19,6 +20,28 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.batch_file import LineError, dump_line, output_line
+
+
+# The rqllm fields of a response body an API client sees. The others (worker, attempt, prefill and
+# decode times, prefix-cache hits, speculative counts) describe the worker's state, which other
+# keys' requests shaped: they stay in the job records (`rqllm status`, `rqllm collect`) and logs.
+CLIENT_RQLLM_FIELDS = ("job_id",)
+
+
+def client_body(body: dict[str, Any]) -> dict[str, Any]:
+    """A chat.completion / text_completion body with only the rqllm fields a client may see."""
+    extra = body.get("rqllm")
+    if not isinstance(extra, dict):
+        return body
+    return {**body, "rqllm": {k: extra[k] for k in CLIENT_RQLLM_FIELDS if k in extra}}
+
+
+def client_line(line: dict[str, Any]) -> dict[str, Any]:
+    """An output line as an API client may see it (client_body for its response's body)."""
+    response = line.get("response")
+    if not isinstance(response, dict) or not isinstance(response.get("body"), dict):
+        return line
+    return {**line, "response": {**response, "body": client_body(response["body"])}}
 
 
 def rejected_line(batch_id: str, error: LineError) -> dict[str, Any]:
@@ -129,7 +152,7 @@ class BatchWorkDir:
                    for cid in custom_ids if cid not in seen]
         ok, bad, tally = [], [], Tally()
         for line in rejected + collected + missing:
-            (ok if succeeded(line) else bad).append(line)
+            (ok if succeeded(line) else bad).append(client_line(line))
             tally.add(line)
         return ok, bad, tally
 

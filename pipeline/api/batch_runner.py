@@ -21,14 +21,15 @@ import time
 from dataclasses import dataclass
 
 from jobs import keys
-from pipeline.api.batch_output import BatchWorkDir, Tally, jsonl_bytes
+from pipeline.api.batch_output import BatchWorkDir, Tally, jsonl_bytes, rejected_line, write_jsonl_atomic
 from pipeline.api.batches import BatchStore
 from pipeline.api.config import ServeConfig
 from pipeline.api.files import FileStore, derived_file_id
 from pipeline.api.schemas import BatchErrorItem, BatchErrors, BatchRecord
-from pipeline.batch_file import read_batch_file
+from pipeline.batch_file import DUPLICATE_CUSTOM_ID, LineError, read_batch_file
 from pipeline.cancel import cancel_unwanted_job
 from pipeline.client import Client
+from pipeline.model_check import ModelCheck
 from pipeline.collector import Collector
 from jobs.redis_conn import REDIS_DOWN_ERRORS, wait_for_redis
 
@@ -119,14 +120,24 @@ class BatchRunner:
         if not path.exists():
             self._fail("invalid_file", f"input file {record.input_file_id} no longer exists")
             return
-        jobs, errors = read_batch_file(path, default_model=self.ctx.config.default_model, endpoint=record.endpoint)
-        self.work.write_rejected(errors)
-        listed = [BatchErrorItem(code="invalid_request", message=e.message, line=e.lineno)
-                  for e in errors[:MAX_LISTED_ERRORS]]
-        batches.set_counts(self.batch_id, total=len(jobs) + len(errors), failed=len(errors), completed=0,
+        # a line naming a model that no live worker holds and the registry does not know fails alone
+        # (model_not_found), instead of waiting on a queue nobody serves for the whole window
+        jobs, errors = read_batch_file(path, default_model=self.ctx.config.default_model, endpoint=record.endpoint,
+                                       check_model=ModelCheck.live(client))
+        self._write_rejected(errors)
+        listed = [BatchErrorItem(code=e.code, message=e.message, line=e.lineno) for e in errors[:MAX_LISTED_ERRORS]]
+        duplicates = [e for e in errors if e.code == DUPLICATE_CUSTOM_ID]
+        batches.set_counts(self.batch_id, total=len(jobs) + len(errors),
+                           failed=len(jobs) + len(errors) if duplicates else len(errors), completed=0,
                            input_tokens=0, output_tokens=0)
         if listed:
             batches.update(self.batch_id, errors=BatchErrors(data=listed).model_dump())
+        if duplicates:  # custom_id is the only key of an output line: the file is refused, nothing runs
+            first = duplicates[0]
+            self._fail(DUPLICATE_CUSTOM_ID, f"custom_id values must be unique in the input file: line {first.lineno}: "
+                                            f"{first.message}" + (f" (and {len(duplicates) - 1} more)"
+                                                                  if len(duplicates) > 1 else ""), listed)
+            return
         if not jobs:
             self._fail("empty_batch" if not errors else "invalid_file",
                        "the input file holds no valid request" if errors else "the input file holds no request",
@@ -136,10 +147,19 @@ class BatchRunner:
             return  # cancelled meanwhile: nothing is submitted
         if not client.connection.exists(keys.batch_key(self.batch_id)):
             client.submit_batch(jobs, batch_id=self.batch_id, timeout=self.ctx.config.job_timeout,
-                                retries=self.ctx.config.batch_retries,
+                                retries=self.ctx.config.batch_retries, owner=record.owner,
                                 metadata={"api": True, "input_file_id": record.input_file_id,
                                           "endpoint": record.endpoint})
         batches.transition(self.batch_id, ("validating",), "in_progress")
+
+    def _write_rejected(self, errors: list[LineError]) -> None:
+        """rejected.jsonl: an error line per refused input line, with its LineError's code."""
+        lines = []
+        for e in errors:
+            line = rejected_line(self.batch_id, e)
+            line["error"]["code"] = e.code
+            lines.append(line)
+        write_jsonl_atomic(self.work.rejected_path, lines)
 
     # ------------------------------------------------------------ in progress
     def _collect(self, record: BatchRecord) -> None:

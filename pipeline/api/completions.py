@@ -1,10 +1,14 @@
 """/v1/chat/completions and /v1/completions: one job on the model's high-priority queue, answered when it
 ends, or streamed as server-sent events from its token stream (jobs.streams) as it generates.
 
-The job is content-addressed like any other: a request already answered (same model, input and sampling
-params with a seed or temperature 0) is served from its stored result, and identical requests in flight
-share one job. Each request registers in the job's waiters set (jobs.keys.api_waiters_key); a client
-that leaves before the end cancels the job unless another request or a batch still waits for it.
+The job is content-addressed like any other, and its owner (the API key's owner id) is part of the
+content: a request the same key already had answered (same model, input and sampling params with a seed
+or temperature 0) is served from its stored result, and the key's identical requests in flight share one
+job; another key's identical request is another job. A response carries OpenAI's fields and its job id;
+the worker, its timings and prefix-cache hits go to this server's log (batch_output.client_body).
+
+Each request registers in the job's waiters set (jobs.keys.api_waiters_key); a client that leaves before
+the end cancels the job unless another request or a batch (all of the same key) still waits for it.
 
 A job that is rerun (its worker died) starts its stream again; text already sent cannot be taken back,
 so the rerun's text is sent only from where it passes what was sent. The final result is the reference:
@@ -14,6 +18,7 @@ non-streaming text.
 from __future__ import annotations
 
 import json
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -25,13 +30,16 @@ import redis.asyncio as aioredis
 from rq.job import Job
 
 from jobs import keys
-from jobs.schemas import ENDPOINT_CHAT, GenerationJob, InvalidJob, JobResult, model_key
+from jobs.schemas import ENDPOINT_CHAT, GenerationJob, InvalidJob, JobResult, model_key, validate_job
+from pipeline.api.batch_output import client_body
 from pipeline.api.config import ServeConfig
 from pipeline.api.errors import APIError
 from pipeline.batch_file import request_to_job, response_body
 from pipeline.cancel import cancel_unwanted_job
 from pipeline.client import Client
 from jobs.streams import decode_entries
+
+log = logging.getLogger("rqllm.api.completions")
 
 IDLE_BLOCK_MS = 1000
 ACTIVE_STATUSES = ("queued", "started", "deferred", "scheduled")
@@ -84,6 +92,13 @@ def failure_error(result: JobResult) -> APIError:
     return APIError(status, f"{code}: {message}", code=code, type=None if status < 500 else "server_error")
 
 
+def log_outcome(result: JobResult) -> None:
+    """What the response no longer says (it would describe the worker's other tenants): for operators."""
+    log.info("job %s %s on %s (attempt %d): %d prompt tokens, %d from the prefix cache, prefill %.3f s, "
+             "decode %.3f s", result.job_id, result.status, result.worker or "-", result.attempt,
+             result.prompt_tokens, result.prefix_hit_tokens, result.prefill_seconds, result.decode_seconds)
+
+
 class CompletionService:
     def __init__(self, client: Client, aredis: aioredis.Redis, config: ServeConfig):
         self.client = client
@@ -92,8 +107,9 @@ class CompletionService:
         self._models: tuple[float, set[str]] = (0.0, set())
 
     # ------------------------------------------------------------ request -> job
-    def parse(self, body: Any, endpoint: str) -> tuple[GenerationJob, bool, bool]:
-        """(job, stream, include_usage) from a request body; APIError 400 names what is wrong."""
+    def parse(self, body: Any, endpoint: str, owner: str) -> tuple[GenerationJob, bool, bool]:
+        """(job, stream, include_usage) from a request body of `owner` (the key's owner id, part of the
+        job's id); APIError 400 names what is wrong."""
         if not isinstance(body, dict):
             raise APIError(400, "the request body must be a JSON object")
         body = dict(body)
@@ -109,6 +125,7 @@ class CompletionService:
         line = {"custom_id": "req-" + uuid.uuid4().hex, "method": "POST", "url": endpoint, "body": body}
         try:
             job = request_to_job(line, default_model=self.config.default_model)
+            job = validate_job({**job.model_dump(exclude={"id"}), "owner": owner})  # the id follows the owner
         except InvalidJob as e:
             raise APIError(400, str(e), code="invalid_value") from None
         return job, stream, include_usage
@@ -228,9 +245,10 @@ class CompletionService:
 
     # ------------------------------------------------------------ responses
     def response(self, result: JobResult) -> dict[str, Any]:
+        log_outcome(result)
         if result.status != "done":
             raise failure_error(result)
-        return response_body(result)
+        return client_body(response_body(result))
 
     async def sse(self, job: GenerationJob, release: Release, include_usage: bool) -> AsyncIterator[str]:
         """Server-sent events: chunks as OpenAI sends them, the usage, then `data: [DONE]`."""
@@ -269,6 +287,7 @@ class CompletionService:
                 else:
                     result = event.result
                     release.finished = True
+                    log_outcome(result)
                     if result.status != "done":
                         yield "data: " + json.dumps(failure_error(result).body(), ensure_ascii=False) + "\n\n"
                     elif event.diverged:

@@ -20,9 +20,9 @@ router = APIRouter(prefix="/v1")
 CLIENT_CLOSED = 499  # nginx's status for a request whose client left; nobody reads it
 
 
-async def _complete(request: Request, endpoint: str) -> Response:
+async def _complete(request: Request, endpoint: str, owner: str) -> Response:
     service = api_state(request).completions
-    job, stream, include_usage = service.parse(await read_json(request), endpoint)
+    job, stream, include_usage = service.parse(await read_json(request), endpoint, owner)
     await service.require_model(job.model)
     request_id = "req-" + uuid.uuid4().hex
     await service.start(job, request_id)
@@ -44,30 +44,29 @@ async def _complete(request: Request, endpoint: str) -> Response:
 
 @router.post("/chat/completions")
 async def chat_completions(request: Request, owner: str = Depends(require_owner)) -> Response:
-    return await _complete(request, ENDPOINT_CHAT)
+    return await _complete(request, ENDPOINT_CHAT, owner)
 
 
 @router.post("/completions")
 async def completions(request: Request, owner: str = Depends(require_owner)) -> Response:
-    return await _complete(request, ENDPOINT_COMPLETIONS)
+    return await _complete(request, ENDPOINT_COMPLETIONS, owner)
 
 
 def _models(request: Request) -> dict[str, dict[str, Any]]:
+    """OpenAI's model objects, nothing more: worker names, hosts and running job ids are the operators'
+    (`rqllm status`), and a job id would name another key's work."""
     by_model: dict[str, dict[str, Any]] = {}
     for w in api_state(request).client.workers():
         if not w.get("model"):
             continue
         key = model_key(w["model"])
-        entry = by_model.setdefault(key, {"id": key, "object": "model", "created": int(time.time()),
-                                          "owned_by": "rqllm", "workers": []})
-        entry["workers"].append({"name": w["name"], "state": w["state"], "model": w["model"],
-                                 "hostname": w["hostname"], "current_job": w["current_job"]})
+        by_model.setdefault(key, {"id": key, "object": "model", "created": int(time.time()), "owned_by": "rqllm"})
     return by_model
 
 
 @router.get("/models")
 def list_models(request: Request, owner: str = Depends(require_owner)) -> dict[str, Any]:
-    """The models that live workers hold, each with the workers holding it."""
+    """The models that live workers hold."""
     return {"object": "list", "data": sorted(_models(request).values(), key=lambda m: m["id"])}
 
 
