@@ -90,7 +90,7 @@ def worker_start(redis_url: str, model: str, threads: int, kv_budget: str, run: 
         cmd[cmd.index("pipeline.cli_worker")] = "pipeline.worker"
     t0 = time.monotonic()
     proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            env=tree_env(tree), cwd=str(tree))
+                            env={**tree_env(tree), "REDIS_URL": redis_url}, cwd=str(tree))
     lines = []
     try:
         assert proc.stdout is not None

@@ -97,7 +97,7 @@ class Worker:
         cmd = worker_argv(redis_url, model, threads=threads, kv_budget=kv_budget, name=name, repack=repack)
         self.weights = "?"  # the start-up line's "weights: ..." part
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, env=subprocess_env(), cwd=str(ROOT))
+                                     stderr=subprocess.STDOUT, env=subprocess_env(cmd.redis_url), cwd=str(ROOT))
         lines = []
         assert self.proc.stdout is not None
         for raw in self.proc.stdout:

@@ -52,6 +52,29 @@ class _ReconnectRetry(Retry):
             raise RedisRefused(f"Redis refused the connection: {e} (check the password or user in REDIS_URL)") from e
 
 
+class PlaceholderPassword(RedisRefused, ValueError):
+    """REDIS_URL holds a placeholder password from deploy/rqllm.env.example: refused before connecting."""
+
+
+# The example .env's placeholder starts so (REDIS_PASSWORD=change-me-to-...; the rq-dashboard one is gone with it)
+PLACEHOLDER_PASSWORD_PREFIX = "change-me"
+
+
+def refuse_placeholder_password(url: str) -> None:
+    """PlaceholderPassword when the URL's password (user:password@ or ?password=) is one of the example
+    .env's placeholders: a server left with it is open to anyone who read the example."""
+    from urllib.parse import parse_qs, unquote, urlsplit
+
+    try:
+        parts = urlsplit(url)
+        found = [unquote(parts.password or "")] + parse_qs(parts.query).get("password", [])
+    except ValueError:
+        return  # not a URL we can read: redis-py says what is wrong with it
+    if any(pw.strip().lower().startswith(PLACEHOLDER_PASSWORD_PREFIX) for pw in found):
+        raise PlaceholderPassword("the Redis URL holds the placeholder password of deploy/rqllm.env.example "
+                                  "('change-me...'): set a real one in .env (openssl rand -hex 24) and in REDIS_URL")
+
+
 def reconnect_policy() -> Retry:
     return _ReconnectRetry(ExponentialBackoff(cap=RETRY_BACKOFF_CAP, base=RETRY_BACKOFF_BASE), RETRY_ATTEMPTS,
                            supported_errors=REDIS_DOWN_ERRORS)
@@ -63,15 +86,27 @@ def redis_url_from_env() -> str | None:
     return url or None
 
 
+def is_unix_socket_url(url: str) -> bool:
+    """unix:///path/redis.sock (the embedded server's): TCP-only options (socket_keepalive) do not apply."""
+    return url.strip().lower().startswith("unix:")
+
+
+def tcp_options(url: str, **options) -> dict:
+    """`options` for a TCP URL, none for a unix socket one (redis-py refuses socket_keepalive there)."""
+    return {} if is_unix_socket_url(url) else options
+
+
 def connect(url: str | None = None, **kwargs) -> Redis:
     """A Redis client for url (or REDIS_URL, or the local default) that reconnects with backoff.
     Replies stay bytes (rq needs that)."""
     url = url or redis_url_from_env() or DEFAULT_URL
+    refuse_placeholder_password(url)
     kwargs.setdefault("health_check_interval", 30)
     kwargs.setdefault("retry", reconnect_policy())
     kwargs.setdefault("retry_on_error", list(REDIS_DOWN_ERRORS))
     kwargs.setdefault("socket_connect_timeout", 5)
-    kwargs.setdefault("socket_keepalive", True)
+    for key, value in tcp_options(url, socket_keepalive=True).items():
+        kwargs.setdefault(key, value)
     return Redis.from_url(url, **kwargs)
 
 

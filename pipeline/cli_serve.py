@@ -46,9 +46,11 @@ def serve_command(host: str, port: int, models: tuple[str, ...], workers: int | 
                   job_timeout: int | None, retries: int, redis_url: str | None, log_level: str) -> None:
     """An OpenAI-compatible API (Files, Batches, chat/completions, models) in front of the queue."""
     from pipeline.api import serve
-    from pipeline.api.config import ServeConfig, default_data_dir, keys_from_env
+    from pipeline.api.config import ServeConfig, config_error, default_data_dir, keys_from_env
     from pipeline.embedded import EmbeddedError
+    from pipeline.processes import move_redis_url_to_env
 
+    move_redis_url_to_env(redis_url)  # a password on the command line: into REDIS_URL, out of `ps`
     model_list = list(models) or [DEFAULT_MODEL]
     keys = list(api_keys) + keys_from_env()
     directory = data_dir or str(default_data_dir())
@@ -56,7 +58,11 @@ def serve_command(host: str, port: int, models: tuple[str, ...], workers: int | 
                     default_model=model_list[0], max_file_bytes=max_file_bytes, max_file_requests=max_file_requests,
                     max_body_bytes=max_body_bytes, job_timeout=job_timeout, batch_retries=retries)
     try:
-        serve.check_exposure(host, ServeConfig(redis_url=redis_url or "redis://", **settings))
+        checked = ServeConfig(redis_url=redis_url or "redis://", **settings)
+    except ValueError as e:  # a blank --api-key, a placeholder password in REDIS_URL, a bad limit
+        raise click.ClickException(config_error(e)) from None
+    try:
+        serve.check_exposure(host, checked)
         n_workers = workers if workers is not None else (0 if redis_url else 1)
         url, local = serve.start_local(redis_url=redis_url or None, data_dir=directory, models=model_list,
                                        workers=n_workers, threads=threads, kv_budget=kv_budget,

@@ -21,7 +21,9 @@ from pipeline.worker import DEFAULT_MAINTENANCE_INTERVAL, run_worker
 @click.option("--kv-budget", default=None, help="KV cache budget, e.g. 256MiB.")
 @click.option("--burst", is_flag=True, help="Exit when the queues are empty.")
 @click.option("--name", default=None, help="Worker name (default <model>.<host>.<pid>).")
-@click.option("--redis-url", envvar="REDIS_URL", default=None, help="Redis URL (default $REDIS_URL).")
+@click.option("--redis-url", envvar="REDIS_URL", default=None,
+              help="Redis URL (default $REDIS_URL, the better place for one with a password: a password given "
+                   "here is moved there at start, out of the command line that `ps` shows).")
 @click.option("--max-jobs", type=int, default=None, help="Exit after this many jobs.")
 @click.option("--heartbeat-interval", type=int, default=DEFAULT_HEARTBEAT_INTERVAL, show_default=True)
 @click.option("--heartbeat-grace", type=int, default=DEFAULT_HEARTBEAT_GRACE, show_default=True,
@@ -42,6 +44,10 @@ def worker_command(model: str, threads: int | None, kv_budget: str | None, burst
 
     --prompt-lookup / --draft MODEL: jobs that leave params.speculative unset decode speculatively
     (with both, prompt lookup is the default and jobs may ask for the draft model)."""
+    from pipeline.processes import die_with_parent_from_env, move_redis_url_to_env
+
+    die_with_parent_from_env()  # started by an rqllm command: stop when it does
+    move_redis_url_to_env(redis_url)
     try:
         thread_choice = choose_threads(threads)
     except ThreadSettingError as e:

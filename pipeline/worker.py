@@ -9,7 +9,8 @@ and enforces timeouts with SIGALRM, which raises anywhere, e.g. mid Redis reply.
   worker's job is found within seconds by the reaper (pipeline.recovery) that every worker runs;
 * Redis outages: commands retry for ~30 s (jobs.redis_conn); a job whose writes still fail goes back
   to the front of its queue (pipeline.job_endings), and run_worker waits for Redis and goes on;
-* cooperative timeouts (checked between tokens), an allowlist check before running anything
+* cooperative timeouts (checked between tokens, and while a model's chat template renders: pipeline.job_engine),
+  an allowlist check before running anything
   (jobs.allowlist), and signals that only set flags: the first SIGTERM/SIGINT finishes the current job
   then exits, a second one (>= 1 s later) stops generating and requeues the job;
 * a loss-free priority dequeue (pipeline.dequeue), and when all queues are empty a wait on a per-model
@@ -46,6 +47,7 @@ from jobs.redis_conn import REDIS_DOWN_ERRORS, SERIALIZER, connect, wait_for_red
 from jobs.schemas import model_key, queue_names
 from pipeline.dequeue import PriorityDequeue
 from pipeline.job_endings import JobEndings
+from pipeline.job_engine import JobEngine
 from pipeline.recovery import DEFAULT_HEARTBEAT_GRACE, DEFAULT_HEARTBEAT_INTERVAL, NoDeathPenalty, Reaper
 
 log = logging.getLogger("rqllm.worker")
@@ -365,7 +367,7 @@ def run_worker(model: str, *, redis_url: str | None = None, threads: int | Threa
 
     worker = new_worker()
     runtime.set_context(runtime.WorkerContext(
-        engine=engine, connection=connection, worker_name=worker.name,
+        engine=JobEngine(engine), connection=connection, worker_name=worker.name,
         force_stop=worker.should_stop_generating, flush_interval=flush_interval,
     ))
     worker.log.info("Worker %s: model %s loaded in %.1f s; %d engine threads (%s); queues %s; %s",

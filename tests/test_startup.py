@@ -114,7 +114,7 @@ def test_worker_says_when_it_is_ready(smollm2_path, tmp_path):
 
     with RedisServer() as server:
         cmd = worker_argv(server.url, str(smollm2_path), threads=1, kv_budget="16MiB", name="ready-test")
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=subprocess_env(),
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=subprocess_env(cmd.redis_url),
                                 cwd=str(Path(__file__).resolve().parents[1]))
         lines = []
         try:

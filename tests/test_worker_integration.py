@@ -165,6 +165,8 @@ def test_batch_of_20_two_workers_streams_failures_reuse_no_pickle(client, spawn_
 
 def _url(client: Client) -> str:
     kw = client.connection.connection_pool.connection_kwargs
+    if kw.get("path"):  # the embedded server's unix socket (pipeline.embedded.RedisServer)
+        return f"unix://:{kw.get('password') or ''}@{kw['path']}?db={kw.get('db', 0)}"
     return f"redis://{kw.get('host', '127.0.0.1')}:{kw.get('port', 6379)}/{kw.get('db', 0)}"
 
 
