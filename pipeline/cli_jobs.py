@@ -33,8 +33,9 @@ def _client(redis_url: str | None):
 
 
 def _gather_jobs(inputs: tuple[str, ...], *, model: str | None, literal: bool, raw: bool, system: str | None,
-                 params: dict[str, Any]) -> tuple[list[Any], list[str]]:
-    """Jobs from arguments: .jsonl files (OpenAI Batch input), other files (one prompt each), literals."""
+                 params: dict[str, Any], check_model: Any = None) -> tuple[list[Any], list[str]]:
+    """Jobs from arguments: .jsonl files (OpenAI Batch input), other files (one prompt each), literals.
+    check_model (pipeline.model_check.ModelCheck): a job naming a model it refuses is refused (model_not_found)."""
     from jobs.schemas import InvalidJob, validate_job
     from pipeline.batch_file import read_batch_file
 
@@ -44,6 +45,10 @@ def _gather_jobs(inputs: tuple[str, ...], *, model: str | None, literal: bool, r
 
     def prompt_job(text: str, custom_id: str) -> None:
         data: dict[str, Any] = {"model": model or DEFAULT_MODEL, "custom_id": custom_id, "params": params}
+        why = check_model(data["model"]) if check_model is not None else None
+        if why is not None:
+            errors.append(f"{custom_id}: model_not_found: {why}")
+            return
         if raw:
             data["prompt"] = text
         else:
@@ -58,7 +63,8 @@ def _gather_jobs(inputs: tuple[str, ...], *, model: str | None, literal: bool, r
         path = Path(arg)
         if not literal and path.is_file():
             if path.suffix.lower() == ".jsonl":
-                file_jobs, line_errors = read_batch_file(path, model=model, default_model=DEFAULT_MODEL)
+                file_jobs, line_errors = read_batch_file(path, model=model, default_model=DEFAULT_MODEL,
+                                                         check_model=check_model)
                 for g in file_jobs:
                     if params:
                         merged = {**g.params.model_dump(exclude_unset=True), **params}
@@ -117,6 +123,7 @@ def submit_command(inputs: tuple[str, ...], model: str | None, priority: str, ti
     """Submit prompts (arguments), text files (one job each) or OpenAI Batch .jsonl files; print the batch id."""
     from jobs.schemas import InvalidJob, model_key
     from pipeline.client import Client
+    from pipeline.model_check import ModelCheck
     from pipeline.collector import collect
 
     params: dict[str, Any] = {}
@@ -125,7 +132,11 @@ def submit_command(inputs: tuple[str, ...], model: str | None, priority: str, ti
             params[k] = v
     if stop:
         params["stop"] = list(stop)
-    jobs, errors = _gather_jobs(inputs, model=model, literal=literal, raw=raw, system=system, params=params)
+    # a model no live worker of REDIS_URL holds, that the registry does not know and that is no .gguf file
+    # here is refused now: its jobs would wait on a queue nobody serves
+    check = ModelCheck.live(Client(redis_url) if redis_url else None, files=True)
+    jobs, errors = _gather_jobs(inputs, model=model, literal=literal, raw=raw, system=system, params=params,
+                                check_model=check)
     for e in errors:
         _echo_err(f"refused: {e}")
     if not jobs:
@@ -164,7 +175,7 @@ def submit_command(inputs: tuple[str, ...], model: str | None, priority: str, ti
                                   repack=not no_repack)
     with embedded_cluster(jobs[0].model, workers=split.workers, threads=split.threads, kv_budget=kv_budget,
                           repack=not no_repack, split_reason=split.reason) as cluster:
-        _echo_err(f"embedded cluster: redis {cluster.redis_url}, {cluster.split}")
+        _echo_err(f"embedded cluster: redis {cluster.server.address}, {cluster.split}")
         run(Client(cluster.redis_url), health=cluster.check)
 
 

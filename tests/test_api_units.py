@@ -26,7 +26,7 @@ from pipeline.client import Client
 from jobs.redis_conn import SERIALIZER
 from tests.conftest_redis import client, redis_server, redis_url  # noqa: F401
 
-NOBODY = "model-without-workers"  # jobs for it stay queued
+NOBODY = "qwen2.5-coder-1.5b-instruct"  # a known model no worker holds here: jobs for it stay queued
 K1, K2 = "unit-key-1", "unit-key-2"
 
 

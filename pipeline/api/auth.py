@@ -1,5 +1,9 @@
 """API keys: `Authorization: Bearer <key>` on every endpoint; each key owns what it creates.
 
+AuthMiddleware checks the header of every request before the app reads a byte of its body: a wrong
+key gets its 401 (with `Connection: close`) while an upload is still on its way, and the body is
+never read, parsed or spooled. Routes get the owner from the request's state (require_owner).
+
 An owner id is a hash of the key (the key itself is never stored), so a key sees and cancels only its
 own files and batches, and objects survive a restart as long as the key is configured again. With no
 key configured every request is the one owner "local", and only loopback clients are served, unless
@@ -12,8 +16,11 @@ import hmac
 import ipaddress
 
 from fastapi import Request
+from starlette.datastructures import Headers
+from starlette.types import ASGIApp, Receive, Scope, Send
 
-from pipeline.api.errors import APIError
+from pipeline.api.config import normalize_keys
+from pipeline.api.errors import APIError, error_response
 
 LOCAL_OWNER = "local"
 
@@ -35,7 +42,7 @@ def is_loopback(host: str | None) -> bool:
 
 class KeyRing:
     def __init__(self, keys: list[str], *, insecure_no_auth: bool = False):
-        keys = [k.strip() for k in keys if k.strip()]
+        keys = normalize_keys(keys)  # as ServeConfig has them; ValueError for a blank key
         self._digests = [hashlib.sha256(k.encode("utf-8")).digest() for k in keys]
         self._owners = [owner_id(k) for k in keys]
         self.insecure_no_auth = insecure_no_auth
@@ -70,10 +77,42 @@ class KeyRing:
         return owner
 
 
+def closing(err: APIError) -> APIError:
+    """The same error, answered with `Connection: close`: the server reads nothing more of the request
+    (a body the client is still sending is dropped with the connection, not read)."""
+    return APIError(err.status_code, err.message, param=err.param, code=err.code, type=err.type,
+                    headers={**(err.headers or {}), "Connection": "close"})
+
+
+class AuthMiddleware:
+    """Authenticates every HTTP request from its headers alone, before any of its body is read (FastAPI
+    reads and parses a body, multipart uploads included, before it resolves a route's dependencies)."""
+
+    def __init__(self, app: ASGIApp, keyring: KeyRing):
+        self.app = app
+        self.keyring = keyring
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        client = scope.get("client")
+        try:
+            owner = self.keyring.authenticate(Headers(scope=scope).get("authorization"), client[0] if client else None)
+        except APIError as e:
+            await error_response(closing(e))(scope, receive, send)
+            return
+        scope.setdefault("state", {})["owner"] = owner
+        await self.app(scope, receive, send)
+
+
 async def require_owner(request: Request) -> str:
-    """FastAPI dependency on every route: the caller's owner id."""
-    ring: KeyRing = request.app.state.keyring
-    client = request.client.host if request.client else None
-    owner = ring.authenticate(request.headers.get("authorization"), client)
-    request.state.owner = owner
+    """FastAPI dependency on every route: the caller's owner id (AuthMiddleware found it; without the
+    middleware, it is found here)."""
+    owner = getattr(request.state, "owner", None)
+    if owner is None:
+        ring: KeyRing = request.app.state.keyring
+        client = request.client.host if request.client else None
+        owner = ring.authenticate(request.headers.get("authorization"), client)
+        request.state.owner = owner
     return owner

@@ -104,6 +104,15 @@ class BatchStore:
             p.srem(keys.API_ACTIVE_BATCHES, batch_id)
             p.execute()
 
+    def active_totals(self, owner: str) -> list[int]:
+        """The request lines (request_counts.total) of each of `owner`'s batches not yet ended."""
+        ids = [b.decode() for b in self.connection.smembers(keys.API_ACTIVE_BATCHES)]
+        with self.connection.pipeline(transaction=False) as p:
+            for b in ids:
+                p.hmget(keys.api_batch_key(b), "owner", "total")
+            rows = p.execute()
+        return [int(total or 0) for who, total in rows if who is not None and json.loads(who) == owner]
+
     def active_ids(self, home: str) -> list[str]:
         """Batches not yet ended whose files live in the data directory `home`."""
         ids = sorted(b.decode() for b in self.connection.smembers(keys.API_ACTIVE_BATCHES))

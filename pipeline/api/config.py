@@ -3,11 +3,13 @@ from __future__ import annotations
 
 import os
 import uuid
+from collections.abc import Iterable
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from engine.defaults import DEFAULT_MODEL
+from jobs.redis_conn import refuse_placeholder_password
 
 KEYS_ENV = "RQLLM_API_KEYS"  # one or more keys, separated by commas or whitespace
 
@@ -19,6 +21,17 @@ DEFAULT_MAX_BODY_BYTES = 8 << 20
 # What a multipart upload may carry besides the file itself (boundaries, headers, the purpose field).
 MULTIPART_ENVELOPE_BYTES = 64 << 10
 
+# Per-key limits (429 above them), each also settable through its environment variable:
+# requests one key has in flight at once (a stream counts until it ends), ...
+MAX_REQUESTS_IN_FLIGHT_ENV = "RQLLM_MAX_REQUESTS_IN_FLIGHT_PER_KEY"
+DEFAULT_MAX_REQUESTS_IN_FLIGHT = 64
+# ... batches not yet ended (validating, in_progress, finalizing, cancelling), ...
+MAX_ACTIVE_BATCHES_ENV = "RQLLM_MAX_ACTIVE_BATCHES_PER_KEY"
+DEFAULT_MAX_ACTIVE_BATCHES = 100
+# ... and the request lines those batches hold together.
+MAX_ACTIVE_LINES_ENV = "RQLLM_MAX_ACTIVE_LINES_PER_KEY"
+DEFAULT_MAX_ACTIVE_LINES = 500_000
+
 
 def default_data_dir() -> Path:
     from engine.registry import cache_dir
@@ -28,6 +41,47 @@ def default_data_dir() -> Path:
 
 def keys_from_env() -> list[str]:
     return os.environ.get(KEYS_ENV, "").replace(",", " ").split()
+
+
+def normalize_keys(keys: Iterable[str]) -> list[str]:
+    """API keys as every check sees them: surrounding whitespace stripped, duplicates dropped. A blank
+    key (empty, or only whitespace) is refused with ValueError, as is one holding whitespace or control
+    characters inside: it would count as a configured key in one place and as none in another."""
+    out: list[str] = []
+    for i, raw in enumerate(keys, 1):
+        key = raw.strip()
+        if not key:
+            raise ValueError(f"API key #{i} is blank (empty or only whitespace)")
+        if any(c.isspace() or not c.isprintable() for c in key):
+            raise ValueError(f"API key #{i} holds whitespace or control characters")
+        if key not in out:
+            out.append(key)
+    return out
+
+
+_SETTING_NAMES = {"api_keys": "--api-key / RQLLM_API_KEYS", "redis_url": "--redis-url / REDIS_URL"}
+
+
+def config_error(e: ValueError) -> str:
+    """One line naming what is wrong with a ServeConfig (a pydantic ValidationError or a ValueError)."""
+    from pydantic import ValidationError
+
+    if not isinstance(e, ValidationError):
+        return str(e)
+    parts = []
+    for err in e.errors(include_url=False):
+        where = ".".join(str(x) for x in err["loc"])
+        parts.append(f"{_SETTING_NAMES.get(where, where)}: {err['msg'].removeprefix('Value error, ')}")
+    return "; ".join(parts)
+
+
+def _env_limit(name: str, default: int) -> int:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    if not raw.isdigit() or int(raw) < 1:
+        raise ValueError(f"{name}={raw!r} is not a whole number >= 1")
+    return int(raw)
 
 
 class ServeConfig(BaseModel):
@@ -44,6 +98,23 @@ class ServeConfig(BaseModel):
     job_timeout: int | None = Field(None, ge=1, description="per-job timeout in seconds (default: the queue's)")
     batch_retries: int = Field(0, ge=0, description="retries for batch jobs that fail in a worker")
     completion_window_seconds: int = Field(24 * 3600, ge=1)
+    max_requests_in_flight_per_key: int = Field(
+        default_factory=lambda: _env_limit(MAX_REQUESTS_IN_FLIGHT_ENV, DEFAULT_MAX_REQUESTS_IN_FLIGHT), ge=1)
+    max_active_batches_per_key: int = Field(
+        default_factory=lambda: _env_limit(MAX_ACTIVE_BATCHES_ENV, DEFAULT_MAX_ACTIVE_BATCHES), ge=1)
+    max_active_lines_per_key: int = Field(
+        default_factory=lambda: _env_limit(MAX_ACTIVE_LINES_ENV, DEFAULT_MAX_ACTIVE_LINES), ge=1)
+
+    @field_validator("api_keys")
+    @classmethod
+    def _keys_normalised(cls, v: list[str]) -> list[str]:
+        return normalize_keys(v)
+
+    @field_validator("redis_url")
+    @classmethod
+    def _no_placeholder_password(cls, v: str) -> str:
+        refuse_placeholder_password(v)  # a ValueError naming the problem
+        return v
 
     @property
     def files_dir(self) -> Path:

@@ -62,6 +62,15 @@ async def _validation_error(request: Request, exc: RequestValidationError) -> JS
                                    param=_loc_param(tuple(first.get("loc", ()))), code="invalid_value"))
 
 
+async def _too_deep(request: Request, exc: RecursionError) -> JSONResponse:
+    # What recursion a request can cause is JSON nested past what the parser recurses into (nearly 1000
+    # levels); shallower nesting is refused by pipeline.batch_file.json_depth with the same words.
+    from pipeline.batch_file import too_deep_message
+
+    return error_response(APIError(400, f"We could not parse the JSON body of your request: {too_deep_message()}",
+                                   code="invalid_json"))
+
+
 async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
     return error_response(APIError(500, f"internal error: {type(exc).__name__}: {exc}", code="internal_error"))
 
@@ -69,4 +78,5 @@ async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
 def install(app: FastAPI) -> None:
     app.add_exception_handler(StarletteHTTPException, _http_error)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _validation_error)  # type: ignore[arg-type]
+    app.add_exception_handler(RecursionError, _too_deep)  # type: ignore[arg-type]
     app.add_exception_handler(Exception, _unexpected)

@@ -3,6 +3,7 @@
 Plain `def` handlers: FastAPI runs them in its thread pool (they make blocking Redis calls)."""
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from typing import Any
@@ -11,10 +12,12 @@ from fastapi import APIRouter, Depends, Query, Request
 
 from pipeline.api.auth import require_owner
 from pipeline.api.errors import APIError
+from pipeline.api.limits import too_many
 from pipeline.api.schemas import BatchRecord, CreateBatchRequest, RequestCounts, list_page
 from pipeline.api.state import api_state
 
 router = APIRouter(prefix="/v1")
+_CREATING = threading.Lock()  # a key's limits are checked and its batch recorded as one step
 
 
 @router.post("/batches")
@@ -32,7 +35,15 @@ def create_batch(request: Request, body: CreateBatchRequest,
         expires_at=now + st.config.completion_window_seconds, metadata=body.metadata, owner=owner,
         request_counts=RequestCounts(total=source.requests),
     )
-    st.batches.create(record, home=st.config.home_id())
+    with _CREATING:
+        active, limits = st.batches.active_totals(owner), st.config
+        if len(active) >= limits.max_active_batches_per_key:
+            raise too_many(f"this API key has {len(active)} batches not yet ended, the limit is "
+                           f"{limits.max_active_batches_per_key}")
+        if sum(active) + source.requests > limits.max_active_lines_per_key:
+            raise too_many(f"this API key's batches not yet ended hold {sum(active):,} request lines; "
+                           f"{source.requests:,} more would pass the limit of {limits.max_active_lines_per_key:,}")
+        st.batches.create(record, home=st.config.home_id())
     st.supervisor.start(record.id)
     return record.public()
 

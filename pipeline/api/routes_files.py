@@ -10,7 +10,7 @@ from fastapi.responses import FileResponse
 
 from pipeline.api.auth import require_owner
 from pipeline.api.errors import APIError, not_found
-from pipeline.api.schemas import FILE_PURPOSES, list_page
+from pipeline.api.schemas import FILE_PURPOSES, list_page, safe_filename
 from pipeline.api.state import api_state
 
 router = APIRouter(prefix="/v1")
@@ -23,7 +23,7 @@ def upload_file(request: Request, file: UploadFile = File(...), purpose: str = F
         raise APIError(400, f"purpose must be one of {', '.join(FILE_PURPOSES)}, not {purpose!r}", param="purpose",
                        code="invalid_value")
     files = api_state(request).files
-    record = files.save_upload(file.file, filename=file.filename or "upload.jsonl", purpose=purpose, owner=owner)
+    record = files.save_upload(file.file, filename=safe_filename(file.filename), purpose=purpose, owner=owner)
     return record.public()
 
 

@@ -1,6 +1,7 @@
 """The API's objects with OpenAI's field names. Records add what only the server keeps (the owner)."""
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -14,6 +15,17 @@ TERMINAL_STATUSES: tuple[str, ...] = ("failed", "completed", "expired", "cancell
 FILE_PURPOSES: tuple[str, ...] = ("batch",)  # what may be uploaded; the server writes "batch_output" files
 
 PUBLIC_EXCLUDE = {"owner", "requests"}
+MAX_FILENAME_CHARS = 255
+DEFAULT_UPLOAD_NAME = "upload.jsonl"
+
+
+def safe_filename(name: str | None) -> str:
+    """A client's file name as stored and shown (and sent back in Content-Disposition): its last path
+    component (after either slash), without control characters (NUL included), at most 255 characters;
+    upload.jsonl when nothing is left ('', '.', '..')."""
+    base = re.split(r"[/\\]", name or "")[-1]
+    base = "".join(c for c in base if c.isprintable()).strip()
+    return base[:MAX_FILENAME_CHARS] if base not in ("", ".", "..") else DEFAULT_UPLOAD_NAME
 
 
 class FileObject(BaseModel):
@@ -26,6 +38,11 @@ class FileObject(BaseModel):
     status: Literal["uploaded", "processed", "error"] = "processed"
     status_details: str | None = None
     expires_at: int | None = None
+
+    @field_validator("filename")
+    @classmethod
+    def _safe_filename(cls, v: str) -> str:
+        return safe_filename(v)  # also for records stored before names were reduced
 
 
 class FileRecord(FileObject):

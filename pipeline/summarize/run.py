@@ -17,6 +17,7 @@ from jobs.redis_conn import connect, redis_url_from_env
 from jobs.schemas import GenerationJob, model_key
 from jobs.summarize_tasks import part_label_pattern
 from pipeline.client import Client
+from pipeline.model_check import ModelCheck
 from pipeline.embedded import choose_embedded_split, embedded_cluster
 from pipeline.enqueue import TaskCall
 from pipeline.summarize.documents import DEFAULT_MAX_BYTES, collect_documents
@@ -65,6 +66,14 @@ def submit_plans(client: Client, batch_id: str, plans: Sequence[DocPlan], *, mod
     client.submit_calls(batch_id, calls, priority=priority, timeout=JOB_TIMEOUT, retries=JOB_RETRIES, extend=True)
 
 
+def check_model(model: str) -> None:
+    """SummarizeError (model_not_found) unless the model is a known name or a .gguf file here: the run
+    reads its tokenizer and sizes on this machine, and its jobs' queue is named after it."""
+    why = ModelCheck(None, files=True)(model)
+    if why is not None:
+        raise SummarizeError(f"model_not_found: {why}")
+
+
 def summarize(paths: Sequence[str], *, output: IO[str], fmt: str = "jsonl", model: str = DEFAULT_MODEL,
               workers: int | None = None, threads: int | None = None, template: str | None = None,
               kv_budget: str | None = None, max_summary_tokens: int = DEFAULT_MAX_SUMMARY_TOKENS,
@@ -77,6 +86,7 @@ def summarize(paths: Sequence[str], *, output: IO[str], fmt: str = "jsonl", mode
     style: the summaries' form (templates.STYLES)."""
     err = progress_stream if progress_stream is not None else sys.stderr
     t0 = time.monotonic()
+    check_model(model)
     templates = Templates.load(template, style=style)
     settings = {"model": model, "style": style, "template": templates.source,
                 "max summary tokens": max_summary_tokens, "chunk tokens": chunk_tokens,
