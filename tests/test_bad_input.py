@@ -62,7 +62,7 @@ EXPECTED: dict[str, tuple[str, str]] = {
     "unknown quant type id": (START, "tensor 'token_embd.weight' has unknown ggml type id 200"),
     "quant type we do not run (IQ4_NL)": (START, "tensor token_embd.weight has type IQ4_NL, not supported"),
     "tensor shapes that do not match the metadata": (
-        START, "tensor token_embd.weight has shape [576, 49152], the metadata implies [512, 49152]"),
+        START, "tensor token_embd.weight has shape [576, 49152], the metadata implies [594, 49152]"),
 }
 
 

@@ -265,7 +265,12 @@ def test_stream_equals_decode_random_ids(smollm2: Tokenizer, gemma3: Tokenizer, 
 
 # --------------------------------------------------------------------------- llama.cpp directly (optional)
 def _llama(path: Path):
-    llama_cpp = pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed")
+    try:
+        import llama_cpp
+    except ImportError:
+        pytest.skip("llama-cpp-python is not installed")
+    except (OSError, RuntimeError) as e:  # installed without its library (e.g. LLAMA_CPP_LIB_PATH unset)
+        pytest.skip(f"llama-cpp-python cannot load llama.cpp: {e}")
     return llama_cpp, llama_cpp.Llama(str(path), vocab_only=True, verbose=False)
 
 
