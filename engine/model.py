@@ -443,8 +443,11 @@ def _repacked_weights(gguf: GGUFFile, weights: Weights, repack: bool | None, thr
     weights.use_repacked(repacked.addresses, repacked.group_bytes)
     gguf.advise_random_reads(except_tensors=set(weights.matmul_names()) - set(repacked.addresses))
     largest = max(repacked.plan.tensors, key=lambda t: t.nbytes)
-    prefetch = decode_prefetch.choose((largest.type, gguf.tensor_data(largest.name), repacked.tensor_bytes(largest.name),
-                                       largest.rows, largest.cols), threads)
+    try:
+        prefetch = decode_prefetch.choose((largest.type, gguf.tensor_data(largest.name),
+                                           repacked.tensor_bytes(largest.name), largest.rows, largest.cols), threads)
+    except ValueError as exc:  # a bad RQLLM_DECODE_PREFETCH
+        raise ModelError(str(exc)) from None
     return repacked, WeightLayout(repacked.path, f"{repacked.describe()}; {prefetch.describe()}")
 
 
