@@ -569,6 +569,22 @@ class Linear:
 # layers
 
 
+def swiglu_ffn_block(x, L, cfg: Config):
+    """The llama-family feed-forward with its residual: x + down(silu(gate(h)) * up(h)), h = rmsnorm(x)."""
+    h = rms_norm(x, L["ffn_norm"], cfg.eps)
+    f = silu(L["ffn_gate"](h)) * L["ffn_up"](h)
+    return x + L["ffn_down"](f)
+
+
+def causal_attention_block(x, q, k, v, L, cfg: Config, il: int, pos, cache, ggml_numerics=False):
+    """The llama-family attention after RoPE, with its residual: keys and values into the cache,
+    full causal attention scaled by cfg.attn_scale, the output projection added to x."""
+    n = x.shape[0]
+    k_all, v_all, k_pos = cache.append(il, k, v, pos)
+    a = attention(q, k_all, v_all, pos, k_pos, cfg.attn_scale, None, ggml_numerics)
+    return x + L["attn_output"](a.reshape(n, cfg.n_head * cfg.head_dim))
+
+
 def llama_layer(x, L, cfg: Config, il: int, pos, cache, ggml_numerics=False):
     """One llama block: x += attn(rmsnorm(x)); x += swiglu_ffn(rmsnorm(x))."""
     n = x.shape[0]
@@ -580,14 +596,8 @@ def llama_layer(x, L, cfg: Config, il: int, pos, cache, ggml_numerics=False):
     scaling = rope_scaling(cfg, cfg.rope_base)  # Llama 3 rope_freqs, linear, YaRN
     q = rope(q, pos, cfg.rope_base, cfg.n_rot, neox=False, **scaling)
     k = rope(k, pos, cfg.rope_base, cfg.n_rot, neox=False, **scaling)
-    k_all, v_all, k_pos = cache.append(il, k, v, pos)
-    a = attention(q, k_all, v_all, pos, k_pos, cfg.attn_scale, None, ggml_numerics)
-    x = x + L["attn_output"](a.reshape(n, cfg.n_head * cfg.head_dim))
-    # feed-forward
-    h = rms_norm(x, L["ffn_norm"], cfg.eps)
-    f = silu(L["ffn_gate"](h)) * L["ffn_up"](h)
-    x = x + L["ffn_down"](f)
-    return x
+    x = causal_attention_block(x, q, k, v, L, cfg, il, pos, cache, ggml_numerics)
+    return swiglu_ffn_block(x, L, cfg)
 
 
 def gemma3_layer(x, L, cfg: Config, il: int, pos, cache, ggml_numerics=False):
@@ -630,14 +640,8 @@ def qwen2_layer(x, L, cfg: Config, il: int, pos, cache, ggml_numerics=False):
     scaling = rope_scaling(cfg, cfg.rope_base)
     q = rope(q, pos, cfg.rope_base, cfg.n_rot, cfg.rope_neox, **scaling)  # NEOX for qwen2 (a test flips it)
     k = rope(k, pos, cfg.rope_base, cfg.n_rot, cfg.rope_neox, **scaling)
-    k_all, v_all, k_pos = cache.append(il, k, v, pos)
-    a = attention(q, k_all, v_all, pos, k_pos, cfg.attn_scale, None, ggml_numerics)
-    x = x + L["attn_output"](a.reshape(n, cfg.n_head * cfg.head_dim))
-    # feed-forward
-    h = rms_norm(x, L["ffn_norm"], cfg.eps)
-    f = silu(L["ffn_gate"](h)) * L["ffn_up"](h)
-    x = x + L["ffn_down"](f)
-    return x
+    x = causal_attention_block(x, q, k, v, L, cfg, il, pos, cache, ggml_numerics)
+    return swiglu_ffn_block(x, L, cfg)
 
 
 def qwen3_layer(x, L, cfg: Config, il: int, pos, cache, ggml_numerics=False):
@@ -655,14 +659,8 @@ def qwen3_layer(x, L, cfg: Config, il: int, pos, cache, ggml_numerics=False):
     scaling = rope_scaling(cfg, cfg.rope_base)
     q = rope(q, pos, cfg.rope_base, cfg.n_rot, cfg.rope_neox, **scaling)
     k = rope(k, pos, cfg.rope_base, cfg.n_rot, cfg.rope_neox, **scaling)
-    k_all, v_all, k_pos = cache.append(il, k, v, pos)
-    a = attention(q, k_all, v_all, pos, k_pos, cfg.attn_scale, None, ggml_numerics)
-    x = x + L["attn_output"](a.reshape(n, cfg.n_head * cfg.head_dim))
-    # feed-forward
-    h = rms_norm(x, L["ffn_norm"], cfg.eps)
-    f = silu(L["ffn_gate"](h)) * L["ffn_up"](h)
-    x = x + L["ffn_down"](f)
-    return x
+    x = causal_attention_block(x, q, k, v, L, cfg, il, pos, cache, ggml_numerics)
+    return swiglu_ffn_block(x, L, cfg)
 
 
 def gemma2_layer(x, L, cfg: Config, il: int, pos, cache, ggml_numerics=False):
