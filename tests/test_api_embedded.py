@@ -5,7 +5,6 @@ A stopped server leaves no process behind; a restarted one finds its files and s
 """
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import psutil
@@ -13,6 +12,7 @@ import pytest
 
 from tests.api_server import ServeProcess
 from tests.model_available import needs_model
+from tests.process_waits import wait_gone
 
 openai = pytest.importorskip("openai", reason="the openai client is in the test extras: pip install -e '.[test]'")
 
@@ -25,26 +25,6 @@ pytestmark = needs_model(M)
 
 def children(server: ServeProcess) -> list[psutil.Process]:
     return psutil.Process(server.proc.pid).children(recursive=True)
-
-
-def _exited(p: psutil.Process) -> bool:
-    """Gone, or a zombie: it has exited and only its reaping is left, which is not ours to wait for
-    (a server killed with SIGKILL leaves its children to PID 1, which in some containers never reaps)."""
-    try:
-        return p.status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
-
-
-def wait_gone(procs: list[psutil.Process], timeout: float) -> list[psutil.Process]:
-    """The processes of `procs` still running after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    alive = list(procs)
-    while True:
-        alive = [p for p in alive if not _exited(p)]
-        if not alive or time.monotonic() >= deadline:
-            return alive
-        time.sleep(0.1)
 
 
 def test_embedded_server_one_command_restart_and_kill(tmp_path: Path):

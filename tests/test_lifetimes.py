@@ -19,6 +19,7 @@ import pytest
 
 from tests.api_server import ServeProcess
 from tests.model_available import needs_model
+from tests.process_waits import exited as _exited, wait_gone
 
 M = "smollm2-135m"
 ROOT = Path(__file__).resolve().parent.parent
@@ -26,25 +27,6 @@ KEY = "lifetime-key-0123456789"
 COUNTING = "Count from 1 to 1000: 1, 2, 3, 4, 5,"  # the model keeps counting until max_tokens
 
 pytestmark = needs_model(M)
-
-
-def _exited(p: psutil.Process) -> bool:
-    """Gone, or a zombie (exited; reaping it is its new parent's business, which in some containers never
-    comes)."""
-    try:
-        return p.status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
-
-
-def wait_gone(procs: list[psutil.Process], timeout: float) -> list[psutil.Process]:
-    deadline = time.monotonic() + timeout
-    alive = list(procs)
-    while True:
-        alive = [p for p in alive if not _exited(p)]
-        if not alive or time.monotonic() >= deadline:
-            return alive
-        time.sleep(0.1)
 
 
 def _describe(procs: list[psutil.Process]) -> str:
