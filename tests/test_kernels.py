@@ -464,8 +464,28 @@ def test_matmul_multi_matches_matmul(path, kern):
             got = mod.matmul_multi(specs, n, X, nthreads=nth, path=p)
             for (t, _, _), g, w in zip(specs, got, want):
                 np.testing.assert_array_equal(g, w, err_msg=f"{T(t).name} ntok={ntok} threads={nth}")
-    with pytest.raises(ValueError, match="1 to 8"):
+    with pytest.raises(ValueError, match="1 to 32"):
         mod.matmul_multi([], n, _x(rng, 1, n))
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_matmul_multi_ops_with_their_own_tokens(path, kern):
+    """Experts as ops: each op multiplies its own tokens (1, 2, 3 or 40 of them), in one call of many
+    ops, and gets exactly rq_matmul's result for those tokens."""
+    mod, p = kern
+    rng = np.random.default_rng(12)
+    n = 512
+    specs, want = [], []
+    for i, (t, rows, ntok) in enumerate(((T.Q4_K, 48, 1), (T.Q6_K, 32, 2), (T.Q8_0, 16, 3), (T.Q4_0, 64, 40),
+                                         (T.F16, 16, 1), (T.Q4_K, 48, 2)) * 2):
+        W = qp.random_rows(t, rows, n, rng)
+        X = _x(rng, ntok, n)
+        specs.append((int(t), W, rows, None, X))
+        want.append(mod.matmul(int(t), W, rows, n, X, nthreads=1, path=p))
+    for nth in (1, 2):
+        got = mod.matmul_multi(specs, n, None, nthreads=nth, path=p)
+        for (t, *_), g, w in zip(specs, got, want):
+            np.testing.assert_array_equal(g, w, err_msg=f"{T(t).name} threads={nth}")
 
 
 @pytest.mark.parametrize("path", PATHS)

@@ -119,6 +119,25 @@ def test_r16_multi_op_shares_cover_every_group_once():
 
 
 @pytest.mark.parametrize("path", R16_PATHS)
+def test_r16_experts_with_their_own_tokens_equal_one_by_one(path, kern):
+    """A mixture-of-experts step: 20 ops (more than a dense layer's) with R16 copies, each over its own
+    tokens - up to 8 (one job split by bytes over all ops) and 9 or 20 (one by one) - as the GGUF layout."""
+    mod, p = kern
+    rng = np.random.default_rng(400)
+    n = 512
+    specs = []
+    for i in range(20):
+        t = (T.Q4_K, T.Q6_K, T.Q8_0, T.Q5_0)[i % 4]
+        rows, ntok = 16 * (1 + i % 3), (1, 2, 8, 9, 3, 20, 1)[i % 7]
+        W = qp.random_rows(t, rows, n, rng)
+        specs.append((int(t), W, rows, _repack(t, W, rows, n), rng.standard_normal((ntok, n)).astype(np.float32)))
+    for threads in (1, 2):
+        got = mod.matmul_multi(specs, n, None, nthreads=threads, path=p)
+        for (t, W, rows, R, X), out in zip(specs, got):
+            np.testing.assert_array_equal(out, q.matmul(t, W, rows, n, X, path="avx2"), err_msg=f"{T(t).name}")
+
+
+@pytest.mark.parametrize("path", R16_PATHS)
 @pytest.mark.parametrize("ntok", [1, 2, 3, 5, 8, 9])
 def test_r16_multi_op_matmul_equals_one_by_one(ntok, path, kern):
     """q/k/v-style calls with R16 copies of mixed types (different offsets: one token tile per op), as one

@@ -96,17 +96,21 @@ void rq_matmul(int t, const void *W, int rows, int cols,
 void rq_matmul_team(int t, const void *W, int rows, int cols,
                     const rq_act *acts, int ntok, float *out, int ldo);
 
-/* Several matmuls over the same activations (cols elements each), e.g. q/k/v or gate/up, as
- * one parallel job: decode-sized calls (ntok <= 2) split the concatenated rows by bytes across
- * one team, so small matrices do not each pay for a region and a join; larger calls run each op
- * through rq_matmul. Results equal rq_matmul's for each op. */
+/* Several matmuls over activations of cols elements, e.g. q/k/v or gate/up, or the experts of a
+ * mixture-of-experts layer, as one parallel job: decode-sized calls (ntok <= 2; with R16 copies,
+ * ntok <= 8) split the concatenated rows by bytes across one team, so small matrices do not each
+ * pay for a region and a join; larger calls run each op through rq_matmul. Results equal
+ * rq_matmul's for each op. An op multiplies the call's activations, or its own when acts is set
+ * (an expert and the tokens routed to it). */
 typedef struct {
     int type;
     const void *W;
     int rows;
     float *out;
     int ldo;
-    const void *r16;   /* the R16 copy of W, or NULL (see rq_matmul_r16) */
+    const void *r16;      /* the R16 copy of W, or NULL (see rq_matmul_r16) */
+    const rq_act *acts;   /* NULL: the call's acts and ntok */
+    int ntok;
 } rq_matmul_op;
 void rq_matmul_multi(const rq_matmul_op *ops, int nops, int cols, const rq_act *acts, int ntok, int nthreads);
 

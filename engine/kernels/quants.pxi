@@ -43,6 +43,8 @@ cdef extern from "quants.h":
         float *out
         int ldo
         const void *r16
+        const rq_act *acts
+        int ntok
     void rq_matmul_multi(const rq_matmul_op *ops, int nops, int cols, const rq_act *acts, int ntok,
                          int nthreads) nogil
     void rq_matmul_ref(int t, const void *W, int rows, int cols,
@@ -293,20 +295,24 @@ def matmul(int t, W, int rows, int cols, X, int nthreads=1, path=None):
 
 
 def matmul_multi(list specs, int cols, X, int nthreads=2, path=None):
-    """rq_matmul_multi over specs [(t, W, rows[, R16 copy]), ...] sharing X; returns one (ntok x rows) array each."""
-    if not 0 < len(specs) <= 8:
-        raise ValueError("1 to 8 ops")
-    cdef rq_matmul_op ops[8]
+    """rq_matmul_multi over specs [(t, W, rows[, R16 copy[, own X]]), ...]: an op with its own X (ntok_i x cols)
+    multiplies that (as an expert its routed tokens), the others share X; returns one (ntok x rows) array each."""
+    if not 0 < len(specs) <= 32:
+        raise ValueError("1 to 32 ops")
+    cdef rq_matmul_op ops[32]
     cdef cnp.uint8_t[::1] wv
     cdef float[:, ::1] ov
+    cdef Act own
     keep, outs = [], []
     act = None
     cdef const cnp.uint8_t[::1] rv
     for i, spec in enumerate(specs):
         t, W, rows = spec[:3]
-        wb, act_i = _mm_prep(t, W, rows, cols, X, path)
-        act = act if act is not None else act_i
-        out = np.full((act.ntok, rows), np.nan, dtype=np.float32)
+        has_own = len(spec) > 4 and spec[4] is not None
+        wb, act_i = _mm_prep(t, W, rows, cols, spec[4] if has_own else X, path)
+        if not has_own:
+            act = act if act is not None else act_i
+        out = np.full((act_i.ntok, rows), np.nan, dtype=np.float32)
         wv = wb
         ov = out
         ops[i].type = t
@@ -315,6 +321,13 @@ def matmul_multi(list specs, int cols, X, int nthreads=2, path=None):
         ops[i].out = &ov[0, 0]
         ops[i].ldo = rows
         ops[i].r16 = NULL
+        ops[i].acts = NULL
+        ops[i].ntok = 0
+        if has_own:
+            own = act_i
+            ops[i].acts = own.acts
+            ops[i].ntok = own.ntok
+            keep.append(act_i)
         if len(spec) > 3 and spec[3] is not None:
             rb = _bytes_array(spec[3])
             rv = rb
@@ -322,6 +335,8 @@ def matmul_multi(list specs, int cols, X, int nthreads=2, path=None):
             keep.append(rb)
         keep.append(wb)
         outs.append(out)
+    if act is None:  # every op has its own tokens: the call's acts are not read
+        act = next(k for k in keep if isinstance(k, Act))
     cdef Act a = act
     cdef int nops = len(specs), ntok = a.ntok
     g = _PathGuard(path)

@@ -499,30 +499,33 @@ int rq_r16_multi_share(size_t lo, size_t hi, size_t base, size_t gb, int ng, int
     return *g1 > *g0;
 }
 
+/* An op's activations and token count: its own, or the call's. */
+static inline const rq_act *op_acts(const rq_matmul_op *op, const rq_act *acts) { return op->acts ? op->acts : acts; }
+static inline int op_ntok(const rq_matmul_op *op, int ntok) { return op->acts ? op->ntok : ntok; }
+
 #ifdef RQ_HAVE_X86
-/* Decode- and speculation-sized calls (ntok <= 8: one token tile) whose ops all have R16 copies: one
+/* Decode- and speculation-sized calls (ntok <= 8: one token tile per op) whose ops all have R16 copies: one
  * parallel job over the ops' concatenated groups, split by bytes (q/k/v or gate/up of a decode step pay
  * for one region and one tile, not one per op; one by one, the small k and v matrices would each run
- * on one thread). Returns -1 when it does not apply. */
+ * on one thread; the k experts of a decode step, or the many lightly used experts of a prefill pass,
+ * likewise run as one job split by (expert, rows)). Returns -1 when it does not apply. */
 static int r16_matmul_multi(const rq_matmul_op *ops, int nops, int cols, const rq_act *acts, int ntok, int nthreads) {
     _Static_assert(8 < R16_EXPAND_MIN_TOK, "the multi-op job runs the packed kernels, never the expanding ones");
-    if (ntok > 8 || nops > 8) return -1;
-    size_t gb[8], total = 0;
+    if (nops <= 0) return 0;
+    size_t total = 0;
     for (int i = 0; i < nops; i++) {
-        if (!ops[i].r16 || !r16_type(ops[i].type)) return -1;
-        gb[i] = r16_group_bytes_t(ops[i].type, cols / QK);
-        total += gb[i] * (size_t)((ops[i].rows + 15) / 16);
+        const int nk = op_ntok(&ops[i], ntok);
+        if (!ops[i].r16 || !r16_type(ops[i].type) || nk > 8) return -1;
+        total += r16_group_bytes_t(ops[i].type, cols / QK) * (size_t)((ops[i].rows + 15) / 16);
     }
     const int nb = cols / QK;
     const size_t tbytes = (size_t)nb * V16_TILE_BLOCK_BYTES;
     uint8_t *mem = aligned_alloc(64, tbytes * (size_t)nops);
-    if (!mem) return -1;
-    v16_toks tk[8];
-    for (int i = 0; i < nops; i++) {   /* one tile per op: nq depends on the type's offset */
-        tk[i].nb = nb;
-        tk[i].ntiles = 1;
-        tk[i].mem = mem + tbytes * (size_t)i;
-        v16_prep_tile(ops[i].type, acts, ntok, 0, &tk[i]);
+    v16_toks *tk = malloc(sizeof(v16_toks) * (size_t)nops);
+    if (!mem || !tk) {
+        free(mem);
+        free(tk);
+        return -1;
     }
     int nt = 1;
 #ifdef _OPENMP
@@ -537,19 +540,28 @@ static int r16_matmul_multi(const rq_matmul_op *ops, int nops, int cols, const r
 #ifdef _OPENMP
         me = omp_get_thread_num();
         nth = omp_get_num_threads();
+#pragma omp for schedule(static)
 #endif
+        for (int i = 0; i < nops; i++) {   /* one tile per op: nq depends on the type's offset */
+            tk[i].nb = nb;
+            tk[i].ntiles = 1;
+            tk[i].mem = mem + tbytes * (size_t)i;
+            v16_prep_tile(ops[i].type, op_acts(&ops[i], acts), op_ntok(&ops[i], ntok), 0, &tk[i]);
+        }
         const size_t lo = total * (size_t)me / (size_t)nth, hi = total * (size_t)(me + 1) / (size_t)nth;
         size_t base = 0;
         for (int i = 0; i < nops; i++) {
             const int ng = (ops[i].rows + 15) / 16;
-            const size_t end = base + gb[i] * (size_t)ng;
+            const size_t gb = r16_group_bytes_t(ops[i].type, nb), end = base + gb * (size_t)ng;
             int g0, g1;
-            if (rq_r16_multi_share(lo, hi, base, gb[i], ng, &g0, &g1))
-                r16_path_kernel(rq_kernel_path(), ops[i].type)(ops[i].r16, ops[i].rows, g0, g1, nb, ntok, &tk[i], ops[i].out, ops[i].ldo, NULL, 1);
+            if (end > lo && base < hi && rq_r16_multi_share(lo, hi, base, gb, ng, &g0, &g1))
+                r16_path_kernel(rq_kernel_path(), ops[i].type)(ops[i].r16, ops[i].rows, g0, g1, nb, op_ntok(&ops[i], ntok), &tk[i],
+                                                             ops[i].out, ops[i].ldo, NULL, 1);
             base = end;
         }
     }
     free(mem);
+    free(tk);
     return 0;
 }
 #endif
@@ -565,14 +577,15 @@ void rq_matmul_multi(const rq_matmul_op *ops, int nops, int cols, const rq_act *
 #endif
             /* many tokens or mixed ops: one by one (each splits its groups across the threads) */
             for (int i = 0; i < nops; i++)
-                rq_matmul_r16(ops[i].type, ops[i].W, ops[i].r16, ops[i].rows, cols, acts, ntok, ops[i].out, ops[i].ldo, nthreads);
+                rq_matmul_r16(ops[i].type, ops[i].W, ops[i].r16, ops[i].rows, cols, op_acts(&ops[i], acts),
+                              op_ntok(&ops[i], ntok), ops[i].out, ops[i].ldo, nthreads);
             return;
         }
     }
     size_t total = 0;
-    int simple = ntok > 2;
+    int simple = 0;
     for (int i = 0; i < nops; i++) {
-        if (!rq_type_supported(ops[i].type)) simple = 1;
+        if (!rq_type_supported(ops[i].type) || op_ntok(&ops[i], ntok) > 2) simple = 1;
         total += rq_row_bytes(ops[i].type, cols) * (size_t)ops[i].rows;
     }
 #ifdef _OPENMP
@@ -583,7 +596,8 @@ void rq_matmul_multi(const rq_matmul_op *ops, int nops, int cols, const rq_act *
 #endif
     if (simple || nt <= 1) {
         for (int i = 0; i < nops; i++)
-            rq_matmul(ops[i].type, ops[i].W, ops[i].rows, cols, acts, ntok, ops[i].out, ops[i].ldo, nthreads);
+            rq_matmul(ops[i].type, ops[i].W, ops[i].rows, cols, op_acts(&ops[i], acts), op_ntok(&ops[i], ntok),
+                      ops[i].out, ops[i].ldo, nthreads);
         return;
     }
 #ifdef _OPENMP
@@ -596,7 +610,9 @@ void rq_matmul_multi(const rq_matmul_op *ops, int nops, int cols, const rq_act *
             const size_t rb = rq_row_bytes(ops[i].type, cols);
             const int r0 = multi_row_at(lo, base, rb, ops[i].rows);
             const int r1 = me == nth - 1 ? ops[i].rows : multi_row_at(hi, base, rb, ops[i].rows);
-            if (r1 > r0) rq_matmul_rows(ops[i].type, ops[i].W, cols, r0, r1, acts, ntok, ops[i].out, ops[i].ldo);
+            if (r1 > r0)
+                rq_matmul_rows(ops[i].type, ops[i].W, cols, r0, r1, op_acts(&ops[i], acts), op_ntok(&ops[i], ntok),
+                               ops[i].out, ops[i].ldo);
             base += rb * (size_t)ops[i].rows;
         }
     }
