@@ -55,9 +55,12 @@ class Arch:
     local_rope_base: float | None = None  # sliding layers' fixed RoPE base; None: rope.freq_base_swa or freq_base
     fused: bool = False  # q|k|v in attn_qkv and gate|up in ffn_up (phi3)
     tied_output_only: bool = False  # logits always from token_embd (llama.cpp never reads output.weight)
+    experts: str = "never"  # a mixture-of-experts FFN: "never", "always", or "when expert_count > 0"
+    expert_norm: bool = False  # the chosen experts' weights renormalised to sum 1 (build_moe_ffn's norm_w)
+    qk_norm_full: bool = False  # attn_q_norm / attn_k_norm over all heads at once, before the head split
 
 
-COMMON_TENSORS = ("attn_norm", "wq", "wk", "wv", "wo", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")
+COMMON_TENSORS = ("attn_norm", "wq", "wk", "wv", "wo", "ffn_norm", "ffn_gate", "ffn_up", "ffn_down")  # dense FFN
 COMMON_KEYS = (
     "context_length", "embedding_length", "block_count", "feed_forward_length", "vocab_size",
     "attention.head_count", "attention.head_count_kv", "attention.key_length", "attention.value_length",
@@ -65,8 +68,12 @@ COMMON_KEYS = (
     "rope.scaling.type", "rope.scaling.factor", "rope.scaling.original_context_length", "rope.scaling.attn_factor",
 )
 GEMMA_NORMS = ("post_attn_norm", "post_ffw_norm")
+DENSE_FFN = ("ffn_gate", "ffn_up", "ffn_down")
+EXPERT_FFN = ("ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
+EXPERT_KEYS = ("expert_count", "expert_used_count")
 ARCHS: dict[str, Arch] = {
-    "llama": Arch(rope_neox=False, optional=("bq", "bk", "bv")),  # Llama 1-3, Mistral, SmolLM
+    "llama": Arch(rope_neox=False, optional=("bq", "bk", "bv"), keys=EXPERT_KEYS,  # Llama 1-3, Mistral, SmolLM,
+                  experts="when expert_count > 0", expert_norm=True),  # Mixtral (src/models/llama.cpp: norm_w true)
     "qwen2": Arch(rope_neox=True, required=("bq", "bk", "bv")),
     "qwen3": Arch(rope_neox=True, required=("attn_q_norm", "attn_k_norm")),
     "gemma2": Arch(rope_neox=True, required=GEMMA_NORMS, ffn_gelu=True, embd_scale=True, swa_pattern=2,
@@ -76,6 +83,12 @@ ARCHS: dict[str, Arch] = {
                    embd_scale=True, swa_pattern=6, local_rope_base=10000.0, keys=("attention.sliding_window",)),
     # attention.sliding_window: llama.cpp warns and runs phi3 with full attention (its PR 13676); so do we
     "phi3": Arch(rope_neox=True, fused=True, keys=("attention.sliding_window",)),
+    # src/models/qwen3moe.cpp: qwen3's attention; build_moe_ffn with norm_w true, softmax gating
+    "qwen3moe": Arch(rope_neox=True, required=("attn_q_norm", "attn_k_norm"),
+                     keys=(*EXPERT_KEYS, "expert_feed_forward_length"), experts="always", expert_norm=True),
+    # src/models/olmoe.cpp: q/k norms over the whole projection; norm_w false
+    "olmoe": Arch(rope_neox=True, required=("attn_q_norm", "attn_k_norm"), keys=EXPERT_KEYS, experts="always",
+                  qk_norm_full=True),
 }
 SUPPORTED_ARCHS = tuple(ARCHS)
 
@@ -83,8 +96,8 @@ SUPPORTED_ARCHS = tuple(ARCHS)
 # Anything else that we do not read is refused: a silently ignored key or tensor is a wrong answer.
 HARMLESS_KEYS = {
     "rope.scaling.finetuned": "a note on how the model was trained",
-    "expert_count": "0 is a dense model (checked)",
-    "expert_used_count": "0 is a dense model (checked)",
+    "expert_count": "0 is a dense model (checked; read where the architecture has experts)",
+    "expert_used_count": "0 is a dense model (checked; read where the architecture has experts)",
 }
 HARMLESS_TENSORS = {
     "attn_rot_embd": "old converters' copy of base^(-2i/n_rot), which the engine computes",
@@ -115,6 +128,11 @@ class Config:
     attn_softcap: float
     final_softcap: float
     ffn_gelu: bool
+    qk_norm_full: bool = False
+    n_expert: int = 0  # > 0: a mixture-of-experts FFN (engine/kernels/experts.h)
+    n_expert_used: int = 0
+    n_ff_exp: int = 0
+    expert_norm: bool = False
 
     @property
     def kv_dim(self) -> int:
@@ -156,10 +174,19 @@ class Config:
         if int(key("attention.value_length", head_dim)) != head_dim:
             raise ModelError(f"{gguf.path}: metadata key {arch}.attention.value_length = "
                              f"{key('attention.value_length')} differs from key_length {head_dim}: not implemented")
-        for name in ("expert_count", "expert_used_count"):
-            if int(key(name, 0)) != 0:
-                raise ModelError(f"{gguf.path}: metadata key {arch}.{name} = {key(name)}: mixture-of-experts "
-                                 f"models are not implemented")
+        n_expert, n_expert_used = int(key("expert_count", 0)), int(key("expert_used_count", 0))
+        moe = spec.experts == "always" or spec.experts != "never" and n_expert > 0
+        if not moe and (n_expert or n_expert_used):
+            raise ModelError(f"{gguf.path}: metadata key {arch}.expert_count = {n_expert}: {arch} has no "
+                             f"mixture-of-experts form")
+        if moe and not 0 < n_expert_used <= n_expert < 1 << 16:
+            raise ModelError(f"{gguf.path}: metadata keys {arch}.expert_count = {n_expert} and "
+                             f"{arch}.expert_used_count = {n_expert_used}: need 0 < used <= count")
+        n_ff = int(key("feed_forward_length"))
+        # llama.cpp: expert_feed_forward_length, else feed_forward_length (qwen3moe: n_ff / n_used)
+        n_ff_exp = int(key("expert_feed_forward_length", 0)) if moe else 0
+        if moe and not n_ff_exp:
+            n_ff_exp = n_ff // n_expert_used if arch == "qwen3moe" else n_ff
         embd = gguf.tensors.get("token_embd.weight")
         if embd is None:
             raise ModelError(f"{gguf.path}: tensor token_embd.weight is missing")
@@ -175,7 +202,7 @@ class Config:
             arch=arch,
             n_layer=n_layer,
             n_embd=n_embd,
-            n_ff=int(key("feed_forward_length")),
+            n_ff=n_ff,
             n_head=n_head,
             n_head_kv=n_head_kv,
             head_dim=head_dim,
@@ -194,6 +221,11 @@ class Config:
             attn_softcap=float(key("attn_logit_softcapping", 0.0, float)) if softcaps else 0.0,
             final_softcap=float(key("final_logit_softcapping", 0.0, float)) if softcaps else 0.0,
             ffn_gelu=spec.ffn_gelu,
+            qk_norm_full=spec.qk_norm_full,
+            n_expert=n_expert if moe else 0,
+            n_expert_used=n_expert_used if moe else 0,
+            n_ff_exp=n_ff_exp,
+            expert_norm=spec.expert_norm and moe,
         )
         cfg._validate(gguf)
         return cfg
@@ -210,6 +242,8 @@ class Config:
         if self.n_rot % 2 or self.n_rot > self.head_dim:
             raise ModelError(f"{gguf.path}: rope.dimension_count {self.n_rot} must be even and at most the head "
                              f"dimension {self.head_dim}")
+        if self.n_expert and not 0 < self.n_ff_exp < 1 << 24:
+            raise ModelError(f"{gguf.path}: the experts' feed_forward_length {self.n_ff_exp} is out of range")
         for name in ("attn_softcap", "final_softcap"):
             if not 0 <= getattr(self, name) < 1e30:
                 raise ModelError(f"{gguf.path}: {name} = {getattr(self, name)} is out of range")
@@ -270,13 +304,17 @@ LAYER_TENSORS = {
     "bq": ("attn_q.bias", lambda c: (c.n_head * c.head_dim,)),
     "bk": ("attn_k.bias", lambda c: (c.kv_dim,)),
     "bv": ("attn_v.bias", lambda c: (c.kv_dim,)),
-    "attn_q_norm": ("attn_q_norm.weight", lambda c: (c.head_dim,)),
-    "attn_k_norm": ("attn_k_norm.weight", lambda c: (c.head_dim,)),
+    "attn_q_norm": ("attn_q_norm.weight", lambda c: (c.n_head * c.head_dim if c.qk_norm_full else c.head_dim,)),
+    "attn_k_norm": ("attn_k_norm.weight", lambda c: (c.kv_dim if c.qk_norm_full else c.head_dim,)),
     "post_attn_norm": ("post_attention_norm.weight", lambda c: (c.n_embd,)),
     "ffn_norm": ("ffn_norm.weight", lambda c: (c.n_embd,)),
     "ffn_gate": ("ffn_gate.weight", lambda c: (c.n_embd, c.n_ff)),
     "ffn_up": ("ffn_up.weight", lambda c: (c.n_embd, c.n_ff)),
     "ffn_down": ("ffn_down.weight", lambda c: (c.n_ff, c.n_embd)),
+    "ffn_gate_inp": ("ffn_gate_inp.weight", lambda c: (c.n_embd, c.n_expert)),
+    "ffn_gate_exps": ("ffn_gate_exps.weight", lambda c: (c.n_embd, c.n_ff_exp, c.n_expert)),
+    "ffn_up_exps": ("ffn_up_exps.weight", lambda c: (c.n_embd, c.n_ff_exp, c.n_expert)),
+    "ffn_down_exps": ("ffn_down_exps.weight", lambda c: (c.n_ff_exp, c.n_embd, c.n_expert)),
     "post_ffw_norm": ("post_ffw_norm.weight", lambda c: (c.n_embd,)),
 }
 # Fused tensors (Arch.fused): GGUF suffix -> the fields its rows hold, in order, each (field, rows).
@@ -287,7 +325,7 @@ FUSED_TENSORS = {
 NORM_FIELDS = {"attn_norm", "attn_q_norm", "attn_k_norm", "post_attn_norm", "ffn_norm", "post_ffw_norm",
                "bq", "bk", "bv"}
 # The fields the forward pass multiplies by (forward.c: matmul / rq_matmul_multi), besides "output".
-MATMUL_FIELDS = ("wq", "wk", "wv", "wo", "ffn_gate", "ffn_up", "ffn_down")
+MATMUL_FIELDS = ("wq", "wk", "wv", "wo", "ffn_gate", "ffn_up", "ffn_down", *EXPERT_FFN)
 # Global RoPE factor tensors (engine/rope.py): Llama 3's, and Phi-3's LongRoPE pair.
 ROPE_FACTOR_TENSORS = ("rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight")
 
@@ -319,6 +357,8 @@ class Weights:
                 used.add(name)
         if ("rope_factors_long.weight" in self.rope_factors) != ("rope_factors_short.weight" in self.rope_factors):
             raise ModelError(f"{gguf.path}: rope_factors_long.weight and rope_factors_short.weight come as a pair")
+        # a mixture of experts has the router and the experts' stacks in place of the dense FFN
+        common = tuple(f for f in COMMON_TENSORS if f not in DENSE_FFN) + EXPERT_FFN if cfg.n_expert else COMMON_TENSORS
         self.layers: list[dict[str, tuple[int, ...]]] = []
         self.sources: list[dict[str, tuple[str, int]]] = []  # per layer: field -> (GGUF name, first row)
         for il in range(cfg.n_layer):
@@ -335,15 +375,19 @@ class Weights:
                             sources[field] = (name, row0)
                             row0 += rows
                         used.add(name)
+            for field in (*common, *spec.required):  # what is missing first: it says more than what is extra
+                if field not in layer and f"blk.{il}.{LAYER_TENSORS[field][0]}" not in gguf.tensors:
+                    raise ModelError(f"{gguf.path}: tensor blk.{il}.{LAYER_TENSORS[field][0]} is missing "
+                                     f"(needed by {cfg.arch})")
             for field, (suffix, shape) in LAYER_TENSORS.items():
                 name = f"blk.{il}.{suffix}"
                 if field in layer:
                     continue
                 if name not in gguf.tensors:
-                    if field in COMMON_TENSORS or field in spec.required:
+                    if field in common or field in spec.required:
                         raise ModelError(f"{gguf.path}: tensor {name} is missing (needed by {cfg.arch})")
                     continue
-                if field not in COMMON_TENSORS + spec.required + spec.optional:
+                if field not in common + spec.required + spec.optional:
                     raise ModelError(f"{gguf.path}: tensor {name} is not used by the {cfg.arch} forward pass; "
                                      f"refusing rather than computing without it")
                 layer[field] = self._spec(name, shape(cfg), f32=field in NORM_FIELDS)
@@ -421,7 +465,7 @@ class Weights:
         data = self.gguf.tensor_data(name)
         address = data.__array_interface__["data"][0]
         cols = shape[0]
-        rows = shape[1] if len(shape) > 1 else 1
+        rows = math.prod(shape[1:])  # an experts' stack: its matrices' rows one after another
         return (int(info.type), address, rows, cols)
 
 

@@ -236,6 +236,17 @@ def _align(n: int) -> int:
     return -(-n // ALIGN) * ALIGN
 
 
+def _repackable_rows(info: Any) -> int:
+    """The rows of a matrix, or of a stack of experts' matrices ({cols, rows, n_expert}) whose each matrix
+    is whole 16-row groups, so that expert e's groups start at e * rows / 16; else 0 (not repacked)."""
+    shape = [int(n) for n in info.shape]
+    if len(shape) == 2:
+        return shape[1]
+    if len(shape) == 3 and shape[1] % GROUP_ROWS == 0:
+        return shape[1] * shape[2]
+    return 0
+
+
 def plan_cache(gguf: Any, names: Sequence[str], api: R16Kernels) -> CachePlan:
     """The table for `names` (the model's matmul weights, GGUF tensor names) of an open GGUFFile:
     the tensors whose type R16 covers, each at the next ALIGN boundary after the header."""
@@ -243,16 +254,16 @@ def plan_cache(gguf: Any, names: Sequence[str], api: R16Kernels) -> CachePlan:
     for name in dict.fromkeys(names):  # a tied output is token_embd: once
         info = gguf.tensors[name]
         # r16_bytes is 0 for a shape the type's R16 layout cannot hold
-        if len(info.shape) == 2 and api.supported(int(info.type)) and \
-                api.nbytes(int(info.type), int(info.shape[1]), int(info.shape[0])) > 0:
+        if _repackable_rows(info) and api.supported(int(info.type)) and \
+                api.nbytes(int(info.type), _repackable_rows(info), int(info.shape[0])) > 0:
             chosen.append(info)
         else:
             skipped.append(name)
     source = source_identity(Path(gguf.path), gguf.data_offset)
     # The header holds the offsets, which depend on the header's length: lay the data out after a
     # header sized for the largest numbers it can hold, then check it fits.
-    provisional = [CachedTensor(i.name, int(i.type), int(i.shape[1]), int(i.shape[0]), 1 << 50,
-                                int(api.nbytes(int(i.type), int(i.shape[1]), int(i.shape[0]))), 1 << 50, 1 << 50)
+    provisional = [CachedTensor(i.name, int(i.type), _repackable_rows(i), int(i.shape[0]), 1 << 50,
+                                int(api.nbytes(int(i.type), _repackable_rows(i), int(i.shape[0]))), 1 << 50, 1 << 50)
                    for i in chosen]
     stub = CachePlan(_safe_stem(Path(gguf.path)), source, tuple(provisional), 1 << 50, tuple(skipped))
     offset = _align(PREFIX.size + len(stub.header()))

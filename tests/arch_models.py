@@ -20,6 +20,11 @@ checks that the reference without it disagrees with llama.cpp):
 * "phi3": fused attn_qkv with GQA, fused gate|up ffn_up, partial rotary (48 of 64 dims),
   rope_factors_long / _short (far from 1 and from each other), original_context_length 32 of
   4096 and the converter's attn_factor sqrt(1 + ln(4096/32) / ln 32); untied output.
+* "qwen3moe", "mixtral" (llama with experts) and "olmoe": mixtures of experts, 2 layers, 8, 4 and 8
+  experts of which 2 per token, F32 routers, seeds chosen so that no token's choice is a near-tie,
+  expert stacks in F16, and in the last layer Q4_K (gate), F16 (up) and Q6_K (down); qwen3moe with qwen3's attention and
+  renormalised weights, mixtral llama's (NORM RoPE, tied output), olmoe q/k norms over all heads
+  and weights not renormalised.
 
 Files are cached with tests/quant_models.py's cache (~/.cache/rqllm/test-models/), named by a hash
 of the tokenizer source, of quant_models' packers and of this module's code.  llama.cpp's logits
@@ -38,7 +43,8 @@ from gguf import GGUFReader, GGUFValueType, GGUFWriter, LlamaFileType
 
 from tests import quant_models as QM
 
-ARCH_NAMES = ("llama3", "llama-yarn", "qwen3", "gemma2", "phi3")
+ARCH_NAMES = ("llama3", "llama-yarn", "qwen3", "gemma2", "phi3", "qwen3moe", "mixtral", "olmoe")
+MOE_NAMES = ("qwen3moe", "mixtral", "olmoe")
 
 
 class _Maker:
@@ -273,8 +279,102 @@ def write_phi3(dst: Path, tokenizer_src: Path) -> dict[str, str]:
     return m.finish()
 
 
+# Seeds whose models route the fixture text (tests.quant_models.smollm2_text_ids(48)) with no near-tie:
+# at every token and layer the n_used-th and next router logits differ by >= MIN_ROUTER_GAP in the
+# reference, so rounding cannot hand a token to another expert in one engine and not in the other
+# (tests/test_arch_reference.py checks it).
+MOE_SEEDS = {"qwen3moe": 38, "mixtral": 37, "olmoe": 36}
+MIN_ROUTER_GAP = 0.01
+
+
+def _add_stack(m: _Maker, name: str, n_expert: int, rows: int, cols: int, gain: float, type_name: str) -> None:
+    """A 3-D expert stack {cols, rows, n_expert}: expert e's matrix is slab e."""
+    w = np.stack([m.mat(rows, cols, gain) for _ in range(n_expert)])
+    t = QM.type_for_row(type_name, cols)
+    data = QM.quantize_rows(w.reshape(n_expert * rows, cols), t)
+    m.w.add_tensor(name, data.reshape(n_expert, rows, -1), raw_dtype=QM.T[t])
+    m.written[name] = t
+
+
+def _moe_blocks(m: _Maker, n_layer, n_embd, n_head, n_head_kv, head_dim, n_expert, n_ff_exp, qk_norm: str) -> None:
+    """Attention as llama/qwen3 (qk_norm: "" none, "head" per head, "full" over all heads) and an
+    experts' FFN: router ffn_gate_inp (F32, logits of RMS ~2.5), gate/up/down stacks. K types only in
+    the last layer: every router then reads a residual stream made by F16 matmuls, which llama.cpp
+    and we compute alike to ~0.05 %, so a token's experts are the same in both (MIN_ROUTER_GAP)."""
+    for il in range(n_layer):
+        p = f"blk.{il}."
+        k_types = il == n_layer - 1
+        m.add(p + "attn_norm.weight", m.vec(n_embd, 1.0, 0.1))
+        gain_qk = 0.3 if qk_norm else 1.3
+        m.add(p + "attn_q.weight", m.mat(n_head * head_dim, n_embd, gain_qk), "F16")
+        m.add(p + "attn_k.weight", m.mat(n_head_kv * head_dim, n_embd, gain_qk), "F16")
+        m.add(p + "attn_v.weight", m.mat(n_head_kv * head_dim, n_embd, 1.0), "Q4_K" if k_types else "F16")
+        if qk_norm:
+            nq, nk = (n_head * head_dim, n_head_kv * head_dim) if qk_norm == "full" else (head_dim, head_dim)
+            m.add(p + "attn_q_norm.weight", m.vec(nq, 1.3, 0.4))
+            m.add(p + "attn_k_norm.weight", m.vec(nk, 1.3, 0.4))
+        m.add(p + "attn_output.weight", m.mat(n_embd, n_head * head_dim, 2.0), "F16")
+        m.add(p + "ffn_norm.weight", m.vec(n_embd, 1.0, 0.1))
+        m.add(p + "ffn_gate_inp.weight", m.mat(n_expert, n_embd, 2.5), "F32")
+        _add_stack(m, p + "ffn_gate_exps.weight", n_expert, n_ff_exp, n_embd, 1.5, "Q4_K" if k_types else "F16")
+        _add_stack(m, p + "ffn_up_exps.weight", n_expert, n_ff_exp, n_embd, 1.5, "F16")
+        _add_stack(m, p + "ffn_down_exps.weight", n_expert, n_embd, n_ff_exp, 1.0, "Q6_K" if k_types else "F16")
+
+
+def write_qwen3moe(dst: Path, tokenizer_src: Path) -> dict[str, str]:
+    """Exercises qwen3moe: qwen3's attention; 8 experts of width 256 (expert_feed_forward_length,
+    not feed_forward_length), top 2, weights renormalised."""
+    n_layer, n_embd, n_head, n_head_kv, head_dim, n_expert, n_ff_exp = 2, 256, 4, 2, 128, 8, 256
+    m = _Maker(dst, "qwen3moe", tokenizer_src, seed=MOE_SEEDS["qwen3moe"])
+    m.common(ctx=4096, n_embd=n_embd, n_layer=n_layer, n_ff=768, n_head=n_head, n_head_kv=n_head_kv,
+             base=1_000_000.0)
+    m.w.add_key_length(head_dim)
+    m.w.add_value_length(head_dim)
+    m.w.add_expert_count(n_expert)
+    m.w.add_expert_used_count(2)
+    m.u32("qwen3moe.expert_feed_forward_length", n_ff_exp)
+    m.add("token_embd.weight", m.rng.standard_normal((m.vocab, n_embd), dtype=np.float32) * np.float32(0.5), "F16")
+    m.add("output_norm.weight", m.vec(n_embd, 1.0, 0.1))
+    _moe_blocks(m, n_layer, n_embd, n_head, n_head_kv, head_dim, n_expert, n_ff_exp, "head")
+    return m.finish()
+
+
+def write_mixtral(dst: Path, tokenizer_src: Path) -> dict[str, str]:
+    """Exercises llama with experts (Mixtral): NORM RoPE, 4 experts of width feed_forward_length, top 2,
+    weights renormalised, tied output (an untied one here left many logits near-tied at the top)."""
+    n_layer, n_embd, n_head, n_head_kv, head_dim, n_expert, n_ff = 2, 256, 4, 2, 64, 4, 256
+    m = _Maker(dst, "llama", tokenizer_src, seed=MOE_SEEDS["mixtral"])
+    m.common(ctx=4096, n_embd=n_embd, n_layer=n_layer, n_ff=n_ff, n_head=n_head, n_head_kv=n_head_kv,
+             base=10000.0, eps=1e-5)
+    m.u32("llama.rope.dimension_count", head_dim)
+    m.w.add_expert_count(n_expert)
+    m.w.add_expert_used_count(2)
+    m.add("token_embd.weight", m.rng.standard_normal((m.vocab, n_embd), dtype=np.float32) * np.float32(0.5), "F16")
+    m.add("output_norm.weight", m.vec(n_embd, 1.0, 0.1))
+    _moe_blocks(m, n_layer, n_embd, n_head, n_head_kv, head_dim, n_expert, n_ff, "")
+    return m.finish()
+
+
+def write_olmoe(dst: Path, tokenizer_src: Path) -> dict[str, str]:
+    """Exercises olmoe: q/k RMSNorm over the whole projection before the head split, 8 experts of
+    width feed_forward_length, top 2, weights not renormalised, untied output."""
+    n_layer, n_embd, n_head, n_expert, n_ff = 2, 256, 4, 8, 256
+    head_dim = n_embd // n_head  # olmoe's k norm is n_embd wide: no GQA
+    m = _Maker(dst, "olmoe", tokenizer_src, seed=MOE_SEEDS["olmoe"])
+    m.common(ctx=4096, n_embd=n_embd, n_layer=n_layer, n_ff=n_ff, n_head=n_head, n_head_kv=n_head,
+             base=10000.0, eps=1e-5)
+    m.w.add_expert_count(n_expert)
+    m.w.add_expert_used_count(2)
+    m.add("token_embd.weight", m.rng.standard_normal((m.vocab, n_embd), dtype=np.float32) * np.float32(0.5), "F16")
+    m.add("output_norm.weight", m.vec(n_embd, 1.0, 0.1))
+    m.add("output.weight", m.mat(m.vocab, n_embd, 4.0), "Q6_K")
+    _moe_blocks(m, n_layer, n_embd, n_head, n_head, head_dim, n_expert, n_ff, "full")
+    return m.finish()
+
+
 WRITERS = {"llama3": write_llama3, "llama-yarn": write_llama_yarn, "qwen3": write_qwen3,
-           "gemma2": write_gemma2, "phi3": write_phi3}
+           "gemma2": write_gemma2, "phi3": write_phi3, "qwen3moe": write_qwen3moe, "mixtral": write_mixtral,
+           "olmoe": write_olmoe}
 
 
 def _key(src: Path, name: str) -> str:

@@ -121,6 +121,9 @@ class Config:
     qk_norm: bool = False  # per-head RMSNorm of q and k before RoPE (gemma3, qwen3)
     attn_softcap: float | None = None  # attention logits -> c * tanh(s / c) (gemma2)
     final_softcap: float | None = None  # output logits -> c * tanh(l / c) (gemma2)
+    n_expert: int = 0  # > 0: the FFN is a mixture of experts (moe_ffn_block)
+    n_expert_used: int = 0
+    expert_norm: bool = False  # the chosen experts' weights renormalised to sum 1
 
     def is_local(self, il: int) -> bool:
         return bool(self.local_layers) and self.local_layers[il]
@@ -157,7 +160,7 @@ def _field(reader: GGUFReader, key: str, default=None):
     return f.contents()
 
 
-ARCHS = ("llama", "gemma3", "qwen2", "qwen3", "gemma2", "phi3")
+ARCHS = ("llama", "gemma3", "qwen2", "qwen3", "gemma2", "phi3", "qwen3moe", "olmoe")
 DEFAULT_N_CTX = 512  # the n_ctx every llama.cpp fixture is recorded with (tests/tools/*.py)
 
 # The tensors each architecture's layer function reads (blk.N.<name>.weight / .bias); a file with
@@ -175,6 +178,11 @@ LAYER_TENSORS = {
                "ffn_norm", "ffn_gate", "ffn_up", "ffn_down", "post_ffw_norm"},
     "phi3": {"attn_norm", "attn_qkv", "attn_output", "ffn_norm", "ffn_up", "ffn_down"},
 }
+EXPERT_TENSORS = {"ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"}
+_ATTN_QK_NORM = {"attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "attn_q_norm", "attn_k_norm", "ffn_norm"}
+LAYER_TENSORS["qwen3moe"] = _ATTN_QK_NORM | EXPERT_TENSORS
+LAYER_TENSORS["olmoe"] = _ATTN_QK_NORM | EXPERT_TENSORS
+LAYER_TENSORS["llama-moe"] = LAYER_TENSORS["llama"] - {"ffn_gate", "ffn_up", "ffn_down"} | EXPERT_TENSORS
 GLOBAL_TENSORS = {"token_embd.weight", "output_norm.weight", "output.weight", "rope_freqs.weight",
                   "rope_factors_long.weight", "rope_factors_short.weight"}
 
@@ -194,7 +202,8 @@ def read_config(reader: GGUFReader, n_ctx: int = DEFAULT_N_CTX) -> Config:
     n_layer = int(a("block_count"))
     tensors = {t.name: t for t in reader.tensors}
     names = set(tensors)
-    _check_tensors(arch, names)
+    n_expert = int(a("expert_count", 0) or 0)
+    _check_tensors("llama-moe" if arch == "llama" and n_expert else arch, names)
     tok_embd = tensors["token_embd.weight"]
     vocab = int(tok_embd.shape[1])  # GGUF order: [n_embd, vocab]
     rope_base = float(a("rope.freq_base", 10000.0))
@@ -226,7 +235,7 @@ def read_config(reader: GGUFReader, n_ctx: int = DEFAULT_N_CTX) -> Config:
         attn_scale = 1.0 / math.sqrt(n_embd / n_head)
     if a("attention.scale") is not None:
         raise ValueError("a GGUF attention.scale is not implemented in the reference")
-    for key in ("expert_count", "rope.scaling.yarn_log_multiplier", "rope.dimension_sections"):
+    for key in ("expert_weights_scale", "rope.scaling.yarn_log_multiplier", "rope.dimension_sections"):
         if a(key) not in (None, 0, 0.0):
             raise ValueError(f"{arch}.{key} is not implemented in the reference")
     n_rot = int(a("rope.dimension_count", head_dim))
@@ -299,10 +308,14 @@ def read_config(reader: GGUFReader, n_ctx: int = DEFAULT_N_CTX) -> Config:
         rope_attn_factor=float(a("rope.scaling.attn_factor", 1.0)),
         rope_factors=factors,
         rope_factors_name=factors_name,
-        qk_norm=arch in ("gemma3", "qwen3"),
+        qk_norm=arch in ("gemma3", "qwen3", "qwen3moe", "olmoe"),
         # gemma2.cpp: attn_soft_cap = true, caps default 50 and 30 (llama-hparams.h)
         attn_softcap=float(a("attn_logit_softcapping", 50.0)) if arch == "gemma2" else None,
         final_softcap=float(a("final_logit_softcapping", 30.0)) if arch == "gemma2" else None,
+        n_expert=n_expert,
+        n_expert_used=int(a("expert_used_count", 0) or 0),
+        # build_moe_ffn's norm_w: true in src/models/qwen3moe.cpp and llama.cpp, false in olmoe.cpp
+        expert_norm=arch in ("qwen3moe", "llama"),
     )
 
 
@@ -576,6 +589,28 @@ def swiglu_ffn_block(x, L, cfg: Config):
     return x + L["ffn_down"](f)
 
 
+def moe_ffn_block(x, L, cfg: Config):
+    """A mixture-of-experts feed-forward with its residual (llama.cpp's build_moe_ffn, softmax gating):
+    router probabilities softmax(ffn_gate_inp h) over all experts, the n_expert_used largest chosen
+    (largest first), their probabilities as weights (renormalised to sum 1 when cfg.expert_norm),
+    x + sum_k w_k down_k(silu(gate_k h) * up_k h) with expert k's slices of the 3-D stacks."""
+    h = rms_norm(x, L["ffn_norm"], cfg.eps)
+    logits = np.asarray(L["ffn_gate_inp"](h), dtype=np.float64)
+    probs = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    probs /= probs.sum(axis=-1, keepdims=True)
+    gate, up, down = L["ffn_gate_exps"], L["ffn_up_exps"], L["ffn_down_exps"]  # [n_expert, rows, cols]
+    out = np.zeros_like(x)
+    for t in range(x.shape[0]):
+        chosen = np.argsort(-probs[t], kind="stable")[:cfg.n_expert_used]
+        w = probs[t, chosen]
+        if cfg.expert_norm:
+            w = w / max(w.sum(), 6.103515625e-5)
+        for e, we in zip(chosen, w):
+            f = silu(gate[e] @ h[t]) * (up[e] @ h[t])
+            out[t] += np.float32(we) * (down[e] @ f)
+    return x + out
+
+
 def causal_attention_block(x, q, k, v, L, cfg: Config, il: int, pos, cache, ggml_numerics=False):
     """The llama-family attention after RoPE, with its residual: keys and values into the cache,
     full causal attention scaled by cfg.attn_scale, the output projection added to x."""
@@ -597,7 +632,7 @@ def llama_layer(x, L, cfg: Config, il: int, pos, cache, ggml_numerics=False):
     q = rope(q, pos, cfg.rope_base, cfg.n_rot, neox=False, **scaling)
     k = rope(k, pos, cfg.rope_base, cfg.n_rot, neox=False, **scaling)
     x = causal_attention_block(x, q, k, v, L, cfg, il, pos, cache, ggml_numerics)
-    return swiglu_ffn_block(x, L, cfg)
+    return moe_ffn_block(x, L, cfg) if cfg.n_expert else swiglu_ffn_block(x, L, cfg)  # Mixtral: experts
 
 
 def gemma3_layer(x, L, cfg: Config, il: int, pos, cache, ggml_numerics=False):
@@ -718,8 +753,37 @@ def phi3_layer(x, L, cfg: Config, il: int, pos, cache, ggml_numerics=False):
     return x
 
 
+def qwen3moe_layer(x, L, cfg: Config, il: int, pos, cache, ggml_numerics=False):
+    """One qwen3moe block (src/models/qwen3moe.cpp): qwen3's attention, a mixture-of-experts FFN."""
+    n = x.shape[0]
+    h = rms_norm(x, L["attn_norm"], cfg.eps)
+    q = rms_norm(L["attn_q"](h).reshape(n, cfg.n_head, cfg.head_dim), L["attn_q_norm"], cfg.eps)
+    k = rms_norm(L["attn_k"](h).reshape(n, cfg.n_head_kv, cfg.head_dim), L["attn_k_norm"], cfg.eps)
+    v = L["attn_v"](h).reshape(n, cfg.n_head_kv, cfg.head_dim)
+    scaling = rope_scaling(cfg, cfg.rope_base)
+    q = rope(q, pos, cfg.rope_base, cfg.n_rot, cfg.rope_neox, **scaling)
+    k = rope(k, pos, cfg.rope_base, cfg.n_rot, cfg.rope_neox, **scaling)
+    x = causal_attention_block(x, q, k, v, L, cfg, il, pos, cache, ggml_numerics)
+    return moe_ffn_block(x, L, cfg)
+
+
+def olmoe_layer(x, L, cfg: Config, il: int, pos, cache, ggml_numerics=False):
+    """One olmoe block (src/models/olmoe.cpp): q and k RMS-normed over the whole projection (all
+    heads at once) before the head split and NEOX RoPE; a mixture of experts without renormalised weights."""
+    n = x.shape[0]
+    h = rms_norm(x, L["attn_norm"], cfg.eps)
+    q = rms_norm(L["attn_q"](h), L["attn_q_norm"], cfg.eps).reshape(n, cfg.n_head, cfg.head_dim)
+    k = rms_norm(L["attn_k"](h), L["attn_k_norm"], cfg.eps).reshape(n, cfg.n_head_kv, cfg.head_dim)
+    v = L["attn_v"](h).reshape(n, cfg.n_head_kv, cfg.head_dim)
+    scaling = rope_scaling(cfg, cfg.rope_base)
+    q = rope(q, pos, cfg.rope_base, cfg.n_rot, cfg.rope_neox, **scaling)
+    k = rope(k, pos, cfg.rope_base, cfg.n_rot, cfg.rope_neox, **scaling)
+    x = causal_attention_block(x, q, k, v, L, cfg, il, pos, cache, ggml_numerics)
+    return moe_ffn_block(x, L, cfg)
+
+
 LAYER_FNS = {"llama": llama_layer, "gemma3": gemma3_layer, "qwen2": qwen2_layer, "qwen3": qwen3_layer,
-             "gemma2": gemma2_layer, "phi3": phi3_layer}
+             "gemma2": gemma2_layer, "phi3": phi3_layer, "qwen3moe": qwen3moe_layer, "olmoe": olmoe_layer}
 
 
 class KVCache:

@@ -1,7 +1,7 @@
-"""The numpy reference (tests/reference.py) on five architecture variants, against llama.cpp.
+"""The numpy reference (tests/reference.py) on eight architecture variants, against llama.cpp.
 
 The models are tiny random-weight GGUFs (tests/arch_models.py: Llama 3 rope_freqs + linear
-scaling, YaRN, qwen3, gemma2, phi3 LongRoPE); llama.cpp's logits on one 48-token sequence are
+scaling, YaRN, qwen3, gemma2, phi3 LongRoPE, and the mixtures of experts qwen3moe, mixtral, olmoe); llama.cpp's logits on one 48-token sequence are
 fixtures (tests/tools/make_arch_fixtures.py, n_ctx 512).  For each architecture:
 
 * the reference agrees with llama.cpp: cosine >= MIN_COS between the two logit vectors (over the
@@ -100,6 +100,16 @@ def _swap_gate_up(ref: R.ReferenceModel) -> R.ReferenceModel:
     return other
 
 
+def _qk_norm_per_head(ref: R.ReferenceModel) -> R.ReferenceModel:
+    """olmoe run as qwen3moe: q/k norms per head (each head's slice of the full-width weights)."""
+    other = R.ReferenceModel.variant(ref)
+    other._layer_fn = R.qwen3moe_layer  # noqa: SLF001
+    hd = ref.config.head_dim
+    other._layers = {False: [{**L, "attn_q_norm": L["attn_q_norm"][:hd], "attn_k_norm": L["attn_k_norm"][:hd]}  # noqa: SLF001
+                             for L in ref.layers], True: None}
+    return other
+
+
 def _factors(name):
     return lambda ref: ref.variant(rope_factors=tuple(float(v) for v in ref.weights[name]))
 
@@ -124,6 +134,18 @@ OFF = {
         "odd layers sliding": lambda ref: ref.variant(local_layers=tuple(not x for x in ref.config.local_layers)),
         "q scale 1/sqrt(n_embd/n_head)": lambda ref: ref.variant(
             attn_scale=1.0 / math.sqrt(ref.config.n_embd / ref.config.n_head)),
+    },
+    "qwen3moe": {
+        "weights not renormalised": lambda ref: ref.variant(expert_norm=False),
+        "one expert per token": lambda ref: ref.variant(n_expert_used=1, expert_norm=False),
+    },
+    "mixtral": {
+        "weights not renormalised": lambda ref: ref.variant(expert_norm=False),
+        "three experts per token": lambda ref: ref.variant(n_expert_used=3),
+    },
+    "olmoe": {
+        "weights renormalised": lambda ref: ref.variant(expert_norm=True),
+        "QK norm per head": _qk_norm_per_head,
     },
     "phi3": {
         "short instead of long factors": _factors("rope_factors_short.weight"),
@@ -213,7 +235,7 @@ def _tiny_gguf(path, arch: str, keys: dict, tensors: dict) -> R.Config:
 @pytest.mark.parametrize("arch_name,keys,tensors,why", [
     ("mamba", {}, {}, "not 'mamba'"),
     ("llama", {"rope.scaling.type": "longrope"}, {}, "rope.scaling.type"),
-    ("llama", {"expert_count": 8}, {}, "expert_count"),
+    ("llama", {"expert_weights_scale": 2.5}, {}, "expert_weights_scale"),
     ("llama", {}, {"blk.0.attn_output.bias": (16,)}, "attn_output.bias"),
     ("llama", {"rope.dimension_count": 4}, {}, "rope.dimension_count"),
     ("qwen3", {}, {"rope_freqs.weight": (4,)}, "rope_freqs"),
@@ -295,6 +317,29 @@ def test_each_feature_matters(name, variant, archs):
     msg = (f"{name} with {variant}: cosine min {cos.min():.4f} median {np.median(cos):.4f}, top-1 {top1:.3f}")
     print(msg)
     assert not (cos.min() >= MIN_COS and top1 >= MIN_TOP1), msg
+
+
+@pytest.mark.parametrize("name", AM.MOE_NAMES)
+def test_no_token_is_routed_on_a_near_tie(name, archs):
+    """The models' seeds (arch_models.MOE_SEEDS) route the fixture text clearly: at every token and
+    layer the last chosen expert's router logit exceeds the next one's by MIN_ROUTER_GAP, far more
+    than llama.cpp and the engine differ by, so both choose the same experts."""
+    arch = archs(name)
+    gaps = []
+    original = R.moe_ffn_block
+
+    def recording(x, L, cfg):
+        logits = np.sort(L["ffn_gate_inp"](R.rms_norm(x, L["ffn_norm"], cfg.eps)), axis=-1)[:, ::-1]
+        gaps.append(logits[:, cfg.n_expert_used - 1] - logits[:, cfg.n_expert_used])
+        return original(x, L, cfg)
+
+    R.moe_ffn_block = recording
+    try:
+        arch.ref.forward(arch.fx["ids"].tolist())
+    finally:
+        R.moe_ffn_block = original
+    assert len(gaps) == arch.ref.config.n_layer
+    assert np.concatenate(gaps).min() >= AM.MIN_ROUTER_GAP
 
 
 def test_feature_variants_change_the_config_only(arch):

@@ -86,9 +86,18 @@ CASES = {
     "an attention scale override": (
         dict(keys={"llama.attention.scale": (0.5, F)}),
         "metadata key llama.attention.scale is not implemented for llama"),
-    "experts": (
+    "experts named without their tensors": (
         dict(keys={"llama.expert_count": (8, U), "llama.expert_used_count": (2, U)}),
-        "llama.expert_count = 8: mixture-of-experts models are not implemented"),
+        "tensor blk.0.ffn_gate_inp.weight is missing (needed by llama)"),
+    "experts on an architecture without a mixture-of-experts form": (
+        dict(arch="qwen2", keys={"qwen2.expert_count": (8, U), "qwen2.expert_used_count": (2, U)}),
+        "qwen2.expert_count = 8: qwen2 has no mixture-of-experts form"),
+    "more experts per token than experts": (
+        dict(keys={"llama.expert_count": (8, U), "llama.expert_used_count": (9, U)}),
+        "llama.expert_used_count = 9: need 0 < used <= count"),
+    "an expert weights scale": (
+        dict(keys={"llama.expert_weights_scale": (2.5, F)}),
+        "metadata key llama.expert_weights_scale is not implemented for llama"),
     "a value length unlike the key length": (
         dict(keys={"llama.attention.value_length": (32, U)}),
         "llama.attention.value_length = 32 differs from key_length 64"),

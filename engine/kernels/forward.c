@@ -1,6 +1,7 @@
 /* The transformer forward pass. Read rq_forward() top to bottom; helpers come first. */
 #define _GNU_SOURCE   /* sincosf */
 #include "forward.h"
+#include "experts.h"
 
 #include <math.h>
 #include <omp.h>
@@ -40,6 +41,8 @@ struct rq_model {
     int8_t *act_qs;
     float *act_d;
     int32_t *act_sum16;
+
+    rq_experts *experts;   /* a mixture-of-experts FFN's scratch, or NULL */
 
     float *record;  /* test hook: residual after each layer */
     int record_max;
@@ -204,6 +207,13 @@ rq_model *rq_model_create(const rq_config *cfg, const rq_weights *w, const rq_kv
     int cols = c->n_embd;
     if (m->q_dim > cols) cols = m->q_dim;
     if (c->n_ff > cols) cols = c->n_ff;
+    if (c->n_expert > 0) {
+        m->experts = rq_experts_create(c->n_embd, c->n_expert, c->n_expert_used, c->n_ff_exp, U);
+        if (!m->experts) {
+            rq_model_free(m);
+            return NULL;
+        }
+    }
     m->max_cols = cols;
 
     size_t xb_dim = (size_t)(c->n_embd > m->q_dim ? c->n_embd : m->q_dim);
@@ -251,6 +261,7 @@ void rq_model_free(rq_model *m) {
     free(m->hb); free(m->hb2); free(m->att_scratch); free(m->acts);
     free(m->act_qs); free(m->act_d); free(m->act_sum16);
     for (int b = 0; b < 2; b++) free(m->rope_cs[b]);
+    rq_experts_free(m->experts);
     free(m);
 }
 
@@ -1003,7 +1014,7 @@ A256F static void gated_act_256(float *g, const float *up, size_t n, int gelu) {
 }
 #endif
 
-static void gated_act(float *g, const float *up, size_t n, int gelu) {
+void rq_gated_act(float *g, const float *up, size_t n, int gelu) {
 #if defined(__x86_64__) || defined(__i386__)
     if (rq_kernel_path() != RQ_PATH_SCALAR) { gated_act_256(g, up, n, gelu); return; }
 #endif
@@ -1035,12 +1046,13 @@ static void attention(rq_model *m, int il, int n, int pos0) {
     FOR_TOKENS
     for (int t = 0; t < n; t++) {
         float *qt = m->q + (size_t)t * q_dim, *kt = m->k + (size_t)t * kv_dim;
+        const int qn = c->qk_norm_full ? q_dim : hd, kn = c->qk_norm_full ? kv_dim : hd;   /* per head or all at once */
         if (L->attn_q_norm.data)
-            for (int h = 0; h < c->n_head; h++)
-                rmsnorm(qt + h * hd, qt + h * hd, f32_data(&L->attn_q_norm), hd, c->norm_eps);
+            for (int h = 0; h < q_dim / qn; h++)
+                rmsnorm(qt + h * qn, qt + h * qn, f32_data(&L->attn_q_norm), qn, c->norm_eps);
         if (L->attn_k_norm.data)
-            for (int h = 0; h < c->n_head_kv; h++)
-                rmsnorm(kt + h * hd, kt + h * hd, f32_data(&L->attn_k_norm), hd, c->norm_eps);
+            for (int h = 0; h < kv_dim / kn; h++)
+                rmsnorm(kt + h * kn, kt + h * kn, f32_data(&L->attn_k_norm), kn, c->norm_eps);
         rope(qt, c->n_head, hd, c->n_rot, rope_cs + (size_t)t * hd, c->rope_neox);
         rope(kt, c->n_head_kv, hd, c->n_rot, rope_cs + (size_t)t * hd, c->rope_neox);
         size_t slot = (size_t)((pos0 + t) % slots);
@@ -1072,13 +1084,18 @@ static void feed_forward(rq_model *m, int il, int n) {
     for (int t = 0; t < n; t++)
         rmsnorm(m->xb + (size_t)t * d, m->x + (size_t)t * d, f32_data(&L->ffn_norm), d, c->norm_eps);
     quantize_rows(m, m->xb, n, d, d);
-    const rq_matmul_op gate_up[2] = {{L->ffn_gate.type, L->ffn_gate.data, L->ffn_gate.rows, m->hb, ff, L->ffn_gate.r16},
-                                     {L->ffn_up.type, L->ffn_up.data, L->ffn_up.rows, m->hb2, ff, L->ffn_up.r16}};
-    rq_matmul_multi(gate_up, 2, d, m->acts, n, m->n_threads);
-    FOR_TOKENS
-    for (int t = 0; t < n; t++) gated_act(m->hb + (size_t)t * ff, m->hb2 + (size_t)t * ff, (size_t)ff, c->ffn_gelu);
-    quantize_rows(m, m->hb, n, ff, ff);
-    matmul(m, &L->ffn_down, n, m->xb, d);
+    if (L->ffn_gate_inp.data) {   /* a mixture of experts (experts.h) */
+        rq_experts_ffn(m->experts, &L->ffn_gate_inp, &L->ffn_gate_exps, &L->ffn_up_exps, &L->ffn_down_exps,
+                       c->expert_norm, c->ffn_gelu, m->acts, n, m->xb, d, m->n_threads);
+    } else {
+        const rq_matmul_op gate_up[2] = {{L->ffn_gate.type, L->ffn_gate.data, L->ffn_gate.rows, m->hb, ff, L->ffn_gate.r16},
+                                         {L->ffn_up.type, L->ffn_up.data, L->ffn_up.rows, m->hb2, ff, L->ffn_up.r16}};
+        rq_matmul_multi(gate_up, 2, d, m->acts, n, m->n_threads);
+        FOR_TOKENS
+        for (int t = 0; t < n; t++) rq_gated_act(m->hb + (size_t)t * ff, m->hb2 + (size_t)t * ff, (size_t)ff, c->ffn_gelu);
+        quantize_rows(m, m->hb, n, ff, ff);
+        matmul(m, &L->ffn_down, n, m->xb, d);
+    }
     if (L->post_ffw_norm.data) {
         FOR_TOKENS
         for (int t = 0; t < n; t++)

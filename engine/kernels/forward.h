@@ -8,6 +8,7 @@
 #ifndef RQLLM_FORWARD_H
 #define RQLLM_FORWARD_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "quants.h"
@@ -30,6 +31,11 @@
     X(float, attn_softcap)  /* > 0: scores become cap * tanh(score / cap) (gemma2) */                \
     X(float, final_softcap) /* > 0: the same on the logits */                                        \
     X(int, ffn_gelu)        /* 1: GELU-tanh gate (gemma); 0: SiLU (SwiGLU) */                        \
+    X(int, qk_norm_full)    /* 1: attn_q_norm / attn_k_norm span all heads at once (olmoe) */        \
+    X(int, n_expert)        /* > 0: the FFN is a mixture of experts (experts.h) */                   \
+    X(int, n_expert_used)   /* experts per token */                                                  \
+    X(int, n_ff_exp)        /* an expert's FFN width */                                              \
+    X(int, expert_norm)     /* 1: the chosen experts' weights are renormalised to sum 1 */           \
     X(int, max_ubatch)      /* most tokens per internal pass; longer inputs are split */             \
     X(int, n_threads)
 
@@ -42,6 +48,8 @@
     X(attn_q_norm) X(attn_k_norm)         /* per-head RMSNorm of q and k before RoPE */              \
     X(post_attn_norm)                     /* RMSNorm of the attention output (gemma) */              \
     X(ffn_norm) X(ffn_gate) X(ffn_up) X(ffn_down)                                                    \
+    X(ffn_gate_inp)                       /* the experts' router (n_expert rows) */                  \
+    X(ffn_gate_exps) X(ffn_up_exps) X(ffn_down_exps) /* n_expert stacked matrices (experts.h) */     \
     X(post_ffw_norm)                      /* RMSNorm of the FFN output (gemma) */
 
 #define RQ_DECLARE_CONFIG_FIELD(type, name) type name;
@@ -120,6 +128,10 @@ int rq_model_set_threads(rq_model *m, int n);
  * n <= max_tokens records the residual stream after the embedding (l = 0) and after each layer
  * (l = 1..n_layer) at buf[(l * max_tokens + t) * n_embd]. NULL stops recording. */
 void rq_model_record_layers(rq_model *m, float *buf, int max_tokens);
+
+/* g[i] = act(g[i]) * up[i], act SiLU or (gelu) GELU-tanh, on the current kernel path (every path
+ * gives the scalar one's values bit for bit). */
+void rq_gated_act(float *g, const float *up, size_t n, int gelu);
 
 /* Test hook: y[i] = e^x[i] as the softmax and the gated activations compute it, on the current
  * kernel path (the SIMD paths give the scalar one's values bit for bit). */

@@ -2,7 +2,7 @@
 
     python tests/tools/make_arch_fixtures.py [NAME ...] [--verbose]   # default: all of them
 
-NAME is one of llama3, llama-yarn, qwen3, gemma2, phi3.  For each, llama.cpp (through
+NAME is one of llama3, llama-yarn, qwen3, gemma2, phi3, qwen3moe, mixtral, olmoe.  For each, llama.cpp (through
 llama-cpp-python, never rqllm) evaluates one fixed 48-token sequence (tests.quant_models
 .smollm2_text_ids(48): real text in SmolLM2's vocabulary; a BOS first only if the file's
 tokenizer.ggml.add_bos_token says so) in one batch with logits_all, n_ctx 512 (so phi3, whose
