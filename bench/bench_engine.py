@@ -7,8 +7,8 @@
 
 Models: a known model name (engine.registry), or a named shape from bench/shapes.py (`8b-shape`,
 `1.5b-shape`: random-weight Q4_K_M files with real models' shapes, generated into the cache on first
-use; also `qwen3-4b-shape`, `llama3.2-3b-shape`).  Prefill/decode lengths default per model: pp256/tg16
-for 8b-shape, qwen3-4b-shape and llama3.2-3b-shape, pp256/tg32 for 1.5b-shape, pp256/tg64 for the
+use; also `qwen3-4b-shape`, `llama3.2-3b-shape`, and `moe-shape`: Qwen3-30B-A3B's layers, 12 of its 48).
+Prefill/decode lengths default per model: pp256/tg16 for 8b-shape, qwen3-4b-shape, llama3.2-3b-shape and moe-shape, pp256/tg32 for 1.5b-shape, pp256/tg64 for the
 others; --prefill/--decode override.
 
 Peers, each optional:
@@ -17,7 +17,8 @@ Peers, each optional:
   tokens/s are its `avg_ts` (prompt test: n_prompt > 0, n_gen = 0; generation test the other way).
 * `--ik-bench PATH`: ik_llama.cpp's llama-bench, run the same way twice per repetition, without and
   with `-rtr 1` (run-time repacking of the weights); per figure (pp, tg) the table shows the better
-  of the two medians and says which ("plain" or "rtr").
+  of the two medians and says which ("plain" or "rtr"). Its fused MoE op (`-fmoe 1`) is its default,
+  so a mixture of experts runs with its best MoE settings in both.
 * llama-cpp-python (`pip install llama-cpp-python`), in-process, timed around its eval calls (its
   perf counters read zero through the binding): with `--peer-python`, or by default when neither
   binary is given and the module is importable (the behaviour before the binaries existed).
@@ -68,7 +69,8 @@ from engine.model import Model  # noqa: E402
 SHAPE_8B = "8b-shape"
 SHAPE_1_5B = "1.5b-shape"
 # (prefill, decode) per model
-DEFAULT_LENGTHS = {SHAPE_8B: (256, 16), SHAPE_1_5B: (256, 32), "qwen3-4b-shape": (256, 16), "llama3.2-3b-shape": (256, 16)}
+DEFAULT_LENGTHS = {SHAPE_8B: (256, 16), SHAPE_1_5B: (256, 32), "qwen3-4b-shape": (256, 16), "llama3.2-3b-shape": (256, 16),
+                   "moe-shape": (256, 16)}
 OTHER_LENGTHS = (256, 64)
 PEER_TIMEOUT_S = 1800
 
@@ -313,7 +315,7 @@ def print_table(rows: list[dict], reps: int, peers: list[str]) -> None:
 @click.command()
 @click.option("--model", "model_names", multiple=True, default=("smollm2-135m", "gemma3-270m"),
               help="A known model, a bench/shapes.py name (8b-shape, 1.5b-shape, qwen3-4b-shape, "
-                   "llama3.2-3b-shape) or a .gguf path; repeatable.")
+                   "llama3.2-3b-shape, moe-shape) or a .gguf path; repeatable.")
 @click.option("--threads", "thread_counts", multiple=True, type=int, default=(1, 2))
 @click.option("--reps", type=int, default=5)
 @click.option("--prefill", "prefill_arg", type=int, default=None, help="Prompt tokens (default per model).")

@@ -100,6 +100,9 @@ class Shape:
     key_length: int | None = None  # head dim when it is not n_embd / n_head (written as attention.key_length)
     qk_norm: bool = False  # F32 blk.N.attn_{q,k}_norm.weight {head_dim}
     llama3_rope: bool = False  # F32 rope_freqs.weight {head_dim / 2}: Llama 3's frequency factors
+    n_expert: int = 0  # > 0: the FFN is a mixture of experts (F32 router, 3-D gate/up/down stacks)
+    n_expert_used: int = 0
+    n_ff_exp: int = 0  # an expert's width (expert_feed_forward_length)
 
     @property
     def head_dim(self) -> int:
@@ -121,6 +124,13 @@ TINY_QWEN3 = Shape(n_layer=2, n_embd=256, n_ff=512, n_head=4, n_head_kv=2, n_voc
 _LLAMA32 = dict(arch="llama", n_ctx=131072, rope_base=500000.0, norm_eps=1e-5, tied_output=True, llama3_rope=True,
                 q6k_layers="llama.cpp", d_scale=0.1)
 LLAMA32_3B = Shape(n_layer=28, n_embd=3072, n_ff=8192, n_head=24, n_head_kv=8, n_vocab=128256, **_LLAMA32)
+_QWEN3MOE = dict(arch="qwen3moe", n_ctx=40960, rope_base=1000000.0, norm_eps=1e-6, qk_norm=True,
+                 q6k_layers="llama.cpp", d_scale=0.1, key_length=128)
+# Qwen3-30B-A3B's layers (48 of them in the real model; 12 keep the file ~4.7 GB): 128 experts of 768, 8 per token
+QWEN3_30B_A3B_12L = Shape(n_layer=12, n_embd=2048, n_ff=6144, n_head=32, n_head_kv=4, n_vocab=151936,
+                          n_expert=128, n_expert_used=8, n_ff_exp=768, **_QWEN3MOE)
+TINY_QWEN3MOE = Shape(n_layer=2, n_embd=256, n_ff=768, n_head=4, n_head_kv=2, n_vocab=50000, n_expert=8,
+                      n_expert_used=2, n_ff_exp=256, **_QWEN3MOE)
 TINY_LLAMA32 = Shape(n_layer=2, n_embd=256, n_ff=512, n_head=4, n_head_kv=2, n_vocab=50000, **_LLAMA32)
 
 
@@ -206,6 +216,8 @@ SHAPES: dict[str, Recipe] = {
     "llama3.2-3b-shape": Recipe("llama3.2-3b-shape", LLAMA32_3B, TINY_LLAMA32, "llama3.2-3b-shape-q4_k_m.gguf",
                                 "rqllm.bench.shape_llama32_3b.recipe", 1, "Llama-3.2-3B-shape (random weights)",
                                 2.0),
+    "moe-shape": Recipe("moe-shape", QWEN3_30B_A3B_12L, TINY_QWEN3MOE, "moe-shape-q4_k_m.gguf",
+                        "rqllm.bench.shape_moe.recipe", 1, "Qwen3-30B-A3B-shape, 12 layers (random weights)", 4.7),
 }
 
 
@@ -261,6 +273,17 @@ def tensor_plan(shape: Shape, n_vocab: int) -> list[TensorPlan]:
         plan += [
             TensorPlan(f"blk.{il}.attn_output.weight", (q, e), T.Q4_K),
             TensorPlan(f"blk.{il}.ffn_norm.weight", (e,), T.F32),
+        ]
+        if shape.n_expert:  # llama.cpp's Q4_K_M: the router stays F32, the stacks as the dense matrices
+            x, fe = shape.n_expert, shape.n_ff_exp
+            plan += [
+                TensorPlan(f"blk.{il}.ffn_gate_inp.weight", (e, x), T.F32),
+                TensorPlan(f"blk.{il}.ffn_gate_exps.weight", (e, fe, x), T.Q4_K),
+                TensorPlan(f"blk.{il}.ffn_up_exps.weight", (e, fe, x), T.Q4_K),
+                TensorPlan(f"blk.{il}.ffn_down_exps.weight", (fe, e, x), wide),
+            ]
+            continue
+        plan += [
             TensorPlan(f"blk.{il}.ffn_gate.weight", (e, ff), T.Q4_K),
             TensorPlan(f"blk.{il}.ffn_up.weight", (e, ff), T.Q4_K),
             TensorPlan(f"blk.{il}.ffn_down.weight", (ff, e), wide),
@@ -284,6 +307,8 @@ def tensor_bytes(plan: TensorPlan, rng: np.random.Generator, d_scale: float = 1.
             raise ValueError("rope_freqs.weight needs the shape (its head dim and rope base)")
         return llama3_rope_factors(shape.head_dim, shape.rope_base)
     if plan.type == T.F32:
+        if plan.name.endswith("ffn_gate_inp.weight"):  # a router: logits of RMS ~1, experts chosen at random
+            return (rng.standard_normal(int(np.prod(plan.shape))) / np.sqrt(plan.shape[0])).astype(np.float32)
         if plan.name.endswith(".bias"):
             return (BIAS_STD * rng.standard_normal(plan.shape[0])).astype(np.float32)
         return (1.0 + 0.02 * rng.standard_normal(plan.shape[0])).astype(np.float32)
@@ -371,6 +396,10 @@ def generate(dst: str | os.PathLike[str], shape: Shape = LLAMA3_8B, *, recipe: R
         if shape.key_length:
             writer.add_key_length(shape.key_length)
             writer.add_value_length(shape.key_length)
+        if shape.n_expert:
+            writer.add_expert_count(shape.n_expert)
+            writer.add_expert_used_count(shape.n_expert_used)
+            writer.add_expert_feed_forward_length(shape.n_ff_exp)
         writer.add_rope_freq_base(shape.rope_base)
         writer.add_layer_norm_rms_eps(shape.norm_eps)
         writer.add_vocab_size(n_vocab)
