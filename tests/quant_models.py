@@ -513,26 +513,39 @@ def smollm2_text_ids(n: int = 32) -> list[int]:
     return fx["ids"][:n]
 
 
-def teacher_forced_agreement(forward_all, cases: list[dict]) -> dict:
+def teacher_forced_agreement(forward_all, cases: list[dict], reference_all=None) -> dict:
     """Our choice at every step of llama.cpp's greedy runs, each step fed llama.cpp's prefix.
 
     forward_all(ids) -> logits [len(ids), vocab].  Returns counts and the misses at steps where
-    llama.cpp was decided (margin >= NEAR_TIE) and at the first step of a run."""
+    llama.cpp was decided (margin >= NEAR_TIE) and at the first step of a run.
+
+    reference_all (same signature; an independent float32 model: tests/reference.py), when given,
+    is asked about decided misses only: a miss where the reference does not take llama.cpp's token
+    either is listed under "reference_disagrees" instead of "decided_misses" (llama.cpp's margin
+    there comes from its own rounding, not from the weights: measured with IQ4_XS, whose Q8_K
+    activations are rounded per 256 values)."""
     import numpy as _np
 
     steps = agree = 0
-    decided_misses, first_misses = [], []
+    decided_misses, first_misses, reference_disagrees = [], [], []
     for case in cases:
         prompt, theirs = case["prompt_ids"], case["greedy_ids"]
         ours = _np.asarray(forward_all(prompt + theirs[:-1])).argmax(-1)[len(prompt) - 1:]
+        ref = None
         for i, (a, b) in enumerate(zip(ours, theirs)):
             steps += 1
             agree += int(a == b)
             if a != b and case["margins"][i] >= NEAR_TIE:
-                decided_misses.append((case["name"], i, case["margins"][i]))
+                if reference_all is not None and ref is None:
+                    ref = _np.asarray(reference_all(prompt + theirs[:-1])).argmax(-1)[len(prompt) - 1:]
+                if ref is not None and ref[i] != b:
+                    reference_disagrees.append((case["name"], i, case["margins"][i]))
+                else:
+                    decided_misses.append((case["name"], i, case["margins"][i]))
         if ours[0] != theirs[0]:
             first_misses.append((case["name"], case["margins"][0]))
-    return {"steps": steps, "agree": agree, "decided_misses": decided_misses, "first_misses": first_misses}
+    return {"steps": steps, "agree": agree, "decided_misses": decided_misses, "first_misses": first_misses,
+            "reference_disagrees": reference_disagrees}
 
 
 def main(argv: list[str]) -> int:

@@ -135,15 +135,20 @@ def test_greedy_follows_llamacpp(name, smollm2_path):
     """Teacher-forced along llama.cpp's greedy runs on the same file (8 prompts x 32 tokens): our
     token at every step where llama.cpp was decided (margin >= 0.5), the first token included, and
     at >= 90 % of all steps.  (Measured: first tokens differ only at near-ties, e.g. Q6_K on two
-    prompts at margins 0.30 and 0.18; no type misses a decided step.)"""
+    prompts at margins 0.30 and 0.18; no type misses a decided step.)  A decided step where the
+    float32 reference does not take llama.cpp's token either is llama.cpp's rounding, not a miss:
+    at most one is allowed (IQ4_XS, french step 6: llama.cpp's margin 0.52, the reference's choice
+    another token 1.39 above llama.cpp's; the reference with llama.cpp's roundings takes llama.cpp's)."""
     path = model_file(name, smollm2_path)
     fx = QM.coverage_fixture(name, path)
     model = loaded(path)
-    got = QM.teacher_forced_agreement(model.forward_all, fx["greedy"])
+    got = QM.teacher_forced_agreement(model.forward_all, fx["greedy"],
+                                      reference_all=lambda ids: R.ReferenceModel(path).forward(ids))
     msg = f"{name}: {got}"
     print(msg)
     assert len(fx["greedy"]) == 8
     assert not got["decided_misses"], msg
+    assert len(got["reference_disagrees"]) <= 1, msg
     assert got["agree"] / got["steps"] >= 0.9, msg
 
 
