@@ -29,7 +29,8 @@ from engine.rope import SCALING_TYPES, RopeScaling
 # Types the compiled kernels read (engine/kernels/quants.h).
 SUPPORTED_TYPES = tuple(
     GGMLQuantizationType[n]
-    for n in ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
+    for n in ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
+              "IQ4_NL", "IQ4_XS")
 )
 MAX_UBATCH = 128  # tokens per compiled pass: larger prompts are run in passes of this size
 

@@ -5,10 +5,11 @@
 * ``requantized(src, "Q4_K")``: a copy of a GGUF (SmolLM2) whose 2-D weight tensors are
   dequantized (gguf.quants.dequantize) and quantized again to the given type; every metadata key
   (tokenizer included) and every 1-D tensor (norms, F32) is copied as it is.  The legacy and float
-  types are quantized by the gguf package; the K types (Q2_K..Q6_K, blocks of 256) by the numpy
-  packers below.  A K type needs rows that are a multiple of 256, and SmolLM2's hidden size is
-  576: tensors whose rows are not (everything but ffn_down) are written as Q8_0 instead, as
-  llama.cpp's quantizer falls back to another type for such tensors.
+  types are quantized by the gguf package; the K types (Q2_K..Q6_K, blocks of 256) and IQ4_NL /
+  IQ4_XS by the numpy packers below.  A K type or IQ4_XS needs rows that are a multiple of 256,
+  and SmolLM2's hidden size is 576: tensors whose rows are not (everything but ffn_down) are
+  written as Q8_0 instead (IQ4_XS: as IQ4_NL), as llama.cpp's quantizer falls back to another
+  type for such tensors (llama-quant.cpp, tensor_type_fallback: IQ4_XS -> IQ4_NL).
   ``untied=True`` also writes an explicit ``output.weight`` (a copy of token_embd), the
   mistral-style llama layout (llama architecture, untied output).
 * ``qwen2_random()``: a small random-weight qwen2 GGUF (4 layers, hidden 256, 4 heads / 2 KV
@@ -25,7 +26,10 @@ plain rounding instead of its error-minimising scale search: per sub-block a sca
 Q2_K/Q4_K/Q5_K a min) from the block's range, the sub-block scales quantized against one fp16
 super-block scale, then each value rounded against its sub-block's final scale.  The bytes are
 valid blocks; tests/test_quant_coverage.py checks that gguf.quants.dequantize reads them back
-close to the input.
+close to the input.  The IQ4 packers do what llama.cpp's quantize_row_iq4_nl_impl does first,
+without its scale search and importance weights: a block's scale maps its signed extreme to the
+table's -127, each value takes the nearest table value, and IQ4_XS quantizes the block scales to
+6 bits against one fp16 super-block scale (extreme -> -32) before the values are rounded.
 """
 from __future__ import annotations
 
@@ -41,10 +45,12 @@ from gguf.constants import GGML_QUANT_SIZES
 from gguf.quants import dequantize, quantize
 
 ALL_TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
-             "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
+             "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS")
 K_TYPES = ("Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
+IQ4_TYPES = ("IQ4_NL", "IQ4_XS")
 QK_K = 256
 FALLBACK_TYPE = "Q8_0"  # for rows a K type cannot hold (not a multiple of 256)
+FALLBACK = {"IQ4_XS": "IQ4_NL"}  # llama.cpp's for IQ4_XS; the K types: FALLBACK_TYPE
 
 FILE_TYPE = {
     "F32": LlamaFileType.ALL_F32, "F16": LlamaFileType.MOSTLY_F16, "BF16": LlamaFileType.MOSTLY_BF16,
@@ -53,6 +59,7 @@ FILE_TYPE = {
     "Q8_0": LlamaFileType.MOSTLY_Q8_0, "Q2_K": LlamaFileType.MOSTLY_Q2_K,
     "Q3_K": LlamaFileType.MOSTLY_Q3_K_S, "Q4_K": LlamaFileType.MOSTLY_Q4_K_S,
     "Q5_K": LlamaFileType.MOSTLY_Q5_K_S, "Q6_K": LlamaFileType.MOSTLY_Q6_K,
+    "IQ4_NL": LlamaFileType.MOSTLY_IQ4_NL, "IQ4_XS": LlamaFileType.MOSTLY_IQ4_XS,
 }
 
 
@@ -190,20 +197,68 @@ def pack_q6_k(x: np.ndarray) -> np.ndarray:
     return np.concatenate([ql, qh, ls.view(np.uint8), d.astype(np.float16).view(np.uint8)], axis=1)
 
 
-K_PACKERS = {"Q2_K": pack_q2_k, "Q3_K": pack_q3_k, "Q4_K": pack_q4_k, "Q5_K": pack_q5_k, "Q6_K": pack_q6_k}
+# ---------------------------------------------------------------------------------------------
+# IQ4 packers: float32 rows [n, k*32] (IQ4_XS: [n, k*256]) -> uint8 blocks
+
+KVALUES_IQ4NL = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113], np.float32)
+_IQ4_MIDPOINTS = (KVALUES_IQ4NL[1:] + KVALUES_IQ4NL[:-1]) / 2
+
+
+def _iq4_indices(v: np.ndarray) -> np.ndarray:
+    """The index of the table value nearest to each v (a tie takes the lower one)."""
+    return np.searchsorted(_IQ4_MIDPOINTS, v).astype(np.uint8)
+
+
+def _iq4_nibbles(L: np.ndarray) -> np.ndarray:
+    """Indices [..., 32] -> the 16 bytes of a block: element j in the low nibble of byte j, j + 16 in its high one."""
+    return L[..., :16] | (L[..., 16:] << 4)
+
+
+def _iq4_block_scales(xb: np.ndarray) -> np.ndarray:
+    """Blocks [..., 32] -> the scale putting each block's signed extreme on the table's -127."""
+    return _signed_absmax(xb)[..., 0] / KVALUES_IQ4NL[0]
+
+
+def pack_iq4_nl(x: np.ndarray) -> np.ndarray:
+    nb = x.size // 32
+    xb = x.reshape(nb, 32).astype(np.float32)
+    d = _fp16(_iq4_block_scales(xb))
+    L = _iq4_indices(_div(xb, d[:, None]))
+    return np.concatenate([d.astype(np.float16).view(np.uint8).reshape(nb, 2), _iq4_nibbles(L)], axis=1)
+
+
+def pack_iq4_xs(x: np.ndarray) -> np.ndarray:
+    nb = x.size // QK_K
+    xb = x.reshape(nb, 8, 32).astype(np.float32)
+    scale = _iq4_block_scales(xb)  # [nb, 8]
+    d = _fp16(_signed_absmax(scale) / np.float32(-32))  # [nb, 1]: the extreme block scale -> ls - 32 = -32
+    ls = np.clip(np.rint(_div(scale, d)), -32, 31)
+    L = _iq4_indices(_div(xb, (d * ls)[..., None]))
+    s = (ls + 32).astype(np.uint8)  # 6 bits: low 4 in scales_l (two blocks a byte), high 2 in scales_h
+    scales_l = (s[:, 0::2] & 0x0F) | ((s[:, 1::2] & 0x0F) << 4)
+    scales_h = np.zeros(nb, np.uint16)
+    for j in range(8):
+        scales_h |= (s[:, j] >> 4).astype(np.uint16) << (2 * j)
+    return np.concatenate([d.astype(np.float16).view(np.uint8), scales_h.view(np.uint8).reshape(nb, 2), scales_l,
+                           _iq4_nibbles(L).reshape(nb, 128)], axis=1)
+
+
+PACKERS = {"Q2_K": pack_q2_k, "Q3_K": pack_q3_k, "Q4_K": pack_q4_k, "Q5_K": pack_q5_k, "Q6_K": pack_q6_k,
+           "IQ4_NL": pack_iq4_nl, "IQ4_XS": pack_iq4_xs}
 
 
 def quantize_rows(w: np.ndarray, type_name: str) -> np.ndarray:
     """float32 [rows, n] -> uint8 [rows, row_bytes] of the given type."""
     w = np.ascontiguousarray(w, dtype=np.float32)
     rows, n = w.shape
-    if type_name in K_PACKERS:
-        if n % QK_K:
-            raise ValueError(f"{type_name} rows must be a multiple of {QK_K}, not {n}")
-        out = np.empty((rows, n // QK_K * GGML_QUANT_SIZES[T[type_name]][1]), np.uint8)
+    if type_name in PACKERS:
+        be, bb = GGML_QUANT_SIZES[T[type_name]]
+        if n % be:
+            raise ValueError(f"{type_name} rows must be a multiple of {be}, not {n}")
+        out = np.empty((rows, n // be * bb), np.uint8)
         step = max(1, (1 << 20) // n)  # ~4 MB of float32 per chunk keeps temporaries in cache
         for r in range(0, rows, step):
-            out[r:r + step] = K_PACKERS[type_name](w[r:r + step]).reshape(-1, out.shape[1])
+            out[r:r + step] = PACKERS[type_name](w[r:r + step]).reshape(-1, out.shape[1])
         return out
     if type_name == "F32":
         return w.view(np.uint8)
@@ -211,8 +266,11 @@ def quantize_rows(w: np.ndarray, type_name: str) -> np.ndarray:
 
 
 def type_for_row(type_name: str, n: int) -> str:
-    """The type a tensor with rows of n values is written as (K types fall back to Q8_0)."""
-    return FALLBACK_TYPE if type_name in K_PACKERS and n % QK_K else type_name
+    """The type a tensor with rows of n values is written as (the types with blocks of 256 fall
+    back to Q8_0, IQ4_XS to IQ4_NL, when n is not a multiple of 256)."""
+    if type_name in PACKERS and n % GGML_QUANT_SIZES[T[type_name]][0]:
+        return FALLBACK.get(type_name, FALLBACK_TYPE)
+    return type_name
 
 
 # ---------------------------------------------------------------------------------------------
@@ -455,26 +513,39 @@ def smollm2_text_ids(n: int = 32) -> list[int]:
     return fx["ids"][:n]
 
 
-def teacher_forced_agreement(forward_all, cases: list[dict]) -> dict:
+def teacher_forced_agreement(forward_all, cases: list[dict], reference_all=None) -> dict:
     """Our choice at every step of llama.cpp's greedy runs, each step fed llama.cpp's prefix.
 
     forward_all(ids) -> logits [len(ids), vocab].  Returns counts and the misses at steps where
-    llama.cpp was decided (margin >= NEAR_TIE) and at the first step of a run."""
+    llama.cpp was decided (margin >= NEAR_TIE) and at the first step of a run.
+
+    reference_all (same signature; an independent float32 model: tests/reference.py), when given,
+    is asked about decided misses only: a miss where the reference does not take llama.cpp's token
+    either is listed under "reference_disagrees" instead of "decided_misses" (llama.cpp's margin
+    there comes from its own rounding, not from the weights: measured with IQ4_XS, whose Q8_K
+    activations are rounded per 256 values)."""
     import numpy as _np
 
     steps = agree = 0
-    decided_misses, first_misses = [], []
+    decided_misses, first_misses, reference_disagrees = [], [], []
     for case in cases:
         prompt, theirs = case["prompt_ids"], case["greedy_ids"]
         ours = _np.asarray(forward_all(prompt + theirs[:-1])).argmax(-1)[len(prompt) - 1:]
+        ref = None
         for i, (a, b) in enumerate(zip(ours, theirs)):
             steps += 1
             agree += int(a == b)
             if a != b and case["margins"][i] >= NEAR_TIE:
-                decided_misses.append((case["name"], i, case["margins"][i]))
+                if reference_all is not None and ref is None:
+                    ref = _np.asarray(reference_all(prompt + theirs[:-1])).argmax(-1)[len(prompt) - 1:]
+                if ref is not None and ref[i] != b:
+                    reference_disagrees.append((case["name"], i, case["margins"][i]))
+                else:
+                    decided_misses.append((case["name"], i, case["margins"][i]))
         if ours[0] != theirs[0]:
             first_misses.append((case["name"], case["margins"][0]))
-    return {"steps": steps, "agree": agree, "decided_misses": decided_misses, "first_misses": first_misses}
+    return {"steps": steps, "agree": agree, "decided_misses": decided_misses, "first_misses": first_misses,
+            "reference_disagrees": reference_disagrees}
 
 
 def main(argv: list[str]) -> int:

@@ -10,8 +10,9 @@ from gguf.constants import GGML_QUANT_SIZES
 from gguf.quants import dequantize, quantize
 
 ALL_TYPES = [T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0,
-             T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K]
+             T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_NL, T.IQ4_XS]
 K_TYPES = {T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K}
+BLOCK256_TYPES = K_TYPES | {T.IQ4_XS}  # blocks of 256 values: rows a multiple of 256
 FLOAT_TYPES = {T.F32, T.F16, T.BF16}
 
 # byte offsets of fp16 fields in each block: (scale fields, min fields)
@@ -26,6 +27,8 @@ _F16_FIELDS = {
     T.Q4_K: ([0], [2]),
     T.Q5_K: ([0], [2]),
     T.Q6_K: ([208], []),
+    T.IQ4_NL: ([0], []),
+    T.IQ4_XS: ([0], []),
 }
 
 

@@ -502,6 +502,7 @@ def matmul(x: np.ndarray, w: np.ndarray) -> np.ndarray:
 ACT_QUANT = {  # weight type -> how ggml quantizes the activation row it is multiplied with
     "Q4_0": "q8_0", "Q5_0": "q8_0", "Q8_0": "q8_0", "Q4_1": "q8_1", "Q5_1": "q8_1",
     "Q2_K": "q8_k", "Q3_K": "q8_k", "Q4_K": "q8_k", "Q5_K": "q8_k", "Q6_K": "q8_k",
+    "IQ4_NL": "q8_0", "IQ4_XS": "q8_k",
 }
 
 

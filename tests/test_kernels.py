@@ -51,7 +51,7 @@ def _x(rng, ntok, n, kind="normal"):
 
 
 def _n_for(t, nblk_legacy=18, nblk_k=3):
-    return 256 * nblk_k if T(t) in qp.K_TYPES else 32 * nblk_legacy
+    return 256 * nblk_k if T(t) in qp.BLOCK256_TYPES else 32 * nblk_legacy
 
 
 # --------------------------------------------------------------------------------------------
@@ -301,8 +301,8 @@ def _check_dot(t, row, n, x, on, label=""):
 @pytest.mark.parametrize("t", TYPES, ids=_ids(TYPES))
 def test_vec_dot_random(t, path, kern):
     rng = np.random.default_rng(100 + int(t))
-    for nblk in ([1, 2, 5] if T(t) in qp.K_TYPES else [1, 3, 8, 18, 20, 33]):
-        n = nblk * (256 if T(t) in qp.K_TYPES else 32)
+    for nblk in ([1, 2, 5] if T(t) in qp.BLOCK256_TYPES else [1, 3, 8, 18, 20, 33]):
+        n = nblk * (256 if T(t) in qp.BLOCK256_TYPES else 32)
         W = qp.random_rows(t, 3, n, rng)
         for r in range(3):
             x = _x(rng, 1, n, "outliers" if r == 1 and n >= 64 else "normal")[0]
@@ -318,6 +318,62 @@ def test_vec_dot_gguf_quantized(t, path, kern):
     W = qp.quantized_rows(t, rng.standard_normal((2, n)).astype(np.float32))
     for r in range(2):
         _check_dot(t, W[r], n, _x(rng, 1, n)[0], kern, label=T(t).name)
+
+
+S8_TYPES = [T.Q8_0, T.IQ4_NL, T.IQ4_XS]   # signed 8-bit values (IQ4: after the table lookup)
+
+
+def _extreme_rows(t, rows: int, n: int, rng) -> np.ndarray:
+    """rows x row_bytes of type t whose every value is at an end of the type's range (Q8_0 +-127,
+    IQ4 table values 113 and -127, IQ4_XS block scales 31 or -32), signs at random."""
+    be, bb = qp.block_size(t)
+    nb = rows * n // be
+    blocks = np.zeros((nb, bb), np.uint8)
+    blocks[:, 0:2] = np.full(nb, 0.01, np.float16).view(np.uint8).reshape(nb, 2)
+    hi = rng.integers(0, 2, size=(nb, be)).astype(bool)
+    if t == T.Q8_0:
+        blocks[:, 2:] = np.where(hi, 127, -127).astype(np.int8).view(np.uint8)
+    else:
+        idx = np.where(hi, 15, 0).astype(np.uint8).reshape(nb, -1, 32)    # kvalues_iq4nl[15] = 113, [0] = -127
+        nib = (idx[..., :16] | (idx[..., 16:] << 4)).reshape(nb, -1)
+        if t == T.IQ4_NL:
+            blocks[:, 2:] = nib
+        else:
+            ls = rng.choice([0, 63], size=(nb, 8)).astype(np.uint8)     # ls - 32: -32 or 31
+            blocks[:, 2:4] = sum((ls[:, j] >> 4).astype(np.uint16) << (2 * j) for j in range(8)).astype(np.uint16) \
+                .view(np.uint8).reshape(nb, 2)
+            blocks[:, 4:8] = (ls[:, 0::2] & 15) | ((ls[:, 1::2] & 15) << 4)
+            blocks[:, 8:] = nib
+    return blocks.reshape(rows, -1)
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("t", S8_TYPES, ids=_ids(S8_TYPES))
+def test_signed_types_largest_products_are_exact(t, path, kern):
+    """Weights at the ends of their range against activations of +-127 with the same sign (every
+    product at its largest): as value + 128, vpmaddubsw's int16 pair sums would saturate
+    (2 x 241 x 127 > 32767). Every path, on the GGUF rows and on the R16 copy, must give the exact
+    integer dot of the weights and the quantized activations (float rounding only)."""
+    mod, p = kern
+    rng = np.random.default_rng(1000 + int(t))
+    n, rows = 512, 19
+    W = _extreme_rows(t, rows, n, rng)
+    w = qp.dequant_rows(t, W, n).astype(np.float64)
+    R = np.zeros(q.r16_bytes(int(t), rows, n), dtype=np.uint8)
+    q.r16_repack(int(t), W, rows, n, R, 0, (rows + 15) // 16, 1)
+    for ntok in (1, 2, 3, 9, 30):
+        s = np.sign(w[rng.integers(0, rows, ntok)])                    # each token the signs of one row
+        X = (s * rng.uniform(0.5, 2.0, (ntok, n // 32)).repeat(32, axis=1)).astype(np.float32)
+        exact = np.zeros((ntok, rows))
+        for k in range(ntok):
+            qs, d, _ = qp.quantize_act_np(X[k])
+            assert np.abs(qs).min() == 127                               # every activation at +-127
+            exact[k] = w @ (qs.astype(np.float64) * np.repeat(d.astype(np.float64), 32))
+        tol = 1e-5 * np.abs(exact).max()
+        for label, got in (("GGUF rows", mod.matmul(int(t), W, rows, n, X, nthreads=1, path=p)),
+                           ("R16", mod.matmul_r16(int(t), W, R, rows, n, X, nthreads=1, path=p))):
+            err = np.abs(got - exact).max()
+            assert err <= tol, f"{T(t).name} ntok={ntok} {label} on {_where(kern)}: max error {err} (tol {tol})"
 
 
 # --------------------------------------------------------------------------------------------
@@ -390,7 +446,8 @@ def test_matmul_many_tokens_and_rows(path, kern):
         _check_matmul(t, W, n, X, kern, nthreads=2, label=T(t).name)
 
 
-TILE_TYPES = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.F16]
+TILE_TYPES = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_NL, T.IQ4_XS,
+              T.F16]
 
 
 @pytest.mark.parametrize("path", FAST_PATHS)
@@ -456,7 +513,7 @@ def test_matmul_multi_matches_matmul(path, kern):
     rng = np.random.default_rng(11)
     n = 512
     specs = [(int(t), qp.random_rows(t, rows, n, rng), rows)
-             for t, rows in ((T.Q4_1, 300), (T.Q8_0, 21), (T.Q6_K, 77), (T.Q5_0, 5), (T.Q4_K, 130))]
+             for t, rows in ((T.Q4_1, 300), (T.Q8_0, 21), (T.Q6_K, 77), (T.Q5_0, 5), (T.Q4_K, 130), (T.IQ4_NL, 40))]
     for ntok in (1, 2, 5):
         X = _x(rng, ntok, n)
         want = [mod.matmul(t, W, rows, n, X, nthreads=1, path=p) for t, W, rows in specs]

@@ -16,7 +16,7 @@ from tests.conftest import SIMDE_PATH
 
 q = pytest.importorskip("engine.kernels._quants", reason="build the kernels: python setup.py build_ext --inplace")
 
-PREFILL_TYPES = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q6_K]
+PREFILL_TYPES = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q6_K, T.IQ4_NL, T.IQ4_XS]
 # avx512-simde: the AVX-512 kernels built with SIMDe for AVX2 (tests/simde_build.py), so they are
 # checked on CPUs without AVX-512 too; the `kern` fixture (conftest.py) gives (module, path in it).
 FAST_PATHS = ["avx2", "avx512", SIMDE_PATH]
@@ -24,7 +24,7 @@ FAST_PATHS = ["avx2", "avx512", SIMDE_PATH]
 
 def _n_for(t) -> int:
     # an odd number of 32-element blocks for the legacy types (the padded mins step)
-    return 256 * 3 if T(t) in qp.K_TYPES else 32 * 23
+    return 256 * 3 if T(t) in qp.BLOCK256_TYPES else 32 * 23
 
 
 @pytest.mark.parametrize("path", FAST_PATHS)

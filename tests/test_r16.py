@@ -2,7 +2,7 @@
 
 A matmul on the R16 copy must give the GGUF layout's results bit for bit, for every type with an
 R16 layout, any token count (decode, the few-token kernel, the expand-then-prefill route) and any
-thread count; its size must be the GGUF's (plus a little for Q4_K's unpacked scales).
+thread count; its size must be the GGUF's (plus a little for Q4_K's and IQ4_XS's unpacked scales).
 """
 from __future__ import annotations
 
@@ -15,11 +15,11 @@ from tests.conftest import SIMDE_PATH
 
 q = pytest.importorskip("engine.kernels._quants", reason="build the kernels: python setup.py build_ext --inplace")
 
-R16_TYPES = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q6_K]
+R16_TYPES = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q6_K, T.IQ4_NL, T.IQ4_XS]
 
 
 def _n_for(t) -> int:
-    return 256 * 3 if T(t) in qp.K_TYPES else 32 * 23   # odd block count for the legacy types
+    return 256 * 3 if T(t) in qp.BLOCK256_TYPES else 32 * 23   # odd block count for the legacy types
 
 
 def _repack(t, W, rows, cols, chunks=1):
@@ -37,7 +37,8 @@ def test_types_and_sizes():
     for t in R16_TYPES:
         n = _n_for(t)
         gguf = 16 * q.row_bytes(int(t), n)
-        extra = 64 * (n // 256) if t == T.Q4_K else 0   # Q4_K keeps scales and mins as bytes
+        # Q4_K keeps scales and mins as bytes, IQ4_XS its scales
+        extra = {T.Q4_K: 64, T.IQ4_XS: 32}.get(t, 0) * (n // 256)
         assert q.r16_bytes(int(t), 16, n) == gguf + extra, T(t).name
         assert q.r16_bytes(int(t), 17, n) == 2 * (gguf + extra)   # rows padded to whole groups
     assert q.r16_bytes(int(T.Q2_K), 16, 256) == 0
@@ -146,7 +147,7 @@ def test_r16_multi_op_matmul_equals_one_by_one(ntok, path, kern):
     rng = np.random.default_rng(300 + ntok)
     n = 512
     specs = []
-    for t, rows in ((T.Q4_K, 48), (T.Q6_K, 16), (T.Q8_0, 33), (T.Q5_0, 70)):
+    for t, rows in ((T.Q4_K, 48), (T.Q6_K, 16), (T.Q8_0, 33), (T.Q5_0, 70), (T.IQ4_XS, 20)):
         W = qp.random_rows(t, rows, n, rng)
         specs.append((int(t), W, rows, _repack(t, W, rows, n)))
     X = rng.standard_normal((ntok, n)).astype(np.float32)

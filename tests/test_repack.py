@@ -361,7 +361,7 @@ def real_cache(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("r16-real")
 
 
-@pytest.mark.parametrize("which", ["smollm2", "gemma3", "Q4_0", "Q5_0", "Q8_0", "Q4_K", "Q6_K"])
+@pytest.mark.parametrize("which", ["smollm2", "gemma3", "Q4_0", "Q5_0", "Q8_0", "Q4_K", "Q6_K", "IQ4_NL", "IQ4_XS"])
 def test_logits_on_the_repacked_cache_equal_the_gguf_layout_bit_for_bit(which, smollm2_path, gemma3_path,
                                                                         real_cache, monkeypatch):
     _real_r16_or_skip()

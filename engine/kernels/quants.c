@@ -16,11 +16,14 @@
  *   act.c          activation quantization: scalar reference, AVX2, AVX-512
  *   r16_layout.c   the R16 repacked layout and its accessors
  *   float.c        F32, F16, BF16                     } each type: block struct, dequantization,
- *   legacy.c       Q4_0, Q4_1, Q5_0, Q5_1, Q8_0       } scalar reference dot product, its SIMD
- *   q2_K_q3_K.c    Q2_K, Q3_K                         } kernels, prefill unpacking, R16 unit,
- *   q4_K.c         Q4_K                               } repacking and block loading
+ *   iq4_nl.c       IQ4_NL (before legacy.c: it runs   } scalar reference dot product, its SIMD
+ *                  legacy.c's kernels), the IQ4 table } kernels, prefill unpacking, R16 unit,
+ *   legacy.c       Q4_0, Q4_1, Q5_0, Q5_1, Q8_0       } repacking and block loading
+ *   q2_K_q3_K.c    Q2_K, Q3_K                         }
+ *   q4_K.c         Q4_K                               }
  *   q5_K.c         Q5_K                               }
  *   q6_K.c         Q6_K                               }
+ *   iq4_xs.c       IQ4_XS                             }
  *   pf8.c          x86: the AVX2 8-token prefill driver
  *   v16.c          x86: the AVX-512 VNNI prefill driver on the GGUF layout
  *   r16.c          the R16 drivers: repacking, AVX-512 and AVX2 kernels on repacked groups
@@ -46,11 +49,13 @@
 #include "quants/act.c"
 #include "quants/r16_layout.c"
 #include "quants/float.c"
+#include "quants/iq4_nl.c"
 #include "quants/legacy.c"
 #include "quants/q2_K_q3_K.c"
 #include "quants/q4_K.c"
 #include "quants/q5_K.c"
 #include "quants/q6_K.c"
+#include "quants/iq4_xs.c"
 #include "quants/pf8.c"
 #include "quants/v16.c"
 #include "quants/r16.c"

@@ -31,13 +31,15 @@ typedef enum {
     RQ_Q4_K = 12,
     RQ_Q5_K = 13,
     RQ_Q6_K = 14,
+    RQ_IQ4_NL = 20,
+    RQ_IQ4_XS = 23,
     RQ_BF16 = 30,
 } rq_type;
 
 #define RQ_ACT_BLOCK 32
 
 /* A quantized activation vector (or ntok of them, one after another with the same n).
- * n is a multiple of 32 (of 256 when used with K-type weights).
+ * n is a multiple of 32 (of 256 when used with K-type or IQ4_XS weights).
  * x[i] ~= d[i/32] * qs[i]; sum16[j] = sum of qs[16j .. 16j+15]. */
 typedef struct {
     int n;
@@ -122,7 +124,8 @@ void rq_matmul_ref(int t, const void *W, int rows, int cols,
 /* Repacked weights ("R16"): a matrix's rows in groups of 16, the same bits rearranged so that one
  * 64-byte load holds the same 4 elements of 16 rows (quants/r16_layout.c). Made once per model
  * file (engine/repack.py keeps them in a shared cache file) and used by the AVX-512 path; results
- * equal the GGUF layout's bit for bit. Types: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K. */
+ * equal the GGUF layout's bit for bit. Types: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K, IQ4_NL,
+ * IQ4_XS. */
 int rq_r16_supported(int t);
 /* Changes whenever the R16 layout does: caches of an older layout must be rebuilt. */
 int rq_r16_layout_version(void);

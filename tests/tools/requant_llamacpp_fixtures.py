@@ -2,7 +2,7 @@
 
     python tests/tools/requant_llamacpp_fixtures.py [NAME ...]     # default: all of them
 
-NAME is a weight type (F32 ... Q6_K: SmolLM2 requantized by tests/quant_models.py), "qwen2" (the
+NAME is a weight type (F32 ... IQ4_XS: SmolLM2 requantized by tests/quant_models.py), "qwen2" (the
 random-weight qwen2 model) or "llama-untied" (SmolLM2 in Q8_0 with an explicit output.weight).
 For each it writes tests/fixtures/llamacpp_coverage_<NAME>.json, everything computed by llama.cpp
 through llama-cpp-python (never by rqllm), with the sha256 of the model file it ran on:

@@ -28,6 +28,11 @@ static inline const type_traits *traits(int t);
 static inline int is_float_type(int t) { return traits(t)->is_float; }
 static inline int type_offset(int t) { return traits(t)->offset; }
 static inline int type_has_min(int t) { return traits(t)->has_min; }
+/* Signed 8-bit values (offset 128: Q8_0, IQ4_NL, IQ4_XS). As value + 128 they would overflow the
+ * int16 pair sums of vpmaddubsw (2 x 241 x 127 > 32767), so the AVX2 kernels multiply the signed
+ * values through the sign trick (|w| x sign(q, w): pairs <= 2 x 127 x 127) and get offset-free
+ * sums; vpdpbusd (AVX-512) has no int16 stage and takes value + 128 with the offset correction. */
+static inline int type_s8(int t) { return traits(t)->offset == 128; }
 
 /* ------------------------------------------------------------------------------------------ */
 /* f16 / bf16                                                                                  */

@@ -3,7 +3,8 @@
  * because their SIMD kernels are shared (one slot kernel, one prefill unpacker, one R16 block
  * loader, branching on the type where Q5's fifth bit or Q8_0's signed bytes differ). Block
  * structs, dequantization, scalar reference dot products, R16 units and repacking, AVX2 slot
- * kernels, prefill unpacking and R16 block loading. */
+ * kernels, prefill unpacking and R16 block loading. IQ4_NL (iq4_nl.c) runs these kernels too: a
+ * Q4_0 block whose nibbles are looked up (iq4_block_256, iq4_lookup8_*) into signed values. */
 
 typedef struct { uint16_t d; uint8_t qs[16]; } blk_q4_0;
 typedef struct { uint16_t d, m; uint8_t qs[16]; } blk_q4_1;
@@ -154,10 +155,12 @@ static float dot_q8_0_ref(int n, const void *row, const rq_act *x) {
 /* R16 (see r16_layout.c): a unit is one block                                                 */
 
 /*   Q4_0, Q4_1, Q5_0, Q5_1: NIB [4 g][16] u32 | HB [16] u32 (Q5) | D [16] f16 | M [16] f16 (Q4_1, Q5_1)
- *   Q8_0:                   Q8 [2 h][4 g][16] u32 (the int8 values + 128, as in v16) | D [16] f16 */
+ *   Q8_0:                   Q8 [2 h][4 g][16] u32 (the int8 values + 128, as in v16) | D [16] f16
+ *   IQ4_NL:                 Q4_0's (the same block bytes; the table lookup comes after loading) */
 static inline void r16_layout_legacy(int t, r16_ptrs *p) {
     switch (t) {
-    case RQ_Q4_0: p->nib = 0; p->d = 256; p->ub = 288; break;
+    case RQ_Q4_0:
+    case RQ_IQ4_NL: p->nib = 0; p->d = 256; p->ub = 288; break;
     case RQ_Q4_1: p->nib = 0; p->d = 256; p->m = 288; p->ub = 320; break;
     case RQ_Q5_0: p->nib = 0; p->hb = 256; p->d = 320; p->ub = 352; break;
     case RQ_Q5_1: p->nib = 0; p->hb = 256; p->d = 320; p->m = 352; p->ub = 384; break;
@@ -166,7 +169,7 @@ static inline void r16_layout_legacy(int t, r16_ptrs *p) {
     }
 }
 
-/* Row r (0..15) of a group: its blocks' bits and scales into the group's units (Q4_0 .. Q5_1). */
+/* Row r (0..15) of a group: its blocks' bits and scales into the group's units (Q4_0 .. Q5_1, IQ4_NL). */
 static void r16_repack_row_legacy(int t, const uint8_t *row, int nb, const r16_ptrs *p, int r) {
     const int bs = legacy_bs(t), qoff = legacy_qoff(t);
     for (int b = 0; b < nb; b++) {
@@ -262,9 +265,9 @@ A256 AINL __m256i slot_block(const int t, const int TS, const uint8_t *const *ro
     __m256i p[4];
     for (int r = 0; r < RS; r++) {
         const uint8_t *A = rows[r] + b * bs;
-        if (t == RQ_Q8_0) {
-            __m256i w = _mm256_loadu_si256((const __m256i *)(A + 2));
-            __m256i aw = _mm256_sign_epi8(w, w);
+        if (type_s8(t)) {   /* Q8_0, IQ4_NL: signed values through the sign trick */
+            const __m256i w = t == RQ_Q8_0 ? _mm256_loadu_si256((const __m256i *)(A + 2)) : iq4_block_256(A + 2, 0);
+            const __m256i aw = _mm256_sign_epi8(w, w);
             for (int k = 0; k < TS; k++) {
                 __m256i qv = _mm256_loadu_si256((const __m256i *)q[k]);
                 p[r * TS + k] = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(qv, w)), ones);
@@ -378,6 +381,7 @@ ROWS256(r256_q4_1, RQ_Q4_1)
 ROWS256(r256_q5_0, RQ_Q5_0)
 ROWS256(r256_q5_1, RQ_Q5_1)
 ROWS256(r256_q8_0, RQ_Q8_0)
+ROWS256(r256_iq4_nl, RQ_IQ4_NL)
 
 /* --- Prefill (see pf8.c) ---------------------------------------------------------------------- */
 
@@ -411,14 +415,15 @@ A256 AINL void v16_unpack_q8_0(const uint8_t *row, int nb, uint8_t *ur) {
 
 /* --- R16 (see r16.c) -------------------------------------------------------------------------- */
 
-/* Block b (j within its unit u) of a legacy group: the v16 U vectors W[4h + g], the half scales
- * (d twice) and the mins (see r16_block). */
+/* Block b (j within its unit u) of a legacy or IQ4_NL group: the v16 U vectors W[4h + g], the half
+ * scales (d twice) and the mins (see r16_block). */
 A512 AINL void r16_block_legacy(const int t, const r16_ptrs *p, const uint8_t *u, size_t j, __m512i *W, __m512 *wd0,
                                 __m512 *wd1, __m512 *mn) {
     if (t == RQ_Q8_0) {
         for (int k = 0; k < 8; k++) W[k] = _mm512_loadu_si512(u + p->q8 + 64 * k);
     } else {
         r16_nib_512(p, u, j, W);
+        if (t == RQ_IQ4_NL) iq4_lookup8_512(W);
         if (t == RQ_Q5_0 || t == RQ_Q5_1) {
             const __m512i hb = _mm512_loadu_si512(u + p->hb), b5 = _mm512_set1_epi8(0x10);
             for (int k = 0; k < 8; k++) {   /* bit 8i + k -> 0x10 of byte i */
@@ -431,14 +436,16 @@ A512 AINL void r16_block_legacy(const int t, const r16_ptrs *p, const uint8_t *u
     *mn = p->m ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(u + p->m))) : _mm512_setzero_ps();
 }
 
-/* The same for rows 8q..8q+7, AVX2 (see r16_block_256). */
+/* The same for rows 8q..8q+7, AVX2 (see r16_block_256; Q8_0 and IQ4_NL: the signed values). */
 A256 AINL void r16_block_legacy_256(const int t, const r16_ptrs *p, const uint8_t *u, size_t j, const int q,
                                     __m256i *W, __m256 *wd0, __m256 *wd1, __m256 *mn) {
     const size_t o = 32 * (size_t)q;
     if (t == RQ_Q8_0) {
-        for (int k = 0; k < 8; k++) W[k] = _mm256_loadu_si256((const __m256i *)(u + p->q8 + 64 * k + o));
+        const __m256i x80 = _mm256_set1_epi8((char)0x80);
+        for (int k = 0; k < 8; k++) W[k] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(u + p->q8 + 64 * k + o)), x80);
     } else {
         r16_nib_256(p, u, j, o, W);
+        if (t == RQ_IQ4_NL) iq4_lookup8_256(W, 0);
         if (t == RQ_Q5_0 || t == RQ_Q5_1) {
             const __m256i hb = _mm256_loadu_si256((const __m256i *)(u + p->hb + o)), b5 = _mm256_set1_epi8(0x10);
             for (int k = 0; k < 8; k++) {
@@ -452,16 +459,11 @@ A256 AINL void r16_block_legacy_256(const int t, const r16_ptrs *p, const uint8_
     *mn = p->m ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(u + p->m + o16))) : _mm256_setzero_ps();
 }
 
-/* r16_dot_256 for Q8_0: the signed values through the sign trick (|w| * sign(q, w)), so the sum
- * comes out offset-free. */
-A256 AINL __m256i r16_dot_q8_0_256(const __m256i *Wh, const uint8_t *qd) {
-    const __m256i ones = _mm256_set1_epi16(1);
-    const __m256i x80 = _mm256_set1_epi8((char)0x80);
+/* r16_dot_256 for the signed types (type_s8: Q8_0, IQ4_NL, IQ4_XS; their AVX2 W hold the signed
+ * values): through the sign trick (|w| * sign(q, w)), so the sum comes out offset-free. */
+A256 AINL __m256i r16_dot_s8_256(const __m256i *Wh, const uint8_t *qd) {
     __m256i s = _mm256_setzero_si256();
-    for (int g = 0; g < 4; g++) {
-        const __m256i w = _mm256_xor_si256(Wh[g], x80), a = _mm256_set1_epi32((int)load_u32(qd + 4 * g));
-        s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(a, w)), ones));
-    }
+    for (int g = 0; g < 4; g++) s = _mm256_add_epi32(s, dot_dwords_256(Wh[g], _mm256_set1_epi32((int)load_u32(qd + 4 * g)), 1));
     return s;
 }
 

@@ -127,7 +127,7 @@ A256 AINL void q4k_slots_256(const uint8_t *row, int n, const tile *tv, float *r
                 const int j = 2 * c + e;
                 const size_t b = 8 * (size_t)i + j;
                 const __m256i U = _mm256_and_si256(e ? _mm256_srli_epi16(xq, 4) : xq, m0f);
-                const __m256i P = q4k_join_halves_256(slot_pack_tok(U, tv, b, T));
+                const __m256i P = q4k_join_halves_256(slot_pack_tok(U, tv, b, T, 0));
                 const __m256i jj = _mm256_set1_epi32(j);
                 const __m256 Q = _mm256_mul_ps(_mm256_cvtepi32_ps(P), _mm256_permutevar8x32_ps(sc, jj));
                 A = _mm256_fmadd_ps(Q, _mm256_loadu_ps(tv->td4 + 8 * b), A);
@@ -168,7 +168,7 @@ A256 static void q4k_rows4_256(const uint8_t *const *rows, int n, const tile *tv
                 const size_t b = 8 * (size_t)i + j;
                 __m256i U[4];
                 for (int r = 0; r < 4; r++) U[r] = _mm256_and_si256(e ? _mm256_srli_epi16(xq[r], 4) : xq[r], m0f);
-                const __m256i P = q4k_join_halves_256(rows4_pack(U, _mm256_loadu_si256((const __m256i *)(tv->qs + 32 * b))));
+                const __m256i P = q4k_join_halves_256(rows4_pack(U, _mm256_loadu_si256((const __m256i *)(tv->qs + 32 * b)), 0));
                 const __m256 Q = _mm256_mul_ps(_mm256_cvtepi32_ps(P), rows4_pair(SC, j, j));
                 A = _mm256_fmadd_ps(Q, _mm256_set1_ps(tv->td4[8 * b]), A);
                 accM = _mm256_fmadd_ps(rows4_pair(MN, j, j), _mm256_set1_ps(tv->ds4[4 * b]), accM);

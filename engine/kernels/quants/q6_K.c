@@ -138,7 +138,7 @@ A256 AINL void q6k_slots_256(const uint8_t *row, int n, const tile *tv, float *r
         for (int h = 0; h < 2; h++) {
             for (int k = 0; k < 4; k++) {
                 const size_t b = 8 * (size_t)i + 4 * h + k;
-                __m256i P = _mm256_add_epi32(slot_pack_tok(q6k_group_256(x, h, k), tv, b, T),
+                __m256i P = _mm256_add_epi32(slot_pack_tok(q6k_group_256(x, h, k), tv, b, T, 0),
                                              _mm256_loadu_si256((const __m256i *)(tv->nq4 + 8 * b)));
                 __m256 wd = pair4_256(sc_lo, sc_hi, 8 * h + 2 * k);   /* 16-element scales: one per half */
                 acc[k & 1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(P), _mm256_mul_ps(wd, _mm256_loadu_ps(tv->td4 + 8 * b)), acc[k & 1]);
@@ -171,7 +171,7 @@ A256 static void q6k_rows4_256(const uint8_t *const *rows, int n, const tile *tv
                 const size_t b = 8 * (size_t)i + 4 * h + k;
                 __m256i U[4];
                 for (int r = 0; r < 4; r++) U[r] = q6k_group_256(x[r], h, k);
-                __m256i P = rows4_pack(U, _mm256_loadu_si256((const __m256i *)(tv->qs + 32 * b)));
+                __m256i P = rows4_pack(U, _mm256_loadu_si256((const __m256i *)(tv->qs + 32 * b)), 0);
                 P = _mm256_add_epi32(P, _mm256_permutevar8x32_epi32(_mm256_loadu_si256((const __m256i *)(tv->nq4 + 8 * b)), tok0));
                 const int g = 8 * h + 2 * k;   /* 16-element scales: one per half */
                 const __m256 wd = g < 8 ? rows4_pair(SL, g, g + 1) : rows4_pair(SH, g - 8, g - 7);

@@ -14,6 +14,7 @@ static r16_ptrs r16_group_ptrs(int t, const uint8_t *g, int nb) {
     switch (t) {
     case RQ_Q4_K: r16_layout_q4k(&p); break;
     case RQ_Q6_K: r16_layout_q6k(&p); break;
+    case RQ_IQ4_XS: r16_layout_iq4xs(&p); break;
     default: r16_layout_legacy(t, &p); break;
     }
     return p;
@@ -28,10 +29,11 @@ static size_t r16_group_bytes_t(int t, int nb) {
 
 /* Row r (0..15) of a group: its blocks' bits and scales into the group's units. */
 static void r16_repack_row(int t, const uint8_t *row, int nb, const r16_ptrs *p, int r) {
-    if (t == RQ_Q4_0 || t == RQ_Q4_1 || t == RQ_Q5_0 || t == RQ_Q5_1) r16_repack_row_legacy(t, row, nb, p, r);
+    if (t == RQ_Q4_0 || t == RQ_Q4_1 || t == RQ_Q5_0 || t == RQ_Q5_1 || t == RQ_IQ4_NL) r16_repack_row_legacy(t, row, nb, p, r);
     else if (t == RQ_Q8_0) r16_repack_row_q8_0(row, nb, p, r);
     else if (t == RQ_Q4_K) r16_repack_row_q4k(row, nb, p, r);
     else if (t == RQ_Q6_K) r16_repack_row_q6k(row, nb, p, r);
+    else if (t == RQ_IQ4_XS) r16_repack_row_iq4xs(row, nb, p, r);
 }
 static size_t r16_bytes(int t, int rows, int cols) {
     return r16_group_bytes_t(t, cols / QK) * (size_t)((rows + 15) / 16);
@@ -81,6 +83,7 @@ A512 AINL void r16_block(const int t, const r16_ptrs *p, size_t b, __m512i *W, _
     const size_t j = r16_j(p, b);
     if (t == RQ_Q4_K) r16_block_q4k(p, u, j, W, wd0, wd1, mn);
     else if (t == RQ_Q6_K) r16_block_q6k(p, u, j, W, wd0, wd1, mn);
+    else if (t == RQ_IQ4_XS) r16_block_iq4xs(p, u, j, W, wd0, wd1, mn);
     else r16_block_legacy(t, p, u, j, W, wd0, wd1, mn);
 }
 
@@ -254,6 +257,8 @@ R16_GROUPS(q5_1, RQ_Q5_1)
 R16_GROUPS(q8_0, RQ_Q8_0)
 R16_GROUPS(q4_K, RQ_Q4_K)
 R16_GROUPS(q6_K, RQ_Q6_K)
+R16_GROUPS(iq4_nl, RQ_IQ4_NL)
+R16_GROUPS(iq4_xs, RQ_IQ4_XS)
 
 typedef void (*r16_groups_fn)(const uint8_t *R, int rows, int g0, int g1, int nb, int ntok, const v16_toks *tk,
                               float *out, int ldo, uint8_t *grp, int gmax);
@@ -261,23 +266,25 @@ typedef void (*r16_groups_fn)(const uint8_t *R, int rows, int g0, int g1, int nb
 /* ---- R16 on AVX2: the same layout and float sequence, 8 rows per vector (the low or high 32
  * bytes of each 64-byte entry: rows 0-7 or 8-15 of the group), vpmaddubsw + vpmaddwd for the
  * exact integer sums (as the AVX2 prefill kernels: 4-bit and 5-bit values add up in int16, Q6_K
- * in pairs, Q8_0 through the sign trick on its signed values). ---- */
+ * in pairs, the signed types (type_s8: Q8_0, IQ4_NL, IQ4_XS) through the sign trick). ---- */
 
-/* Block b of a group, rows 8q..8q+7: the v16 U vectors, half scales and mins. */
+/* Block b of a group, rows 8q..8q+7: the v16 U vectors (the signed types: their signed values),
+ * half scales and mins. */
 A256 AINL void r16_block_256(const int t, const r16_ptrs *p, size_t b, const int q, __m256i *W, __m256 *wd0,
                              __m256 *wd1, __m256 *mn) {
     const uint8_t *u = r16_unit(p, b);
     const size_t j = r16_j(p, b);
     if (t == RQ_Q4_K) r16_block_q4k_256(p, u, j, q, W, wd0, wd1, mn);
     else if (t == RQ_Q6_K) r16_block_q6k_256(p, u, j, q, W, wd0, wd1, mn);
+    else if (t == RQ_IQ4_XS) r16_block_iq4xs_256(p, u, j, q, W, wd0, wd1, mn);
     else r16_block_legacy_256(t, p, u, j, q, W, wd0, wd1, mn);
 }
 
 /* Exact sum over the 16 elements of a half: 8 rows' U (Wh[0..3]: groups g) times one token's
- * activations qd (16 bytes). Q8_0 returns the offset-free sum directly. */
+ * activations qd (16 bytes). The signed types return the offset-free sum directly. */
 A256 AINL __m256i r16_dot_256(const int t, const __m256i *Wh, const uint8_t *qd) {
     const __m256i ones = _mm256_set1_epi16(1);
-    if (t == RQ_Q8_0) return r16_dot_q8_0_256(Wh, qd);
+    if (type_s8(t)) return r16_dot_s8_256(Wh, qd);
     const __m256i p0 = _mm256_maddubs_epi16(Wh[0], _mm256_set1_epi32((int)load_u32(qd)));
     const __m256i p1 = _mm256_maddubs_epi16(Wh[1], _mm256_set1_epi32((int)load_u32(qd + 4)));
     const __m256i p2 = _mm256_maddubs_epi16(Wh[2], _mm256_set1_epi32((int)load_u32(qd + 8)));
@@ -290,7 +297,7 @@ A256 AINL __m256i r16_dot_256(const int t, const __m256i *Wh, const uint8_t *qd)
 /* One block's contribution for T tokens (from k0): v16_pass's steps, 8 rows. */
 A256 AINL void r16_acc_256(const int t, const __m256i *W, __m256 wd0, __m256 wd1, __m256 mn, const uint8_t *tb,
                            const int T, int k0, __m256 (*acc)[2], __m256 *accM) {
-    const int offs = type_offset(t) != 0 && t != RQ_Q8_0, mins = type_has_min(t);
+    const int offs = type_offset(t) != 0 && !type_s8(t), mins = type_has_min(t);
     const int32_t *nq = (const int32_t *)(tb + 256);
     const float *d = (const float *)(tb + 320), *ds = (const float *)(tb + 352);
     for (int h = 0; h < 2; h++)
@@ -638,17 +645,19 @@ A256 AINL void r16_tile16_halves_256(const int t, const uint8_t *grp, int nb, co
     }
 }
 
-/* A type's own whole-tile kernel on an expanded group (prefill); 0: t has none. */
+/* A type's own whole-tile kernel on an expanded group (prefill); 0: t has none (the signed types:
+ * the sign trick's pair sums do not add up in int16, which r16_pair_dword_256 relies on). */
 A256 AINL int r16_tile16_256(const int t, const uint8_t *grp, int nb, int T, const uint8_t *tile, float *out, int ldo,
                              int nr) {
-    if (t == RQ_Q8_0) return 0;
+    if (type_s8(t)) return 0;
     if (t == RQ_Q4_K) r16_tile16_q4k_256(grp, nb, T, tile, out, ldo, nr);
     else r16_tile16_halves_256(t, grp, nb, T, tile, out, ldo, nr);
     return 1;
 }
 
 /* Rows 8q.. of an expanded (v16) group against T <= 4 tokens (from k0), parity by parity: the types
- * without a whole-tile kernel (r16_tile16_256: Q8_0, whose signed values take the sign trick). */
+ * without a whole-tile kernel (r16_tile16_256: Q8_0, IQ4_NL, IQ4_XS, whose signed values take the
+ * sign trick). */
 A256 AINL void v8_tile_256(const int t, const uint8_t *grp, int nb, const int T, const uint8_t *tile, int k0,
                            const int q, float *out, int ldo, int nr) {
     const uint8_t *U = grp;
@@ -661,7 +670,7 @@ A256 AINL void v8_tile_256(const int t, const uint8_t *grp, int nb, const int T,
             __m256i W[8];
             for (int j = 0; j < 8; j++) W[j] = _mm256_loadu_si256((const __m256i *)(U + 512 * (size_t)b + 64 * j + 32 * q));
             const __m256 wd0 = _mm256_loadu_ps(WD + 32 * (size_t)b + 8 * q);
-            const __m256 wd1 = wd0;   /* Q8_0: one scale per block */
+            const __m256 wd1 = wd0;   /* Q8_0, IQ4_*: one scale per block */
             const __m256 mn = _mm256_loadu_ps(M + 16 * (size_t)b + 8 * q);
             r16_acc_256(t, W, wd0, wd1, mn, tile + (size_t)b * V16_TILE_BLOCK_BYTES, T, k0, acc, accM);
         }
@@ -730,5 +739,7 @@ R16_GROUPS_256(q5_1, RQ_Q5_1)
 R16_GROUPS_256(q8_0, RQ_Q8_0)
 R16_GROUPS_256(q4_K, RQ_Q4_K)
 R16_GROUPS_256(q6_K, RQ_Q6_K)
+R16_GROUPS_256(iq4_nl, RQ_IQ4_NL)
+R16_GROUPS_256(iq4_xs, RQ_IQ4_XS)
 
 #endif /* x86 */

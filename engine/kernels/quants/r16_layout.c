@@ -11,8 +11,8 @@
  * tokens); the integers and the float sequence are v16_pass's, so results equal the GGUF
  * layout's bit for bit on every path.
  * A group of 16 rows is a run of units, each one contiguous so that decode reads one stream:
- * a unit is one block (legacy types) or one super-block of 8 blocks (K types). Entries marked
- * [16] hold one value per row; j is the block within the unit:
+ * a unit is one block (legacy types, IQ4_NL) or one super-block of 8 blocks (K types, IQ4_XS).
+ * Entries marked [16] hold one value per row; j is the block within the unit:
  * (each type's unit is described in its file, beside its r16_layout_*):
  * NIB byte i = lo4(elem 4g+i) | lo4(elem 16+4g+i) << 4 (Q6_K: its low 4 bits); HB (Q5) bit
  * 8i + 4h + g = the 5th bit of elem 16h+4g+i; HB (Q6_K) bits 8i + 2g, +1 = the 2 high bits of

@@ -59,14 +59,20 @@ A256 AINL __m256 pair4_256(__m256 lo, __m256 hi, int g) {
 /* --- K types in the slot scheme: 32-element blocks, 4 token slots of one row; slots past the
  * tile's T are dead (zero) and skipped, so T = 1 costs one slot (same lanes, same results). */
 
-/* U against the live tokens' block b, packed */
-A256 AINL __m256i slot_pack_tok(__m256i U, const tile *tv, size_t b, const int T) {
+/* The exact sums of each dword's 4 products of 32 weights with 32 activations q: U unsigned
+ * (vpmaddubsw: U <= 127, so the pairs fit in int16), or signed (s8: type_s8's sign trick). */
+A256 AINL __m256i dot_dwords_256(__m256i U, __m256i q, const int s8) {
     const __m256i ones = _mm256_set1_epi16(1);
+    if (s8) return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(U, U), _mm256_sign_epi8(q, U)), ones);
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(U, q), ones);
+}
+
+/* U against the live tokens' block b, packed (s8: U holds signed values, see dot_dwords_256) */
+A256 AINL __m256i slot_pack_tok(__m256i U, const tile *tv, size_t b, const int T, const int s8) {
     const int8_t *qb = tv->qs + 32 * (size_t)T * b;
     __m256i p[4];
     for (int k = 0; k < 4; k++)
-        p[k] = k < T ? _mm256_madd_epi16(_mm256_maddubs_epi16(U, _mm256_loadu_si256((const __m256i *)(qb + 32 * k))), ones)
-                     : _mm256_setzero_si256();
+        p[k] = k < T ? dot_dwords_256(U, _mm256_loadu_si256((const __m256i *)(qb + 32 * k)), s8) : _mm256_setzero_si256();
     __m256i h01 = _mm256_hadd_epi32(p[0], p[1]);
     __m256i h23 = T > 2 ? _mm256_hadd_epi32(p[2], p[3]) : _mm256_setzero_si256();
     return _mm256_hadd_epi32(h01, h23);
@@ -115,11 +121,11 @@ A256 AINL __m256 rows4_pair(const __m256 *X, int g, int h) {
     return _mm256_permute2f128_ps(A, B, 0x31);
 }
 
-/* exact sums of U_r . q over each 16-element half, packed [r0lo r1lo r2lo r3lo r0hi .. r3hi] */
-A256 AINL __m256i rows4_pack(const __m256i *U, __m256i q) {
-    const __m256i ones = _mm256_set1_epi16(1);
+/* exact sums of U_r . q over each 16-element half, packed [r0lo r1lo r2lo r3lo r0hi .. r3hi]
+ * (s8: U holds signed values, see dot_dwords_256) */
+A256 AINL __m256i rows4_pack(const __m256i *U, __m256i q, const int s8) {
     __m256i p[4];
-    for (int r = 0; r < 4; r++) p[r] = _mm256_madd_epi16(_mm256_maddubs_epi16(U[r], q), ones);
+    for (int r = 0; r < 4; r++) p[r] = dot_dwords_256(U[r], q, s8);
     return _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
 }
 

@@ -22,6 +22,8 @@ static const type_traits TRAITS[RQ_BF16 + 1] = {
     [RQ_Q4_K] = {QK_K, sizeof(blk_q4_K), 0, 0, 1, 0, 1, 1},
     [RQ_Q5_K] = {QK_K, sizeof(blk_q5_K), 0, 0, 1, 0, 0, 0},
     [RQ_Q6_K] = {QK_K, sizeof(blk_q6_K), 0, 32, 0, 0, 1, 1},
+    [RQ_IQ4_NL] = {QK, sizeof(blk_iq4_nl), 2, 128, 0, 0, 1, 0},
+    [RQ_IQ4_XS] = {QK_K, sizeof(blk_iq4_xs), 0, 128, 0, 0, 1, 0},
 };
 
 /* The traits of t; an all-zero row (block_elems 0) for an unknown type. */
@@ -61,6 +63,8 @@ void rq_dequant_row(int t, const void *row, float *y, int n) {
     case RQ_Q4_K: dequant_q4_K(row, y, n); return;
     case RQ_Q5_K: dequant_q5_K(row, y, n); return;
     case RQ_Q6_K: dequant_q6_K(row, y, n); return;
+    case RQ_IQ4_NL: dequant_iq4_nl(row, y, n); return;
+    case RQ_IQ4_XS: dequant_iq4_xs(row, y, n); return;
     default:
         for (int i = 0; i < n; i++) y[i] = NAN;
         return;
@@ -85,6 +89,8 @@ static dot_fn ref_dot(int t) {
     case RQ_Q4_K: return dot_q4_K_ref;
     case RQ_Q5_K: return dot_q5_K_ref;
     case RQ_Q6_K: return dot_q6_K_ref;
+    case RQ_IQ4_NL: return dot_iq4_nl_ref;
+    case RQ_IQ4_XS: return dot_iq4_xs_ref;
     default: return NULL;
     }
 }
@@ -125,6 +131,9 @@ static const type_kernels KERNELS[RQ_BF16 + 1] = {
     [RQ_Q8_0] = {SLOT_KERNELS(q8_0), NULL, NULL, LAYOUT_KERNELS(q8_0)},
     [RQ_Q4_K] = {PACKED_KERNELS(q4_K), pf8u_q4_K, pf8r_q4_K, LAYOUT_KERNELS(q4_K)},
     [RQ_Q6_K] = {PACKED_KERNELS(q6_K), pf8u_q6_K, pf8r_q6_K, LAYOUT_KERNELS(q6_K)},
+    /* the signed types have no pf8 kernels: see iq4_nl.c */
+    [RQ_IQ4_NL] = {SLOT_KERNELS(iq4_nl), NULL, NULL, LAYOUT_KERNELS(iq4_nl)},
+    [RQ_IQ4_XS] = {PACKED_KERNELS(iq4_xs), NULL, NULL, LAYOUT_KERNELS(iq4_xs)},
 };
 
 static const type_kernels *kernels(int t) {

@@ -14,7 +14,7 @@
  * Per-token arrays, prepared once per matmul (prep_tok):
  *     TD = d_b, expanded to 8 lanes per activation block
  *     NQ = -offset * (sum of the 4 q of the lane), 8 int32 per block: removes the weight offset
- *          (Q4_0 8, Q5_0 16, Q8_0 128, Q6_K 32, Q3_K 4) exactly, in the integer domain
+ *          (Q4_0 8, Q5_0 16, Q8_0 and IQ4_* 128, Q6_K 32, Q3_K 4) exactly, in the integer domain
  *     DS = d_b * sum16, 2 per block: for types with mins (Q4_1, Q5_1, Q4_K, Q5_K, Q2_K), whose
  *          min terms  sum_g min_g * d_b * S_g  are one FMA per 4 (legacy) or 8 (K) blocks.
  */

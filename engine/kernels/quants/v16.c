@@ -83,6 +83,8 @@ A512 static void v16_unpack(const int t, const uint8_t *W, size_t rb, int r0, in
         if (t == RQ_Q4_K) pf8_unpack_q4k(row, nb, ur);
         else if (t == RQ_Q6_K) pf8_unpack_q6k(row, nb, ur);
         else if (t == RQ_Q8_0) v16_unpack_q8_0(row, nb, ur);
+        else if (t == RQ_IQ4_NL) v16_unpack_iq4nl(row, nb, ur);
+        else if (t == RQ_IQ4_XS) v16_unpack_iq4xs(row, nb, ur);
         else pf8_unpack_legacy(t, row, nb, ur);
     }
     const __m512i idx = _mm512_mullo_epi32(_mm512_set1_epi32((int)us),
@@ -276,6 +278,8 @@ V16_ROWS(q5_1, RQ_Q5_1)
 V16_ROWS(q8_0, RQ_Q8_0)
 V16_ROWS(q4_K, RQ_Q4_K)
 V16_ROWS(q6_K, RQ_Q6_K)
+V16_ROWS(iq4_nl, RQ_IQ4_NL)
+V16_ROWS(iq4_xs, RQ_IQ4_XS)
 
 typedef void (*v16_rows_fn)(const uint8_t *W, size_t rb, int r0, int r1, int nb, int ntok, const v16_toks *tk,
                             float *out, int ldo, uint8_t *tmp, uint8_t *grp, int gmax);
