@@ -58,7 +58,8 @@ def stack(redis_server: str, tmp_path: Path) -> Iterator[tuple[ServeProcess, Wor
     ready.parent.mkdir()
     ready.write_text("stale\n")  # left by an earlier run that was killed: must not count
     cmd = worker_argv(redis_server, M, threads=1, name="metrics-w",
-                      extra=["--metrics-port", str(port), "--ready-file", str(ready), "--maintenance-interval", "1"])
+                      extra=["--metrics-port", str(port), "--ready-file", str(ready), "--maintenance-interval", "1",
+                             "--prompt-lookup"])  # counting continues the prompt: guesses are checked and kept
     worker = WorkerProcess(cmd, str(tmp_path / "worker.log"))
     server = ServeProcess(tmp_path / "data", redis_url=redis_server, keys=[KEY]).start()
     try:
@@ -140,7 +141,10 @@ def test_metrics_move_during_a_batch(stack, redis_server: str, tmp_path: Path): 
     assert last.get_value("rqllm_decode_tokens_per_second_sum", model=M) > 0
     assert last.get_value("rqllm_job_generation_seconds_sum", model=M) == pytest.approx(
         sum(r.prefill_seconds + r.decode_seconds for r in ok), rel=1e-6)
-    assert last.get_value("rqllm_speculative_draft_tokens_total", model=M) == 0  # the worker does not guess
+    draft, kept = sum(r.draft_tokens for r in ok), sum(r.accepted_tokens for r in ok)
+    assert kept > 0
+    assert last.get_value("rqllm_speculative_draft_tokens_total", model=M) == draft
+    assert last.get_value("rqllm_speculative_accepted_tokens_total", model=M) == kept
     assert last.get_value("rqllm_worker_busy", model=M) == 0
     assert 0 < last.get_value("rqllm_kv_used_tokens", model=M) <= last.get_value("rqllm_kv_capacity_tokens", model=M)
 
@@ -150,6 +154,7 @@ def test_metrics_move_during_a_batch(stack, redis_server: str, tmp_path: Path): 
     lines = [ln for ln in log.splitlines() if " done on metrics-w: " in ln]
     assert len(lines) == N, log[-3000:]
     assert all("tokens in" in ln and " out;" in ln and "tok/s" in ln for ln in lines)
+    assert any("guesses kept" in ln for ln in lines)
     for routine in ("Successfully completed", "Job OK", "result is kept", "cleaning", ":default: g"):
         assert routine not in log, routine
 
