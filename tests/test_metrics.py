@@ -121,6 +121,8 @@ def test_metrics_move_during_a_batch(stack, redis_server: str, tmp_path: Path): 
     assert all(a >= b for a, b in zip(depth, depth[1:])), depth
     busy = [s.get_value("rqllm_workers", model=M, state="busy") for s in serve_scrapes]
     assert 1 in busy and serve_scrapes[-1].get_value("rqllm_workers", model=M, state="idle") == 1
+    running = [s.get_value("rqllm_queue_running_jobs", model=M, priority="default") for s in serve_scrapes]
+    assert set(running) == {0, 1}, running  # one worker: one job at a time
     assert serve_scrapes[-1].get_value("rqllm_queue_jobs", model=M, priority="high") == 0
 
     # the worker: counters move during the batch, and end at what the results say
