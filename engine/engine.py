@@ -19,6 +19,8 @@ Contract (used by jobs/ and pipeline/):
         #   the KV capacity (message names both numbers), unknown chat roles, invalid text.
         # params.end_at_sentence: a text cut by max_tokens ends after its last complete sentence or
         #   line (gen.ids still holds every generated token); on_text gets text only up to such ends.
+        # params.logprobs = n: gen.logprobs holds each token of gen.ids with its log-probability and the
+        #   n most likely tokens at its position (engine.logprobs).
 
 Consecutive requests that share a prompt prefix reuse its KV entries instead of recomputing them
 (summarisation chunks share their instructions); Generation.prefix_hit_tokens says how many. Only
@@ -46,6 +48,7 @@ from typing import TYPE_CHECKING
 from engine import registry
 from engine.drafting import DraftModel, PromptLookup, VocabularyMismatch, check_same_vocabulary
 from engine.kv_cache import CachedTokens
+from engine.logprobs import LogprobRecorder
 from engine.model import MAX_UBATCH, Model, ModelError
 from engine.params import Generation, SamplingParams, SpeculativeMode
 from engine.sampler import Sampler
@@ -239,7 +242,9 @@ class Engine:
         proposer = self._proposer(mode, sampler)
         policy = None if proposer is None else DraftPolicy(self.pass_costs, proposer.cost_per_guess,
                                                            prior_alpha=proposer.prior_alpha)
-        decoder = Decoder(self.model, sampler, list(ids), logits, proposer, policy)
+        recorder = None if params.logprobs is None else LogprobRecorder(self.tokenizer, params.logprobs)
+        decoder = Decoder(self.model, sampler, list(ids), logits, proposer, policy,
+                          on_decided=None if recorder is None else recorder.add)
         stream = _TextStream(self.tokenizer, params.stop, on_text, params.end_at_sentence)
         out: list[int] = []
         finish = "length"
@@ -271,6 +276,8 @@ class Engine:
             prefill_tps=n_prefill / prefill_s if prefill_s > 0 else 0.0,
             decode_tps=n_decoded / decode_s if decode_s > 0 and n_decoded > 0 else 0.0,
             prefix_hit_tokens=start, draft_tokens=decoder.draft_tokens, accepted_tokens=decoder.accepted_tokens,
+            # decided tokens come in order, and `out` is a prefix of them (EOS and tokens after a stop are not in it)
+            logprobs=None if recorder is None else recorder.entries[:len(out)],
         )
 
     @property

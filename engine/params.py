@@ -41,6 +41,9 @@ class SamplingParams(BaseModel):
     speculative: SpeculativeMode | None = Field(
         None, description="off | prompt_lookup | draft; None: the engine's default. Greedy output is the "
                           "same either way; sampled output follows the same distribution")
+    logprobs: int | None = Field(
+        None, ge=0, le=20, description="return each generated token's log-probability and this many most "
+                                       "likely alternatives at its position (engine.logprobs); None: none")
 
     @field_validator("stop")
     @classmethod
@@ -51,6 +54,20 @@ class SamplingParams(BaseModel):
 
 
 FinishReason = Literal["stop", "length"]
+
+
+class TopLogprob(BaseModel):
+    """A token and its log-probability at a position (OpenAI's chat logprobs entry)."""
+
+    token: str
+    bytes: list[int]
+    logprob: float
+
+
+class TokenLogprob(TopLogprob):
+    """A generated token's log-probability, with the most likely tokens at its position."""
+
+    top_logprobs: list[TopLogprob] = Field(default_factory=list)
 
 
 class Generation(BaseModel):
@@ -69,3 +86,4 @@ class Generation(BaseModel):
     prefix_hit_tokens: int = 0
     draft_tokens: int = 0  # tokens proposed by speculative decoding and checked by the model
     accepted_tokens: int = 0  # of those, the ones the model agreed with (kept)
+    logprobs: list[TokenLogprob] | None = None  # one per token of `ids`, when params.logprobs asked for them

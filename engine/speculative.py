@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -256,12 +256,15 @@ class Decoder:
     speculative rounds with one (each yields the kept guesses and the model's next token).
 
     context: the prompt ids (extended in place with every decided token); logits: the prefill's
-    logits for the first new token."""
+    logits for the first new token. on_decided(logits, token), when given, sees every decided token
+    with the logits it was sampled from (engine.logprobs), in order, before the array is reused."""
 
     def __init__(self, model: ForwardModel, sampler: Sampler, context: list[int], logits: np.ndarray,
-                 proposer: Proposer | None = None, policy: DraftPolicy | None = None):
+                 proposer: Proposer | None = None, policy: DraftPolicy | None = None,
+                 on_decided: Callable[[np.ndarray, int], None] | None = None):
         if (proposer is None) != (policy is None):
             raise ValueError("a proposer needs a DraftPolicy and the other way round")
+        self.on_decided = on_decided
         self.model = model
         self.sampler = sampler
         self.context = context
@@ -279,7 +282,7 @@ class Decoder:
             raise ValueError("step() needs room for at least one token")
         if self._first_logits is not None:
             logits, self._first_logits = self._first_logits, None
-            return [self._decide(self.sampler.sample(logits, self.context))]
+            return [self._decide(self.sampler.sample(logits, self.context), logits)]
         pos = len(self.context) - 1  # the pending token's position
         draft = None
         if self.proposer is not None:
@@ -287,7 +290,7 @@ class Decoder:
         if not draft or not draft.tokens:
             logits = self.model.forward(self.context[-1:], pos)
             self._written(pos + 1, pos + 1)
-            return [self._decide(self.sampler.sample(logits, self.context))]
+            return [self._decide(self.sampler.sample(logits, self.context), logits)]
         guesses = draft.tokens
         rows = self.model.forward_all([self.context[-1], *guesses], pos)
         kept, token = verify(self.sampler, rows, draft, self.context)
@@ -295,8 +298,11 @@ class Decoder:
         self.draft_tokens += len(guesses)
         self.accepted_tokens += kept
         self._written(pos + 1 + kept, pos + 1 + len(guesses))
+        if self.on_decided is not None:
+            for i in range(kept):  # row i: the logits a kept guess was checked against
+                self.on_decided(rows[i], guesses[i])
         self.context.extend(guesses[:kept])
-        return [*guesses[:kept], self._decide(token)]
+        return [*guesses[:kept], self._decide(token, rows[kept])]
 
     def _draft(self, limit: int) -> Draft | None:
         if limit <= 0:
@@ -307,7 +313,9 @@ class Decoder:
         k = self.policy.draft_length(limit)
         return self.proposer.propose(self.context, k, self.sampler) if k > 0 else None
 
-    def _decide(self, token: int) -> int:
+    def _decide(self, token: int, logits: np.ndarray) -> int:
+        if self.on_decided is not None:
+            self.on_decided(logits, token)
         self.context.append(token)
         return token
 

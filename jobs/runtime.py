@@ -56,6 +56,9 @@ class WorkerContext:
     stream_maxlen: int = DEFAULT_STREAM_MAXLEN
     ledger: Ledger | None = None
     stats: dict[str, float] = field(default_factory=lambda: {"jobs": 0, "xadds": 0})
+    # sees every outcome the task records, with the done job's prefill and decode tok/s (0.0 for a failure):
+    # the worker's metrics (pipeline.worker_metrics)
+    observe: Callable[[JobResult, float, float], None] | None = None
 
     def __post_init__(self) -> None:
         if self.ledger is None:
@@ -135,7 +138,9 @@ def _run_generation(job: GenerationJob, options: TaskOptions, *, attempt: int, t
     def fail(code: str, message: str) -> TaskFailed:
         result, _ = record_failure(ctx.ledger, job_id, code, message, options=options, only_if_absent=False,
                                    last_text=writer.take(), stream_maxlen=ctx.stream_maxlen, **common)
-        return TaskFailed(result)
+        if ctx.observe is not None:
+            ctx.observe(result, 0.0, 0.0)
+        return TaskFailed(result)  # the worker logs its one line (pipeline.job_endings)
 
     try:
         gen = ctx.engine.generate(
@@ -167,12 +172,16 @@ def _run_generation(job: GenerationJob, options: TaskOptions, *, attempt: int, t
         raise fail("worker_error", f"{type(e).__name__}: {e}") from None
 
     result = JobResult.from_generation(job, gen, job_id=job_id, **common)
-    # For operators: API clients no longer see these (they would describe other tenants' work)
-    log.info("job %s done on %s: %d prompt tokens, %d from the prefix cache, prefill %.3f s, decode %.3f s",
-             job_id, ctx.worker_name, gen.prompt_tokens, gen.prefix_hit_tokens, gen.prefill_seconds,
-             gen.decode_seconds)
     ctx.ledger.finish(result, result_ttl=options.result_ttl, stream_ttl=options.stream_ttl,
                       last_text=writer.take(), stream_maxlen=ctx.stream_maxlen)
+    # The worker's one line per job (rq's own lines per job are at DEBUG: pipeline.worker). For operators:
+    # API clients no longer see these (they would describe other tenants' work).
+    log.info("job %s done on %s: %d tokens in (%d from the prefix cache), %d out; prefill %.3f s (%.0f tok/s), "
+             "decode %.3f s (%.1f tok/s)%s", job_id, ctx.worker_name, gen.prompt_tokens, gen.prefix_hit_tokens,
+             gen.completion_tokens, gen.prefill_seconds, gen.prefill_tps, gen.decode_seconds, gen.decode_tps,
+             f"; {gen.accepted_tokens} of {gen.draft_tokens} guesses kept" if gen.draft_tokens else "")
+    if ctx.observe is not None:
+        ctx.observe(result, gen.prefill_tps, gen.decode_tps)
     ctx.stats["jobs"] += 1
     ctx.stats["xadds"] += writer.xadds
     return result

@@ -23,7 +23,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from engine.params import FinishReason, Generation, SamplingParams
+from engine.params import FinishReason, Generation, SamplingParams, TokenLogprob
 from jobs import keys
 
 ID_VERSION = "v1"
@@ -81,7 +81,7 @@ def _check_size(what: str, size: int, limit: int) -> None:
 
 # SamplingParams fields added after v1 ids were in use, with the default that leaves them out of the id.
 _PARAMS_ADDED_LATER: dict[str, Any] = {"frequency_penalty": 0.0, "presence_penalty": 0.0,
-                                       "no_repeat_ngram_size": 0, "end_at_sentence": False}
+                                       "no_repeat_ngram_size": 0, "end_at_sentence": False, "logprobs": None}
 
 
 class InvalidJob(ValueError):
@@ -268,6 +268,7 @@ class JobResult(BaseModel):
     prefix_hit_tokens: int = 0
     draft_tokens: int = 0  # speculative decoding: guesses checked / kept (engine.params.Generation)
     accepted_tokens: int = 0
+    logprobs: list[TokenLogprob] | None = None  # params.logprobs: one per generated token (engine.logprobs)
     worker: str | None = None
     attempt: int = 1
     started_at: float | None = None
@@ -290,6 +291,7 @@ class JobResult(BaseModel):
             prefix_hit_tokens=gen.prefix_hit_tokens,
             draft_tokens=gen.draft_tokens,
             accepted_tokens=gen.accepted_tokens,
+            logprobs=gen.logprobs,
             **kw,
         )
 

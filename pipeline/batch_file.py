@@ -3,6 +3,7 @@
 Input line: {"custom_id": "...", "method": "POST", "url": "/v1/chat/completions" | "/v1/completions",
              "body": {"model": ..., "messages": [...] | "prompt": ..., "max_tokens": ..., "temperature": ...,
                       "top_p": ..., "seed": ..., "stop": ...,
+                      "logprobs": ..., "top_logprobs": ... (chat: true/false and 0..20; completions: 0..5),
                       "speculative": "off" | "prompt_lookup" | "draft" (rqllm's; default: the worker's)}}
 Output line: {"id": "batch_req_...", "custom_id": ..., "response": {"status_code": 200, "request_id": ...,
               "body": <chat.completion | text_completion>} | null, "error": {"code", "message"} | null}
@@ -40,10 +41,13 @@ _PARAM_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty",
 _NEUTRAL = {
     "n": (1,),
     "stream": (False,),
-    "logprobs": (False, None),
     "echo": (False,),
     "best_of": (1,),
 }
+# OpenAI's ranges, narrower than what the engine takes (`rqllm generate --temperature` goes to 10)
+MAX_TEMPERATURE = 2
+MAX_TOP_LOGPROBS = 20  # chat completions' top_logprobs
+MAX_COMPLETIONS_LOGPROBS = 5  # completions' logprobs
 _IGNORED = {"user", "metadata", "store", "service_tier"}
 # No request needs more (messages -> content parts -> part is 4 levels); deeper JSON is refused
 # before anything recurses over it (json.loads itself stops near 1000 levels with a RecursionError).
@@ -109,6 +113,35 @@ def _neutral(value: Any, allowed: tuple[Any, ...]) -> bool:
     return any(type(value) is type(a) and value == a for a in allowed)
 
 
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _is_count(v: Any, top: int) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= top
+
+
+def _logprobs(body: dict[str, Any], url: str) -> int | None:
+    """SamplingParams.logprobs from OpenAI's fields: chat's `logprobs` (true/false) and `top_logprobs`
+    (0..20, only with logprobs true); completions' `logprobs` (0..5 alternatives)."""
+    want = body.get("logprobs")
+    if url == ENDPOINT_CHAT:
+        top = body.get("top_logprobs")
+        if want is not None and not isinstance(want, bool):
+            raise InvalidJob(f"logprobs: Input should be true or false (got {want!r})")
+        if top is not None:
+            if not _is_count(top, MAX_TOP_LOGPROBS):
+                raise InvalidJob(f"top_logprobs: Input should be an integer from 0 to {MAX_TOP_LOGPROBS} (got {top!r})")
+            if not want:
+                raise InvalidJob("top_logprobs: logprobs must be true when top_logprobs is given")
+        return (top or 0) if want else None
+    if want is None:
+        return None
+    if not _is_count(want, MAX_COMPLETIONS_LOGPROBS):
+        raise InvalidJob(f"logprobs: Input should be an integer from 0 to {MAX_COMPLETIONS_LOGPROBS} (got {want!r})")
+    return want
+
+
 def line_model(obj: Any, *, model: str | None = None, default_model: str = DEFAULT_MODEL) -> Any:
     """The model a parsed input line names (as request_to_job picks it)."""
     body = obj.get("body") if isinstance(obj, dict) else None
@@ -143,7 +176,7 @@ def request_to_job(obj: Any, *, model: str | None = None, default_model: str = D
     params: dict[str, Any] = {}
     bad: list[str] = []
     for k, v in body.items():
-        if k in ("model", "messages", "prompt"):
+        if k in ("model", "messages", "prompt", "logprobs") or (k == "top_logprobs" and url == ENDPOINT_CHAT):
             continue
         if k in ("max_tokens", "max_completion_tokens"):
             if v is not None:
@@ -161,6 +194,12 @@ def request_to_job(obj: Any, *, model: str | None = None, default_model: str = D
             bad.append(k)
     if bad:
         raise InvalidJob(f"unsupported body field(s): {', '.join(bad)}")
+    temperature = params.get("temperature")
+    if _is_number(temperature) and temperature > MAX_TEMPERATURE:
+        raise InvalidJob(f"temperature: Input should be less than or equal to {MAX_TEMPERATURE} (got {temperature!r})")
+    logprobs = _logprobs(body, url)
+    if logprobs is not None:
+        params["logprobs"] = logprobs
 
     job: dict[str, Any] = {
         "model": model or body.get("model") or default_model,
@@ -257,6 +296,27 @@ def _usage(r: JobResult) -> dict[str, int]:
             "total_tokens": r.prompt_tokens + r.completion_tokens}
 
 
+def chat_logprobs(result: JobResult) -> dict[str, Any] | None:
+    """A chat choice's `logprobs`: {"content": [{token, logprob, bytes, top_logprobs}], "refusal": None}."""
+    if result.logprobs is None:
+        return None
+    return {"content": [t.model_dump() for t in result.logprobs], "refusal": None}
+
+
+def completion_logprobs(result: JobResult) -> dict[str, Any] | None:
+    """A text completion choice's `logprobs`, OpenAI's legacy form: tokens, token_logprobs, top_logprobs
+    (a {token: logprob} object per token) and text_offset (where each token starts in the text)."""
+    if result.logprobs is None:
+        return None
+    offsets, at = [], 0
+    for t in result.logprobs:
+        offsets.append(at)
+        at += len(t.token)
+    return {"tokens": [t.token for t in result.logprobs], "token_logprobs": [t.logprob for t in result.logprobs],
+            "top_logprobs": [{a.token: a.logprob for a in t.top_logprobs} for t in result.logprobs],
+            "text_offset": offsets}
+
+
 def response_body(result: JobResult) -> dict[str, Any]:
     """The chat.completion / text_completion object for a done result."""
     created = int(result.ended_at)
@@ -271,7 +331,7 @@ def response_body(result: JobResult) -> dict[str, Any]:
             "created": created,
             "model": result.model,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": result.text},
-                         "logprobs": None, "finish_reason": result.finish_reason}],
+                         "logprobs": chat_logprobs(result), "finish_reason": result.finish_reason}],
             "usage": _usage(result),
             "rqllm": extra,
         }
@@ -280,7 +340,8 @@ def response_body(result: JobResult) -> dict[str, Any]:
         "object": "text_completion",
         "created": created,
         "model": result.model,
-        "choices": [{"index": 0, "text": result.text, "logprobs": None, "finish_reason": result.finish_reason}],
+        "choices": [{"index": 0, "text": result.text, "logprobs": completion_logprobs(result),
+                     "finish_reason": result.finish_reason}],
         "usage": _usage(result),
         "rqllm": extra,
     }

@@ -31,15 +31,24 @@ from pipeline.worker import DEFAULT_MAINTENANCE_INTERVAL, run_worker
 @click.option("--maintenance-interval", type=int, default=DEFAULT_MAINTENANCE_INTERVAL, show_default=True,
               help="Seconds between rq's registry cleanups (a dead worker's job is found within "
                    "heartbeat interval + grace + 5 s regardless).")
-@click.option("--log-level", default="INFO", show_default=True)
+@click.option("--log-level", default="INFO", show_default=True,
+              help="INFO: one line per job (tokens in and out, tok/s); DEBUG adds rq's own lines.")
+@click.option("--metrics-port", type=click.IntRange(1, 65535), envvar="RQLLM_METRICS_PORT", default=None,
+              help="Serve Prometheus metrics on this port (/metrics; /ready answers 200 once ready, else 503). "
+                   "Default $RQLLM_METRICS_PORT, else none.")
+@click.option("--metrics-addr", envvar="RQLLM_METRICS_ADDR", default="127.0.0.1", show_default=True,
+              help="Address the metrics port listens on (0.0.0.0 in a container, for Prometheus to reach it).")
+@click.option("--ready-file", envvar="RQLLM_READY_FILE", default=None, type=click.Path(dir_okay=False),
+              help="A file that exists only while the worker is ready: its model loaded, Redis reachable "
+                   "(`test -f FILE` as a healthcheck or readiness probe). Default $RQLLM_READY_FILE.")
 @no_memory_check_option
 @no_repack_option
 @kv_type_option
 @speculation_options
 def worker_command(model: str, threads: int | None, kv_budget: str | None, burst: bool, name: str | None,
                    redis_url: str | None, max_jobs: int | None, heartbeat_interval: int, heartbeat_grace: int,
-                   maintenance_interval: int, log_level: str, no_repack: bool, prompt_lookup: bool,
-                   draft: str | None) -> None:
+                   maintenance_interval: int, log_level: str, metrics_port: int | None, metrics_addr: str,
+                   ready_file: str | None, no_repack: bool, prompt_lookup: bool, draft: str | None) -> None:
     """Run one worker process for MODEL: load the engine once, generate queued jobs one at a time.
 
     --prompt-lookup / --draft MODEL: jobs that leave params.speculative unset decode speculatively
@@ -58,7 +67,8 @@ def worker_command(model: str, threads: int | None, kv_budget: str | None, burst
     run_worker(model, redis_url=redis_url, threads=thread_choice, kv_budget=kv_budget, burst=burst, name=name,
                max_jobs=max_jobs, heartbeat_interval=heartbeat_interval, heartbeat_grace=heartbeat_grace,
                maintenance_interval=maintenance_interval, logging_level=log_level.upper(), repack=repack,
-               draft=draft, speculative=speculation_mode(prompt_lookup, draft))
+               draft=draft, speculative=speculation_mode(prompt_lookup, draft), metrics_port=metrics_port,
+               metrics_addr=metrics_addr, ready_file=ready_file)
 
 
 

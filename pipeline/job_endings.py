@@ -5,7 +5,7 @@ a failure the task recorded itself (TaskFailed) is not recorded again; one rq de
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rq.job import Job, JobStatus
 from rq.job_lifecycle import call_exception_handlers
@@ -14,12 +14,16 @@ from rq.utils import now
 from jobs.outcomes import record_rq_failure
 from jobs.runtime import JobInterrupted, RedisUnavailable, TaskFailed
 
+if TYPE_CHECKING:
+    from pipeline.worker_metrics import WorkerMetrics
+
 
 class JobEndings:
     """Overrides of rq's failure path (SimpleWorker has no hook between "the job raised" and "the job
     is failed"; rq's on_failure callback runs after the status is set and cannot requeue)."""
 
     _outcome_recorded: str | None = None  # the job whose failure its task recorded itself
+    metrics: WorkerMetrics | None = None  # the worker's (--metrics-port); outcomes the task records count there too
 
     # rq (private job attributes): a refused job's callbacks must be cleared before rq's failure path would
     # import and call them; Job has no public way to drop a callback.
@@ -68,6 +72,8 @@ class JobEndings:
         if stop:
             self._stop_requested = True
         self.log.warning("Worker %s: job %s requeued (%s)", self.name, job.id, why)
+        if self.metrics is not None:
+            self.metrics.ended("requeued")
 
     # rq: its handler logs a traceback for every failure; one the task recorded is one line.
     def handle_exception(self, job: Job, *exc_info: Any) -> None:
@@ -91,6 +97,8 @@ class JobEndings:
             why = lines[-1] if lines else "failed"
             code = "stopped" if status == JobStatus.STOPPED else ("refused" if why.startswith("RefusedJob") else
                                                                   "worker_error")
+            if self.metrics is not None:
+                self.metrics.ended(code)
             try:
                 record_rq_failure(self.connection, job, code, why)
             except Exception:  # noqa: BLE001

@@ -49,6 +49,7 @@ from pipeline.dequeue import PriorityDequeue
 from pipeline.job_endings import JobEndings
 from pipeline.job_engine import JobEngine
 from pipeline.recovery import DEFAULT_HEARTBEAT_GRACE, DEFAULT_HEARTBEAT_INTERVAL, NoDeathPenalty, Reaper
+from pipeline.readiness import Readiness, ReadyFile
 
 log = logging.getLogger("rqllm.worker")
 # The repacked cache's progress and warnings while the engine loads (before rq's work loop starts).
@@ -199,7 +200,7 @@ class LLMWorker(JobEndings, SimpleWorker):
                 if result is not None:
                     job, queue = result
                     job.redis_server_version = self.get_redis_server_version()
-                    self.log.info("Worker %s: %s: %s", self.name, queue.name, job.id)
+                    self.log.debug("Worker %s: %s: %s", self.name, queue.name, job.id)  # INFO: the job's end line
                     return result
                 if timeout is None:
                     self.idle_exit = True
@@ -292,11 +293,15 @@ class LLMWorker(JobEndings, SimpleWorker):
             self._beat = _Heartbeat(self, self.heartbeat_interval)
             self._beat.start()
         self._beat.begin(job, execution)
+        if self.metrics is not None:
+            self.metrics.busy(True)
         try:
             self.perform_job(job, queue, execution)
         finally:
             self._beat.end()
             self._current_job_id = None
+            if self.metrics is not None:
+                self.metrics.busy(False)
             self.jobs_run += 1
             if self.jobs_run == 1:
                 # the first job's one-off allocations (tokenizer lookup tables, template) stay freed,
@@ -305,6 +310,33 @@ class LLMWorker(JobEndings, SimpleWorker):
 
                 release_freed_heap()
         self.set_state(WorkerStatus.IDLE)
+
+
+class RoutineLinesToDebug(logging.Filter):
+    """rq's INFO lines for every job ("Successfully completed...", "Job OK", "result is kept...") and for
+    every maintenance pass ("cleaning ... registries", each minute) at DEBUG: at INFO a worker logs one line
+    per job, jobs.runtime's, with its tokens and speeds."""
+
+    ROUTINE = ("Successfully completed ", "Worker %s: %s: %s (%s)", "Worker %s: job %s result ",
+               "Worker %s: cleaning ")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno == logging.INFO and isinstance(record.msg, str) and record.msg.startswith(self.ROUTINE):
+            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+            return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
+        return True
+
+
+def setup_worker_logging(level: str) -> None:
+    """rq's handlers (time-stamped lines; errors to stderr) for rq's worker log, the repack progress and the
+    jobs' lines (jobs.runtime), with rq's routine lines at DEBUG. rq installs its handlers only when
+    work() starts: without this the start-up line was dropped."""
+    logging.getLogger("rqllm").setLevel(level)
+    for name in ("rq.worker", log_repack.name, "rqllm.tasks"):
+        setup_loghandlers(level, name=name)
+    rq_log = logging.getLogger("rq.worker")
+    if not any(isinstance(f, RoutineLinesToDebug) for f in rq_log.filters):
+        rq_log.addFilter(RoutineLinesToDebug())
 
 
 def default_worker_name(model: str) -> str:
@@ -340,20 +372,46 @@ def run_worker(model: str, *, redis_url: str | None = None, threads: int | Threa
                maintenance_interval: int = DEFAULT_MAINTENANCE_INTERVAL,
                heartbeat_grace: int = DEFAULT_HEARTBEAT_GRACE, engine: Any = None,
                logging_level: str = "INFO", flush_interval: float = 0.05, repack: bool | None = None,
-               draft: str | None = None, speculative: str = "off") -> bool:
+               draft: str | None = None, speculative: str = "off", metrics_port: int | None = None,
+               metrics_addr: str = "127.0.0.1", ready_file: str | None = None) -> bool:
     """Load the engine once, then work the model's high/default/low queues. Returns whether any job ran.
 
     `threads`: an explicit count (--threads), a choice already made, or None for engine.cpus to choose.
     `repack`: the repacked weight cache (engine.repack): None = the default, False = --no-repack.
-    `draft`, `speculative`: speculative decoding's draft model and default mode (--draft, --prompt-lookup)."""
+    `draft`, `speculative`: speculative decoding's draft model and default mode (--draft, --prompt-lookup).
+    `metrics_port`, `metrics_addr`: serve Prometheus metrics there (pipeline.worker_metrics).
+    `ready_file`: a file that exists only while the worker is ready (its model loaded, Redis reachable)."""
+    ready_signal = ReadyFile(ready_file)  # a stale one goes before anything else
     connection = connect(redis_url)
     connection.ping()
     name = name or default_worker_name(model)
-    logging.getLogger("rqllm").setLevel(logging_level)
-    # rq installs its log handlers only when work() starts: without this the start-up line was dropped.
-    setup_loghandlers(logging_level, name="rq.worker")
     # A first load may repack the weights for a minute: its progress goes to the worker's log too.
-    setup_loghandlers(logging_level, name=log_repack.name)
+    setup_worker_logging(logging_level)
+    metrics = server = None
+    if metrics_port is not None:
+        from pipeline.worker_metrics import WorkerMetrics, serve_metrics  # prometheus-client: only when asked
+
+        metrics = WorkerMetrics(model)
+        server = serve_metrics(metrics, metrics_port, metrics_addr)  # before the load: a scrape sees "not ready"
+    readiness = Readiness(ready_signal, metrics.ready if metrics is not None else None)
+    try:
+        return _load_and_work(model, connection, name, readiness, metrics, threads=threads, kv_budget=kv_budget,
+                              burst=burst, max_jobs=max_jobs, heartbeat_interval=heartbeat_interval,
+                              maintenance_interval=maintenance_interval, heartbeat_grace=heartbeat_grace,
+                              engine=engine, logging_level=logging_level, flush_interval=flush_interval,
+                              repack=repack, draft=draft, speculative=speculative)
+    finally:
+        readiness.set(False)
+        if server is not None:
+            server.shutdown()
+            server.server_close()
+
+
+def _load_and_work(model: str, connection: Any, name: str, readiness: Readiness, metrics: Any, *,
+                   threads: int | ThreadChoice | None, kv_budget: str | None, burst: bool, max_jobs: int | None,
+                   heartbeat_interval: int, maintenance_interval: int, heartbeat_grace: int, engine: Any,
+                   logging_level: str, flush_interval: float, repack: bool | None, draft: str | None,
+                   speculative: str) -> bool:
     t0 = time.monotonic()
     if engine is None:
         choice = threads if isinstance(threads, ThreadChoice) else choose_threads(threads)
@@ -361,21 +419,27 @@ def run_worker(model: str, *, redis_url: str | None = None, threads: int | Threa
     else:
         choice = ThreadChoice(getattr(engine, "threads", 0), "the engine passed in")
     def new_worker() -> LLMWorker:
-        return LLMWorker(queue_names(model), model=model, name=name, connection=connection,
-                         heartbeat_interval=heartbeat_interval, maintenance_interval=maintenance_interval,
-                         heartbeat_grace=heartbeat_grace)
+        w = LLMWorker(queue_names(model), model=model, name=name, connection=connection,
+                      heartbeat_interval=heartbeat_interval, maintenance_interval=maintenance_interval,
+                      heartbeat_grace=heartbeat_grace)
+        w.metrics = metrics
+        return w
 
     worker = new_worker()
     runtime.set_context(runtime.WorkerContext(
         engine=JobEngine(engine), connection=connection, worker_name=worker.name,
         force_stop=worker.should_stop_generating, flush_interval=flush_interval,
+        observe=metrics.observe if metrics is not None else None,
     ))
+    if metrics is not None:
+        metrics.set_kv_capacity(getattr(engine, "kv_capacity", 0))
     worker.log.info("Worker %s: model %s loaded in %.1f s; %d engine threads (%s); queues %s; %s",
                     worker.name, model, time.monotonic() - t0, choice.threads, choice.reason,
                     ", ".join(worker.queue_names()), describe_engine(engine))
     worked = False
     try:
         while True:
+            readiness.set(True)
             try:
                 worked = worker.work(burst=burst, max_jobs=max_jobs, logging_level=logging_level) or worked
             except REDIS_DOWN_ERRORS as e:  # teardown (register_death) with Redis away
@@ -384,6 +448,7 @@ def run_worker(model: str, *, redis_url: str | None = None, threads: int | Threa
                     (max_jobs is not None and worker.jobs_run >= max_jobs):
                 return worked
             # rq's loop quit because Redis stayed away longer than the client's retries: wait, go on.
+            readiness.set(False)
             old = worker
             worker.log.error("Worker %s: lost Redis (%s); waiting for it", name, worker.redis_error)
             if not wait_for_redis(connection, stop=lambda: old._stop_requested, log=worker.log.warning):

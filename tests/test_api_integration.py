@@ -175,7 +175,7 @@ def test_streaming_deltas_equal_non_streaming_text(stack: Stack):
     assert stack.redis.delete(keys.result_key(job_id)) == 1
 
     deltas, finish, usage, ids = [], None, None, set()
-    for chunk in c.chat.completions.create(**req, stream=True):
+    for chunk in c.chat.completions.create(**req, stream=True, stream_options={"include_usage": True}):
         ids.add(chunk.id)
         if chunk.choices and chunk.choices[0].delta.content:
             deltas.append(chunk.choices[0].delta.content)
@@ -393,3 +393,99 @@ def test_server_killed_and_restarted_mid_batch(stack: Stack, tmp_path: Path):
         assert not (tmp_path / "data" / "batches" / b.id).exists()  # working files removed once finished
     finally:
         server.stop()
+
+
+def test_stream_usage_once_and_only_when_asked(stack: Stack):
+    """OpenAI's stream: no usage unless stream_options.include_usage; then once, in a last chunk with no
+    choices (clients that add usage up must not count it twice)."""
+    c = stack.server.openai(KEY1)
+    req = dict(model=M, messages=[{"role": "user", "content": "Name a colour."}], max_tokens=6)
+    plain = c.chat.completions.create(**req)
+    chunks = list(c.chat.completions.create(**req, stream=True))
+    assert chunks and all(ch.usage is None for ch in chunks)
+    assert chunks[-1].choices and chunks[-1].choices[0].finish_reason == plain.choices[0].finish_reason
+    chunks = list(c.chat.completions.create(**req, stream=True, stream_options={"include_usage": True}))
+    with_usage = [ch for ch in chunks if ch.usage is not None]
+    assert len(with_usage) == 1 and with_usage[0] is chunks[-1] and chunks[-1].choices == []
+    assert chunks[-1].usage.completion_tokens == plain.usage.completion_tokens
+    assert chunks[-1].usage.total_tokens == plain.usage.total_tokens
+    with pytest.raises(openai.BadRequestError) as e:  # OpenAI refuses stream_options without a stream
+        c.chat.completions.create(**req, stream_options={"include_usage": True})
+    assert e.value.body["param"] == "stream_options"
+
+
+def test_logprobs_in_chat_completions_and_batch_lines(stack: Stack, tmp_path: Path):
+    c = stack.server.openai(KEY1)
+    req = dict(model=M, messages=[{"role": "user", "content": "Is the sky blue? Answer yes or no."}], max_tokens=6)
+    r = c.chat.completions.create(**req, logprobs=True, top_logprobs=3)
+    content = r.choices[0].logprobs.content
+    assert len(content) == r.usage.completion_tokens >= 1
+    assert "".join(t.token for t in content) == r.choices[0].message.content
+    for t in content:
+        assert t.logprob <= 0 and bytes(t.bytes).decode() == t.token and len(t.top_logprobs) == 3
+        assert [a.logprob for a in t.top_logprobs] == sorted((a.logprob for a in t.top_logprobs), reverse=True)
+        assert (t.top_logprobs[0].token, t.top_logprobs[0].logprob) == (t.token, t.logprob)  # greedy: the likeliest
+    assert c.chat.completions.create(**req).choices[0].logprobs is None  # not asked: none
+    only = c.chat.completions.create(**req, logprobs=True).choices[0].logprobs.content
+    assert [t.logprob for t in only] == [t.logprob for t in content] and all(t.top_logprobs == [] for t in only)
+
+    # streamed: the same entries (they come with the finishing chunk)
+    streamed = [t for ch in c.chat.completions.create(**req, logprobs=True, top_logprobs=3, stream=True)
+                if ch.choices and ch.choices[0].logprobs for t in ch.choices[0].logprobs.content]
+    assert [(t.token, t.logprob) for t in streamed] == [(t.token, t.logprob) for t in content]
+
+    # legacy completions: logprobs=N
+    done = c.completions.create(model=M, prompt="The capital of France is", max_tokens=5, logprobs=2)
+    lp = done.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == done.usage.completion_tokens
+    assert "".join(lp.tokens) == done.choices[0].text
+    assert all(len(alts) == 2 and max(alts.values()) == p for alts, p in zip(lp.top_logprobs, lp.token_logprobs))
+    assert lp.text_offset[0] == 0 and lp.text_offset[-1] == len(done.choices[0].text) - len(lp.tokens[-1])
+
+    for bad in (dict(top_logprobs=2), dict(logprobs=True, top_logprobs=21), dict(logprobs=1)):
+        with pytest.raises(openai.BadRequestError):
+            c.chat.completions.create(**req, **bad)
+    with pytest.raises(openai.BadRequestError):
+        c.completions.create(model=M, prompt="Hi", max_tokens=2, logprobs=6)  # OpenAI's limit is 5
+
+    # a batch line asks for them the same way; the output line carries them
+    lines = [chat_line("lp", "Is the sky blue? Answer yes or no.", 6, logprobs=True, top_logprobs=2),
+             chat_line("plain", "Is the sky blue? Answer yes or no.", 6)]
+    src = c.files.create(file=write_jsonl(tmp_path / "lp.jsonl", lines).open("rb"), purpose="batch")
+    b = wait_batch(c, c.batches.create(input_file_id=src.id, endpoint="/v1/chat/completions",
+                                       completion_window="24h").id)
+    out = {x["custom_id"]: x["response"]["body"]["choices"][0] for x in file_lines(c, b.output_file_id)}
+    assert out["plain"]["logprobs"] is None
+    entries = out["lp"]["logprobs"]["content"]
+    assert [e["token"] for e in entries] == [t.token for t in content]
+    assert [e["logprob"] for e in entries] == pytest.approx([t.logprob for t in content], abs=1e-6)
+    assert all(len(e["top_logprobs"]) == 2 for e in entries)
+
+
+def test_openai_ranges_routes_and_uploads(stack: Stack, tmp_path: Path):
+    c = stack.server.openai(KEY1)
+    msgs = [{"role": "user", "content": "Hi"}]
+    with pytest.raises(openai.BadRequestError) as e:
+        c.chat.completions.create(model=M, messages=msgs, max_tokens=2, temperature=2.5)  # OpenAI's range is 0..2
+    assert "temperature" in e.value.body["message"]
+    assert c.chat.completions.create(model=M, messages=msgs, max_tokens=2, temperature=2, seed=1).choices
+
+    # unknown routes: OpenAI's own words and shape
+    with pytest.raises(openai.NotFoundError) as e:
+        c.embeddings.create(model=M, input="hello")
+    assert e.value.response.json() == {"error": {"message": "Invalid URL (POST /v1/embeddings)",
+                                                 "type": "invalid_request_error", "param": None, "code": None}}
+    r = httpx.get(stack.server.base_url + "/chat/completions", headers={"Authorization": f"Bearer {KEY1}"}, timeout=10)
+    assert r.status_code == 404 and r.json()["error"]["message"] == "Invalid URL (GET /v1/chat/completions)"
+
+    # a batch upload that is not JSONL is refused at upload, and nothing is kept
+    before = {f.id for f in c.files.list()}
+    png = b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" + bytes(range(256)) * 4
+    with pytest.raises(openai.BadRequestError) as e:
+        c.files.create(file=("picture.png", png), purpose="batch")
+    assert e.value.body["code"] == "invalid_file_format" and e.value.body["param"] == "file"
+    assert "NUL" in e.value.body["message"]
+    with pytest.raises(openai.BadRequestError) as e:
+        c.files.create(file=("table.csv", b"custom_id,question\na,Hi\nb,Hello\n"), purpose="batch")
+    assert "no line of it is a JSON object" in e.value.body["message"]
+    assert {f.id for f in c.files.list()} == before

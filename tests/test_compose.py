@@ -356,3 +356,39 @@ def test_the_compose_default_model_is_the_tools_default():
     assert defaults == {DEFAULT_MODEL}, defaults
     example = (ROOT / "deploy" / "rqllm.env.example").read_text()
     assert re.search(rf"^RQLLM_MODEL={re.escape(DEFAULT_MODEL)}$", example, re.M), "rqllm.env.example names another model"
+
+
+def test_worker_healthcheck_is_its_ready_file(compose):
+    """A worker is healthy once its model is loaded: the healthcheck tests the file that the worker's
+    --ready-file option (read from the environment) names, with a start period for a first repack."""
+    from pipeline.cli_worker import worker_command
+
+    option = next(p for p in worker_command.params if p.name == "ready_file")
+    for name, service in worker_services(compose).items():
+        ready_file = service_env(service)[option.envvar]
+        assert service["healthcheck"]["test"] == ["CMD", "test", "-f", ready_file], name
+        start = service["healthcheck"]["start_period"]
+        assert start.endswith("s") and int(start[:-1]) >= 300, name
+
+
+def test_commented_scrape_config_reaches_the_workers_metrics(compose):
+    """The example Prometheus config at the end of the compose file parses, and scrapes each worker
+    replica on the port its environment gives --metrics-port (listening beyond localhost)."""
+    from pipeline.cli_worker import worker_command
+
+    text = COMPOSE.read_text()
+    block = text[text.index("# --- scrape config"):text.index("# --- end")].splitlines()[1:]
+    config = yaml.safe_load("\n".join(line.removeprefix("#").removeprefix(" ") for line in block))
+    jobs = {job["job_name"]: job for job in config["scrape_configs"]}
+    params = {p.name: p for p in worker_command.params}
+    env = service_env(compose["services"]["worker"])
+    sd = jobs["rqllm-workers"]["dns_sd_configs"][0]
+    assert sd["names"] == ["worker"] and sd["port"] == int(env[params["metrics_port"].envvar])
+    assert env[params["metrics_addr"].envvar] == "0.0.0.0"
+    assert "authorization" in jobs["rqllm-serve"]  # serve's /metrics asks for an API key
+
+
+def test_readme_says_compose_v2():
+    readme = README.read_text()
+    section = readme[readme.index("## Docker compose"):]
+    assert "Compose v2" in section[:section.index("\n## ", 3)]

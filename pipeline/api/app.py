@@ -12,7 +12,7 @@ from fastapi import FastAPI
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.backoff import ExponentialBackoff
 
-from pipeline.api import errors, routes_batches, routes_completions, routes_files
+from pipeline.api import errors, metrics, routes_batches, routes_completions, routes_files
 from pipeline.api.auth import AuthMiddleware, KeyRing
 from pipeline.api.batch_runner import BatchSupervisor, RunnerContext
 from pipeline.api.batches import BatchStore
@@ -20,6 +20,7 @@ from pipeline.api.completions import CompletionService
 from pipeline.api.config import MULTIPART_ENVELOPE_BYTES, ServeConfig
 from pipeline.api.files import FileStore
 from pipeline.api.limits import BodyLimitMiddleware, InFlightLimitMiddleware
+from pipeline.api.metrics import metrics_registry
 from pipeline.api.state import ApiState
 from pipeline.client import Client
 from jobs.redis_conn import REDIS_DOWN_ERRORS, RETRY_ATTEMPTS, RETRY_BACKOFF_BASE, RETRY_BACKOFF_CAP, tcp_options
@@ -45,7 +46,8 @@ def create_app(config: ServeConfig) -> FastAPI:
         files, batches = FileStore(client.connection, config), BatchStore(client.connection)
         supervisor = BatchSupervisor(RunnerContext(client, batches, files, config))
         app.state.api = ApiState(config=config, client=client, aredis=aredis, files=files, batches=batches,
-                                 supervisor=supervisor, completions=CompletionService(client, aredis, config))
+                                 supervisor=supervisor, completions=CompletionService(client, aredis, config),
+                                 metrics=metrics_registry(client))
         resumed = supervisor.resume_all()
         if resumed:
             log.warning("resumed %d batch(es) left active by an earlier server", resumed)
@@ -60,7 +62,7 @@ def create_app(config: ServeConfig) -> FastAPI:
     app = FastAPI(title="rqllm", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.keyring = KeyRing(config.api_keys, insecure_no_auth=config.insecure_no_auth)
     errors.install(app)
-    for module in (routes_files, routes_batches, routes_completions):
+    for module in (routes_files, routes_batches, routes_completions, metrics):
         app.include_router(module.router)
 
     upload_limit = config.max_file_bytes + MULTIPART_ENVELOPE_BYTES

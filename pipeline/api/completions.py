@@ -34,7 +34,7 @@ from jobs.schemas import ENDPOINT_CHAT, GenerationJob, InvalidJob, JobResult, mo
 from pipeline.api.batch_output import client_body
 from pipeline.api.config import ServeConfig
 from pipeline.api.errors import APIError
-from pipeline.batch_file import request_to_job, response_body
+from pipeline.batch_file import chat_logprobs, completion_logprobs, request_to_job, response_body
 from pipeline.cancel import cancel_unwanted_job
 from pipeline.client import Client
 from jobs.streams import decode_entries
@@ -119,6 +119,8 @@ class CompletionService:
         options = body.pop("stream_options", None)
         if options is not None and not isinstance(options, dict):
             raise APIError(400, "stream_options must be an object", param="stream_options")
+        if options is not None and not stream:
+            raise APIError(400, "stream_options is only allowed when stream is true", param="stream_options")
         include_usage = bool((options or {}).get("include_usage", False))
         if endpoint == ENDPOINT_CHAT and "messages" not in body:
             raise APIError(400, "messages is required", param="messages")
@@ -251,25 +253,26 @@ class CompletionService:
         return client_body(response_body(result))
 
     async def sse(self, job: GenerationJob, release: Release, include_usage: bool) -> AsyncIterator[str]:
-        """Server-sent events: chunks as OpenAI sends them, the usage, then `data: [DONE]`."""
+        """Server-sent events: chunks as OpenAI sends them, the usage (only with stream_options.include_usage,
+        in a last chunk with no choices), then `data: [DONE]`."""
         chat = job.endpoint == ENDPOINT_CHAT
         chunk_id = ("chatcmpl-" if chat else "cmpl-") + job.id
         created = int(time.time())
 
         def chunk(content: str | None, *, role: bool = False, finish: str | None = None,
-                  usage: dict[str, int] | None = None) -> str:
+                  logprobs: dict[str, Any] | None = None) -> str:
             if chat:
                 delta: dict[str, Any] = {"role": "assistant"} if role else {}
                 if content is not None:
                     delta["content"] = content
-                choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+                choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
                 obj: dict[str, Any] = {"id": chunk_id, "object": "chat.completion.chunk", "created": created,
                                        "model": job.model, "system_fingerprint": None, "choices": [choice]}
             else:
                 obj = {"id": chunk_id, "object": "text_completion", "created": created, "model": job.model,
-                       "choices": [{"index": 0, "text": content or "", "logprobs": None, "finish_reason": finish}]}
-            if usage is not None:
-                obj["usage"] = usage
+                       "choices": [{"index": 0, "text": content or "", "logprobs": logprobs, "finish_reason": finish}]}
+            if include_usage:  # OpenAI's: every chunk has the field, null but in the last one
+                obj["usage"] = None
             return "data: " + json.dumps(obj, ensure_ascii=False) + "\n\n"
 
         try:
@@ -295,12 +298,15 @@ class CompletionService:
                                             "than was already streamed", code="stream_diverged")
                         yield "data: " + json.dumps(err.body()) + "\n\n"
                     else:
-                        usage = {"prompt_tokens": result.prompt_tokens, "completion_tokens": result.completion_tokens,
-                                 "total_tokens": result.prompt_tokens + result.completion_tokens}
                         if event.rest:
                             yield chunk(event.rest)
-                        yield chunk(None if chat else "", finish=result.finish_reason, usage=usage)
-                        if include_usage:  # OpenAI's own form: a last chunk with no choices
+                        # The stream carries text only: the tokens' logprobs all come with the finishing chunk
+                        logprobs = chat_logprobs(result) if chat else completion_logprobs(result)
+                        yield chunk(None if chat else "", finish=result.finish_reason, logprobs=logprobs)
+                        if include_usage:  # once, as OpenAI sends it: a last chunk with no choices
+                            usage = {"prompt_tokens": result.prompt_tokens,
+                                     "completion_tokens": result.completion_tokens,
+                                     "total_tokens": result.prompt_tokens + result.completion_tokens}
                             yield ("data: " + json.dumps({"id": chunk_id, "object": "chat.completion.chunk"
                                                           if chat else "text_completion", "created": created,
                                                           "model": job.model, "choices": [], "usage": usage})

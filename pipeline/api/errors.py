@@ -42,7 +42,10 @@ def error_response(err: APIError) -> JSONResponse:
 async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
     if isinstance(exc, APIError):
         return error_response(exc)
-    code = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}.get(exc.status_code)
+    if exc.status_code in (404, 405):
+        # No route for this method and path (every other 404 is an APIError): OpenAI's answer, word for word.
+        return error_response(APIError(404, f"Invalid URL ({request.method} {request.url.path})"))
+    code = {413: "request_too_large"}.get(exc.status_code)
     return error_response(APIError(exc.status_code, str(exc.detail), code=code, headers=exc.headers))
 
 

@@ -8,6 +8,7 @@ get ids derived from their batch, so finishing a batch again after a crash rewri
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import tempfile
 import time
@@ -19,10 +20,12 @@ from typing import IO
 from redis import Redis
 
 from jobs import keys
+from jobs.schemas import max_prompt_bytes
 from pipeline.api.config import ServeConfig
 from pipeline.api.errors import APIError, not_found
 from pipeline.api.records import from_hash, page_ids, to_hash
 from pipeline.api.schemas import FileRecord
+from pipeline.batch_file import LINE_ENVELOPE_BYTES
 
 _COPY_CHUNK = 1 << 20
 
@@ -54,6 +57,56 @@ class _LineCounter:
         return self.count + self._open_line_has_text
 
 
+class _JsonlCheck:
+    """Whether an upload is JSONL at all: no NUL byte (binary data, or UTF-16 text) and at least one line
+    that is a JSON object. Single bad lines are the batch's to report by their numbers (pipeline.batch_file.
+    parse_lines); a file with no request in it (an image, a CSV) is refused at upload, as OpenAI refuses it.
+    Lines are parsed only until the first object is found."""
+
+    def __init__(self, line_limit: int):
+        self.line_limit = line_limit
+        self.binary = False
+        self.found = False
+        self._line = bytearray()
+        self._too_long = False
+
+    def feed(self, chunk: bytes) -> None:
+        self.binary = self.binary or b"\0" in chunk
+        if self.found or self.binary:
+            return
+        *complete, rest = chunk.split(b"\n")
+        for part in complete:
+            self._end_line(part)
+            if self.found:
+                return
+        self._add(rest)
+
+    def _add(self, part: bytes) -> None:
+        if not self._too_long:
+            self._too_long = len(self._line) + len(part) > self.line_limit
+            self._line += b"" if self._too_long else part
+
+    def _end_line(self, part: bytes) -> None:
+        self._add(part)
+        if not self._too_long and self._line.strip():
+            try:
+                self.found = isinstance(json.loads(bytes(self._line)), dict)
+            except (ValueError, RecursionError):  # not JSON, not UTF-8, nested too deep: a bad line
+                pass
+        self._line.clear()
+        self._too_long = False
+
+    def problem(self) -> str | None:
+        """Why the whole file is not JSONL, after the last chunk; None when it is."""
+        if not self.found and not self.binary:
+            self._end_line(b"")  # a last line without a newline
+        if self.binary:
+            return "it holds NUL bytes (binary data, or UTF-16 text rather than UTF-8)"
+        if not self.found:
+            return "no line of it is a JSON object"
+        return None
+
+
 def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -73,12 +126,15 @@ class FileStore:
         return self.config.files_dir / file_id
 
     # ------------------------------------------------------------ write
-    def _write_atomic(self, file_id: str, chunks: Iterable[bytes], *, max_bytes: int | None = None) -> tuple[int, int]:
-        """Write chunks to the file's final path atomically; returns (bytes, non-empty lines)."""
+    def _write_atomic(self, file_id: str, chunks: Iterable[bytes], *, max_bytes: int | None = None,
+                      jsonl: bool = False) -> tuple[int, int]:
+        """Write chunks to the file's final path atomically; returns (bytes, non-empty lines). With
+        `jsonl`, a file that is not JSONL at all is refused (400) and not kept."""
         self.config.make_dirs()
         fd, tmp = tempfile.mkstemp(prefix=f"{file_id}.", dir=self.config.tmp_dir)
         size = 0
         lines = _LineCounter()
+        check = _JsonlCheck(max_prompt_bytes() + LINE_ENVELOPE_BYTES) if jsonl else None
         try:
             with os.fdopen(fd, "wb") as out:
                 for chunk in chunks:
@@ -87,7 +143,13 @@ class FileStore:
                         raise APIError(413, f"file is over the limit of {max_bytes:,} bytes", param="file",
                                        code="file_too_large")
                     lines.feed(chunk)
+                    if check is not None:
+                        check.feed(chunk)
                     out.write(chunk)
+                why = check.problem() if check is not None else None
+                if why is not None:
+                    raise APIError(400, f"Invalid file format for Batch API. Must be .jsonl (one JSON request "
+                                        f"object per line): {why}", param="file", code="invalid_file_format")
                 out.flush()
                 os.fsync(out.fileno())
             os.replace(tmp, self.path(file_id))
@@ -114,7 +176,8 @@ class FileStore:
             while chunk := stream.read(_COPY_CHUNK):
                 yield chunk
 
-        size, lines = self._write_atomic(file_id, chunks(), max_bytes=self.config.max_file_bytes)
+        size, lines = self._write_atomic(file_id, chunks(), max_bytes=self.config.max_file_bytes,
+                                         jsonl=purpose == "batch")
         if purpose == "batch" and lines > self.config.max_file_requests:
             self.path(file_id).unlink(missing_ok=True)
             raise APIError(400, f"the file has {lines:,} requests, over the limit of "

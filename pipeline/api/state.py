@@ -26,6 +26,7 @@ class ApiState:
     batches: BatchStore
     supervisor: BatchSupervisor
     completions: CompletionService
+    metrics: Any = None  # GET /metrics's prometheus_client registry (pipeline.api.metrics)
 
 
 def api_state(request: Request) -> ApiState:
