@@ -23,13 +23,15 @@ def _echo_err(msg: str) -> None:
 
 
 def _client(redis_url: str | None):
+    """A Client for --redis-url / REDIS_URL; a Redis that is not there is one line within seconds
+    (jobs.redis_conn.reachable), not a traceback after the client's retries."""
     from pipeline.client import Client
-    from jobs.redis_conn import redis_url_from_env
+    from jobs.redis_conn import reachable, redis_url_from_env
 
     url = redis_url or redis_url_from_env()
     if not url:
         raise click.UsageError("set REDIS_URL (or --redis-url) to reach the queue")
-    return Client(url)
+    return Client(connection=reachable(url))
 
 
 def _gather_jobs(inputs: tuple[str, ...], *, model: str | None, literal: bool, raw: bool, system: str | None,
@@ -134,7 +136,8 @@ def submit_command(inputs: tuple[str, ...], model: str | None, priority: str, ti
         params["stop"] = list(stop)
     # a model no live worker of REDIS_URL holds, that the registry does not know and that is no .gguf file
     # here is refused now: its jobs would wait on a queue nobody serves
-    check = ModelCheck.live(Client(redis_url) if redis_url else None, files=True)
+    remote = _client(redis_url) if redis_url else None
+    check = ModelCheck.live(remote, files=True)
     jobs, errors = _gather_jobs(inputs, model=model, literal=literal, raw=raw, system=system, params=params,
                                 check_model=check)
     for e in errors:
@@ -163,8 +166,8 @@ def submit_command(inputs: tuple[str, ...], model: str | None, priority: str, ti
             _echo_err(f"{batch_id}: {s.done} done, {s.failed} failed, {s.written} line(s) written"
                       + (f" to {output}" if output else "") + f" in {s.seconds:.1f} s")
 
-    if redis_url:
-        run(Client(redis_url))
+    if remote is not None:
+        run(remote)
         return
     from pipeline.embedded import choose_embedded_split, embedded_cluster
 

@@ -43,7 +43,7 @@ from rq.worker.base import WorkerStatus
 from engine.cpus import ThreadChoice, choose_threads
 from jobs import keys, runtime
 from jobs.allowlist import check_job
-from jobs.redis_conn import REDIS_DOWN_ERRORS, SERIALIZER, connect, wait_for_redis
+from jobs.redis_conn import REDIS_DOWN_ERRORS, SERIALIZER, connect, redis_url_from_env, wait_for_redis
 from jobs.schemas import model_key, queue_names
 from pipeline.dequeue import PriorityDequeue
 from pipeline.job_endings import JobEndings
@@ -347,7 +347,10 @@ def run_worker(model: str, *, redis_url: str | None = None, threads: int | Threa
     `repack`: the repacked weight cache (engine.repack): None = the default, False = --no-repack.
     `draft`, `speculative`: speculative decoding's draft model and default mode (--draft, --prompt-lookup)."""
     connection = connect(redis_url)
-    connection.ping()
+    # Redis away at start: say where we wait at once (not after the client's ~30 s of retries), then
+    # back off until it answers; the engine loads afterwards.
+    default = "" if redis_url or redis_url_from_env() else " (REDIS_URL is not set: the local default)"
+    wait_for_redis(connection, log=lambda msg: _say(f"rqllm worker: {msg}{default}"))
     name = name or default_worker_name(model)
     logging.getLogger("rqllm").setLevel(logging_level)
     # rq installs its log handlers only when work() starts: without this the start-up line was dropped.

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import IO, Any
 
 from engine.defaults import DEFAULT_KV_BUDGET, DEFAULT_MODEL
-from jobs.redis_conn import connect, redis_url_from_env
+from jobs.redis_conn import connect, reachable, redis_url_from_env
 from jobs.schemas import GenerationJob, model_key
 from jobs.summarize_tasks import part_label_pattern
 from pipeline.client import Client
@@ -87,6 +87,8 @@ def summarize(paths: Sequence[str], *, output: IO[str], fmt: str = "jsonl", mode
     err = progress_stream if progress_stream is not None else sys.stderr
     t0 = time.monotonic()
     check_model(model)
+    url = redis_url if redis_url is not None else redis_url_from_env()
+    remote = reachable(url) if url else None  # a Redis that is not there: one line now, before any work
     templates = Templates.load(template, style=style)
     settings = {"model": model, "style": style, "template": templates.source,
                 "max summary tokens": max_summary_tokens, "chunk tokens": chunk_tokens,
@@ -158,12 +160,11 @@ def summarize(paths: Sequence[str], *, output: IO[str], fmt: str = "jsonl", mode
             progress.close()
         return states
 
-    url = redis_url if redis_url is not None else redis_url_from_env()
-    if url:
+    if remote is not None:
         if workers is not None or threads:
             err.write("note: --workers and --threads only apply without REDIS_URL; the workers are the ones "
                       "already serving that Redis\n")
-        states = run(connect(url), None, True)
+        states = run(remote, None, True)
     else:
         # map jobs, roughly (4 characters a token): enough to tell one worker's worth from several
         jobs = sum(max(1, len(d.text) // 4 // max(1, budget.prompt_limit) + 1) for d in docs)
