@@ -26,6 +26,7 @@ from jobs.schemas import (
     GenerationJob,
     InvalidJob,
     JobResult,
+    invalid_job,
     max_prompt_bytes,
     validate_job,
 )
@@ -64,6 +65,7 @@ class LineError:
     custom_id: str | None
     message: str
     code: str = INVALID_REQUEST
+    param: str | None = None  # the refused field, in OpenAI's form (jobs.schemas.error_param)
 
     def __str__(self) -> str:
         cid = f" ({self.custom_id})" if self.custom_id else ""
@@ -127,16 +129,16 @@ def request_to_job(obj: Any, *, model: str | None = None, default_model: str = D
         raise InvalidJob(f"unknown top-level field(s): {', '.join(sorted(unknown))}")
     custom_id = obj.get("custom_id")
     if not isinstance(custom_id, str) or not custom_id:
-        raise InvalidJob("custom_id must be a non-empty string")
+        raise InvalidJob("custom_id must be a non-empty string", param="custom_id")
     method = obj.get("method", "POST")
     if method != "POST":
-        raise InvalidJob(f"method must be POST, not {method!r}")
+        raise InvalidJob(f"method must be POST, not {method!r}", param="method")
     url = obj.get("url")
     if url not in (ENDPOINT_CHAT, ENDPOINT_COMPLETIONS):
-        raise InvalidJob(f"url must be {ENDPOINT_CHAT} or {ENDPOINT_COMPLETIONS}, not {url!r}")
+        raise InvalidJob(f"url must be {ENDPOINT_CHAT} or {ENDPOINT_COMPLETIONS}, not {url!r}", param="url")
     body = obj.get("body")
     if not isinstance(body, dict):
-        raise InvalidJob("body must be a JSON object")
+        raise InvalidJob("body must be a JSON object", param="body")
     if json_depth(body) > MAX_JSON_DEPTH:  # a body parsed elsewhere (an HTTP request's)
         raise InvalidJob("body: " + too_deep_message())
 
@@ -160,7 +162,7 @@ def request_to_job(obj: Any, *, model: str | None = None, default_model: str = D
         elif k not in _IGNORED:
             bad.append(k)
     if bad:
-        raise InvalidJob(f"unsupported body field(s): {', '.join(bad)}")
+        raise InvalidJob(f"unsupported body field(s): {', '.join(bad)}", param=bad[0].split("=", 1)[0])
 
     job: dict[str, Any] = {
         "model": model or body.get("model") or default_model,
@@ -169,20 +171,20 @@ def request_to_job(obj: Any, *, model: str | None = None, default_model: str = D
     }
     if url == ENDPOINT_CHAT:
         if "prompt" in body:
-            raise InvalidJob(f"{ENDPOINT_CHAT} takes `messages`, not `prompt`")
+            raise InvalidJob(f"{ENDPOINT_CHAT} takes `messages`, not `prompt`", param="prompt")
         if "messages" not in body:
-            raise InvalidJob(f"{ENDPOINT_CHAT} needs `messages`")
+            raise InvalidJob(f"{ENDPOINT_CHAT} needs `messages`", param="messages")
         job["messages"] = body["messages"]
     else:
         if "messages" in body:
-            raise InvalidJob(f"{ENDPOINT_COMPLETIONS} takes `prompt`, not `messages`")
+            raise InvalidJob(f"{ENDPOINT_COMPLETIONS} takes `prompt`, not `messages`", param="messages")
         prompt = body.get("prompt")
         if isinstance(prompt, list):
             if len(prompt) != 1 or not isinstance(prompt[0], str):
-                raise InvalidJob("prompt must be a string (or a list of exactly one string)")
+                raise InvalidJob("prompt must be a string (or a list of exactly one string)", param="prompt")
             prompt = prompt[0]
         if prompt is None:
-            raise InvalidJob(f"{ENDPOINT_COMPLETIONS} needs `prompt`")
+            raise InvalidJob(f"{ENDPOINT_COMPLETIONS} needs `prompt`", param="prompt")
         job["prompt"] = prompt
     return validate_job(job)
 
@@ -223,22 +225,23 @@ def parse_lines(lines: Iterable[str | bytes], *, model: str | None = None, defau
             obj = loads_json(line)
             cid = obj.get("custom_id") if isinstance(obj, dict) else None
             if endpoint is not None and isinstance(obj, dict) and obj.get("url") != endpoint:
-                raise InvalidJob(f"url {obj.get('url')!r} is not this batch's endpoint {endpoint}")
+                raise InvalidJob(f"url {obj.get('url')!r} is not this batch's endpoint {endpoint}", param="url")
             named = line_model(obj, model=model, default_model=default_model)
             why = check_model(named) if check_model is not None and isinstance(named, str) else None
             if why is not None:
-                errors.append(LineError(lineno, cid if isinstance(cid, str) else None, why, MODEL_NOT_FOUND))
+                errors.append(LineError(lineno, cid if isinstance(cid, str) else None, why, MODEL_NOT_FOUND, "model"))
                 continue
             job = request_to_job(obj, model=model, default_model=default_model)
         except json.JSONDecodeError as e:
             errors.append(LineError(lineno, None, f"invalid JSON: {e}"))
             continue
         except (InvalidJob, ValidationError) as e:
-            errors.append(LineError(lineno, cid if isinstance(cid, str) else None, str(e)))
+            bad = e if isinstance(e, InvalidJob) else invalid_job(e)
+            errors.append(LineError(lineno, cid if isinstance(cid, str) else None, str(bad), param=bad.param))
             continue
         if job.custom_id in seen:
             errors.append(LineError(lineno, job.custom_id, f"custom_id already used on line {seen[job.custom_id]}",
-                                    DUPLICATE_CUSTOM_ID))
+                                    DUPLICATE_CUSTOM_ID, "custom_id"))
             continue
         seen[job.custom_id] = lineno
         jobs.append(job)

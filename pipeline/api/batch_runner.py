@@ -125,7 +125,8 @@ class BatchRunner:
         jobs, errors = read_batch_file(path, default_model=self.ctx.config.default_model, endpoint=record.endpoint,
                                        check_model=ModelCheck.live(client))
         self._write_rejected(errors)
-        listed = [BatchErrorItem(code=e.code, message=e.message, line=e.lineno) for e in errors[:MAX_LISTED_ERRORS]]
+        listed = [BatchErrorItem(code=e.code, message=e.message, param=e.param, line=e.lineno)
+                  for e in errors[:MAX_LISTED_ERRORS]]
         duplicates = [e for e in errors if e.code == DUPLICATE_CUSTOM_ID]
         batches.set_counts(self.batch_id, total=len(jobs) + len(errors),
                            failed=len(jobs) + len(errors) if duplicates else len(errors), completed=0,
