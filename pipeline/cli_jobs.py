@@ -170,10 +170,15 @@ def submit_command(inputs: tuple[str, ...], model: str | None, priority: str, ti
         run(remote)
         return
     from pipeline.embedded import choose_embedded_split, embedded_cluster
+    from pipeline.model_check import model_file_problem
 
     models = {model_key(j.model) for j in jobs}
     if len(models) != 1:
         raise click.UsageError(f"embedded mode runs one model; these jobs name {', '.join(sorted(models))}")
+    # the workers' own start-up check, before any process starts: one line, not their exits
+    problem = model_file_problem(jobs[0].model, kv_budget)
+    if problem is not None:
+        raise click.ClickException(problem)
     split = choose_embedded_split(jobs[0].model, len(jobs), workers=workers, threads=threads, kv_budget=kv_budget,
                                   repack=not no_repack)
     with embedded_cluster(jobs[0].model, workers=split.workers, threads=split.threads, kv_budget=kv_budget,

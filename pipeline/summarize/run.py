@@ -17,7 +17,7 @@ from jobs.redis_conn import connect, reachable, redis_url_from_env
 from jobs.schemas import GenerationJob, model_key
 from jobs.summarize_tasks import part_label_pattern
 from pipeline.client import Client
-from pipeline.model_check import ModelCheck
+from pipeline.model_check import ModelCheck, model_file_problem
 from pipeline.embedded import choose_embedded_split, embedded_cluster
 from pipeline.enqueue import TaskCall
 from pipeline.summarize.documents import DEFAULT_MAX_BYTES, collect_documents
@@ -74,6 +74,14 @@ def check_model(model: str) -> None:
         raise SummarizeError(f"model_not_found: {why}")
 
 
+def check_model_file(model: str, kv_budget: str | None) -> None:
+    """SummarizeError with the workers' own start-up refusal (an unknown architecture, a broken file, a bad
+    budget) before anything is read or started: one line instead of a traceback or the workers' exits."""
+    problem = model_file_problem(model, kv_budget)
+    if problem is not None:
+        raise SummarizeError(problem)
+
+
 def summarize(paths: Sequence[str], *, output: IO[str], fmt: str = "jsonl", model: str = DEFAULT_MODEL,
               workers: int | None = None, threads: int | None = None, template: str | None = None,
               kv_budget: str | None = None, max_summary_tokens: int = DEFAULT_MAX_SUMMARY_TOKENS,
@@ -89,6 +97,7 @@ def summarize(paths: Sequence[str], *, output: IO[str], fmt: str = "jsonl", mode
     check_model(model)
     url = redis_url if redis_url is not None else redis_url_from_env()
     remote = reachable(url) if url else None  # a Redis that is not there: one line now, before any work
+    check_model_file(model, None)
     templates = Templates.load(template, style=style)
     settings = {"model": model, "style": style, "template": templates.source,
                 "max summary tokens": max_summary_tokens, "chunk tokens": chunk_tokens,
