@@ -105,6 +105,9 @@ def summarize(paths: Sequence[str], *, output: IO[str], fmt: str = "jsonl", mode
     docs, skipped = collect_documents(paths, max_bytes=max_bytes)
     for s in skipped:
         err.write(f"skipped {s.path}: {s.reason}\n")
+    for d in docs:
+        if d.encoding_note is not None:
+            err.write(f"note: {d.path} is not UTF-8: {d.encoding_note}\n")
     if not docs:
         err.write("nothing to summarise\n")
         Output(output, fmt, model=model, settings=settings).finish(skipped, wall_seconds=time.monotonic() - t0)
