@@ -57,6 +57,12 @@ def batch_entries_key(batch_id: str) -> str:
     return f"{PREFIX}:batch:{batch_id}:entries"
 
 
+def batch_refused_key(batch_id: str) -> str:
+    """List: one JSON object per input line refused at submission ({custom_id, code, message, line, param,
+    file}), in input order: the batch's results hold an error line for each (pipeline.collector)."""
+    return f"{PREFIX}:batch:{batch_id}:refused"
+
+
 def batch_events_key(batch_id: str) -> str:
     """Stream: one entry per job of the batch when it ends (collectors follow it)."""
     return batch_key(batch_id) + BATCH_EVENTS_SUFFIX

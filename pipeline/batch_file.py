@@ -73,6 +73,52 @@ class LineError:
         return f"line {self.lineno}{cid}: {code}{self.message}"
 
 
+@dataclass
+class Refused:
+    """An input line (or prompt) refused at submission. Kept with its batch (Client.submit_batch), so the
+    batch's results hold an error line for it with its custom_id, as the API's error file does, and the
+    batch's counts include it as the API's request_counts do."""
+    custom_id: str | None
+    code: str
+    message: str
+    line: int | None = None  # its line number in `file`
+    file: str | None = None  # the input file it came from (rqllm submit takes several)
+    param: str | None = None
+
+    @classmethod
+    def from_line_error(cls, e: LineError, file: str | None = None) -> Refused:
+        return cls(e.custom_id, e.code, e.message, e.lineno, file, e.param)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"custom_id": self.custom_id, "code": self.code, "message": self.message, "line": self.line,
+                "file": self.file, "param": self.param}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Refused:
+        return cls(d.get("custom_id"), str(d.get("code") or INVALID_REQUEST), str(d.get("message") or ""),
+                   d.get("line"), d.get("file"), d.get("param"))
+
+    def __str__(self) -> str:
+        where = (f"{self.file}: " if self.file else "") + (f"line {self.line}" if self.line is not None else "")
+        cid = self.custom_id or ""
+        if where and cid:
+            where += f" ({cid})"
+        elif cid:
+            where = cid
+        code = f"{self.code}: " if self.code != INVALID_REQUEST else ""
+        return f"{where}: {code}{self.message}" if where else f"{code}{self.message}"
+
+
+def refused_output_line(batch_id: str, index: int, refused: Refused) -> dict[str, Any]:
+    """The output line of a batch's index-th refused line: no response, its error (code, message, param, line)."""
+    rid = "batch_req_" + hashlib.sha256(f"{batch_id}\0refused\0{index}".encode()).hexdigest()[:24]
+    error: dict[str, Any] = {"code": refused.code, "message": refused.message, "param": refused.param,
+                             "line": refused.line}
+    if refused.file:
+        error["file"] = refused.file
+    return {"id": rid, "custom_id": refused.custom_id, "response": None, "error": error}
+
+
 def json_depth(obj: Any) -> int:
     """How deeply arrays and objects nest in a parsed JSON value (a scalar: 0), without recursion."""
     deepest = 0

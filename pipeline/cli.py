@@ -25,7 +25,7 @@ def main() -> None:
 def _register() -> None:
     # Engine-side commands: models, generate, tokenize.
     from pipeline import cli_engine
-    # Queue-side commands: submit, collect, watch, status.
+    # Queue-side commands: submit, collect, watch, status, jobs, cancel.
     from pipeline import cli_jobs
     # The worker: worker.
     from pipeline import cli_worker

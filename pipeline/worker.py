@@ -347,8 +347,7 @@ def run_worker(model: str, *, redis_url: str | None = None, threads: int | Threa
     `repack`: the repacked weight cache (engine.repack): None = the default, False = --no-repack.
     `draft`, `speculative`: speculative decoding's draft model and default mode (--draft, --prompt-lookup)."""
     connection = connect(redis_url)
-    # Redis away at start: say where we wait at once (not after the client's ~30 s of retries), then
-    # back off until it answers; the engine loads afterwards.
+    # Redis away at start: say where we wait at once (not after ~30 s of retries), back off until it answers
     default = "" if redis_url or redis_url_from_env() else " (REDIS_URL is not set: the local default)"
     wait_for_redis(connection, log=lambda msg: _say(f"rqllm worker: {msg}{default}"))
     name = name or default_worker_name(model)

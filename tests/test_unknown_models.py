@@ -185,7 +185,7 @@ def test_submit_refuses_unknown_model_lines_with_their_numbers(redis_url: str, t
     path = tmp_path / "in.jsonl"
     path.write_text("\n".join([line("good", M), line("unknown", UNKNOWN), line("pathlike", PATHLIKE)]) + "\n")
     p = rqllm("submit", str(path), env={"REDIS_URL": redis_url})
-    assert p.returncode == 0, p.stderr
+    assert p.returncode == 1, p.stderr  # submitted, but not all of it
     assert f"refused: {path}: line 2 (unknown): model_not_found: model 'no-such-model' is not served" in p.stderr
     assert f"refused: {path}: line 3 (pathlike): model_not_found: model '../../etc/passwd' is neither" in p.stderr
     batch_id = p.stdout.strip()
