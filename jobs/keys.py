@@ -68,6 +68,12 @@ def batch_events_key(batch_id: str) -> str:
     return batch_key(batch_id) + BATCH_EVENTS_SUFFIX
 
 
+def model_header_key(model_key: str) -> str:
+    """Hash: sha (of the header) and gguf (base64 of its zlib-compressed bytes), both JSON strings: the
+    model's GGUF header and metadata without tensors, as its workers publish it (pipeline.model_header)."""
+    return f"{PREFIX}:model_header:{model_key}"
+
+
 def doorbell_key(model_key: str) -> str:
     """List: wake-up tokens for idle workers of a model (a hint only; losing one loses nothing)."""
     return f"{PREFIX}:wake:{model_key}"

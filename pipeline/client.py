@@ -345,7 +345,7 @@ class Client:
 
         out = []
         for w in SimpleWorker.all(connection=self.connection, serializer=SERIALIZER):
-            model = self.connection.hget(w.key, "rqllm_model")
+            model, kv_tokens = self.connection.hmget(w.key, ["rqllm_model", "rqllm_kv_tokens"])
             try:
                 current = w.get_current_job_id()
             except Exception:  # noqa: BLE001
@@ -354,6 +354,7 @@ class Client:
                 "name": w.name,
                 "state": w.get_state(),
                 "model": model.decode() if model else None,
+                "kv_tokens": int(kv_tokens) if kv_tokens and kv_tokens.isdigit() else None,  # its KV capacity
                 "queues": w.queue_names(),
                 "current_job": current,
                 "pid": w.pid,

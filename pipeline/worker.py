@@ -47,12 +47,11 @@ from jobs.redis_conn import REDIS_DOWN_ERRORS, SERIALIZER, connect, redis_url_fr
 from jobs.schemas import model_key, queue_names
 from pipeline.dequeue import PriorityDequeue
 from pipeline.job_endings import JobEndings
-from pipeline.job_engine import JobEngine
+from pipeline import model_header
+from pipeline.job_engine import JobEngine, describe_engine, load_engine, log_repack
 from pipeline.recovery import DEFAULT_HEARTBEAT_GRACE, DEFAULT_HEARTBEAT_INTERVAL, NoDeathPenalty, Reaper
 
 log = logging.getLogger("rqllm.worker")
-# The repacked cache's progress and warnings while the engine loads (before rq's work loop starts).
-log_repack = logging.getLogger("rqllm.repack")
 
 DEFAULT_MAINTENANCE_INTERVAL = 60
 DOORBELL_WAIT = 1
@@ -110,15 +109,15 @@ class LLMWorker(JobEndings, SimpleWorker):
 
     def __init__(self, queues: Any, *, model: str, heartbeat_interval: int = DEFAULT_HEARTBEAT_INTERVAL,
                  maintenance_interval: int = DEFAULT_MAINTENANCE_INTERVAL,
-                 heartbeat_grace: int = DEFAULT_HEARTBEAT_GRACE, **kwargs: Any):
+                 heartbeat_grace: int = DEFAULT_HEARTBEAT_GRACE, kv_tokens: int = 0, **kwargs: Any):
         kwargs.setdefault("serializer", SERIALIZER)
         super().__init__(queues, job_monitoring_interval=heartbeat_interval,
                          maintenance_interval=maintenance_interval, **kwargs)
         self.model = model
         self.model_key = model_key(model)
         self.doorbell = keys.doorbell_key(self.model_key)
-        self.heartbeat_interval = heartbeat_interval
-        self.heartbeat_grace = heartbeat_grace
+        self.heartbeat_interval, self.heartbeat_grace = heartbeat_interval, heartbeat_grace
+        self.kv_tokens = kv_tokens  # its engine's KV capacity: producers size prompts by it (summarize)
         self._dequeue = PriorityDequeue(self.connection, popped_by=self.name)
         self._force_stop = False
         self._beat: _Heartbeat | None = None
@@ -141,10 +140,11 @@ class LLMWorker(JobEndings, SimpleWorker):
         super().teardown()
 
     # ------------------------------------------------------------ identity
-    # rq: the worker hash has no field for user data; `rqllm status` and summarize count workers per model.
+    # rq: the worker hash has no field for user data; `rqllm status` and summarize count workers per model,
+    # and a producer-only summarize plans its chunks by the smallest KV capacity among them.
     def serialize(self) -> dict:
         data = super().serialize()
-        data["rqllm_model"] = self.model
+        data["rqllm_model"], data["rqllm_kv_tokens"] = self.model, self.kv_tokens
         return data
 
     # ------------------------------------------------------------ signals
@@ -311,36 +311,12 @@ def default_worker_name(model: str) -> str:
     return f"{model_key(model)}.{socket.gethostname()}.{os.getpid()}"
 
 
-def load_engine(model: str, threads: int | None, kv_budget: str | None, repack: bool | None = None,
-                draft: str | None = None, speculative: str = "off") -> Any:
-    """draft / speculative: engine.Engine's (a draft model; the mode for jobs that do not choose one)."""
-    from engine import repack as repack_cache
-    from engine.engine import Engine
-
-    kw: dict[str, Any] = {"threads": threads, "repack": repack, "draft": draft, "speculative": speculative,
-                          "repack_progress": repack_cache.LogProgress(model, logger=log_repack)}
-    if kv_budget:
-        kw["kv_budget"] = kv_budget
-    return Engine(model, **kw)
-
-
-def describe_engine(engine: Any) -> str:
-    """The start-up line's end: the weights (repacked cache or GGUF layout, and why) and speculative
-    decoding (the jobs' default mode and the draft model)."""
-    layout = getattr(getattr(engine, "model", None), "layout", None)
-    draft = getattr(engine, "draft", None)
-    return (f"weights: {layout.describe() if layout is not None else 'weight layout unknown'}; speculative "
-            f"decoding: {getattr(engine, 'speculative', 'off')} by default"
-            + (f", draft model {draft.name}" if draft is not None else ""))
-
-
 def run_worker(model: str, *, redis_url: str | None = None, threads: int | ThreadChoice | None = None,
                kv_budget: str | None = None, burst: bool = False, name: str | None = None,
                max_jobs: int | None = None, heartbeat_interval: int = DEFAULT_HEARTBEAT_INTERVAL,
-               maintenance_interval: int = DEFAULT_MAINTENANCE_INTERVAL,
-               heartbeat_grace: int = DEFAULT_HEARTBEAT_GRACE, engine: Any = None,
-               logging_level: str = "INFO", flush_interval: float = 0.05, repack: bool | None = None,
-               draft: str | None = None, speculative: str = "off") -> bool:
+               maintenance_interval: int = DEFAULT_MAINTENANCE_INTERVAL, heartbeat_grace: int = DEFAULT_HEARTBEAT_GRACE,
+               engine: Any = None, logging_level: str = "INFO", flush_interval: float = 0.05,
+               repack: bool | None = None, draft: str | None = None, speculative: str = "off") -> bool:
     """Load the engine once, then work the model's high/default/low queues. Returns whether any job ran.
 
     `threads`: an explicit count (--threads), a choice already made, or None for engine.cpus to choose.
@@ -362,10 +338,11 @@ def run_worker(model: str, *, redis_url: str | None = None, threads: int | Threa
         engine = load_engine(model, choice.threads, kv_budget, repack=repack, draft=draft, speculative=speculative)
     else:
         choice = ThreadChoice(getattr(engine, "threads", 0), "the engine passed in")
+    model_header.publish(connection, model, engine)  # a producer elsewhere counts tokens with it
     def new_worker() -> LLMWorker:
         return LLMWorker(queue_names(model), model=model, name=name, connection=connection,
                          heartbeat_interval=heartbeat_interval, maintenance_interval=maintenance_interval,
-                         heartbeat_grace=heartbeat_grace)
+                         heartbeat_grace=heartbeat_grace, kv_tokens=int(getattr(engine, "kv_capacity", 0) or 0))
 
     worker = new_worker()
     runtime.set_context(runtime.WorkerContext(
