@@ -70,3 +70,19 @@ def test_summarize_plans_by_the_live_workers_and_counts_tokens_without_the_model
     assert not (cache / "models").exists(), sorted(str(x.relative_to(cache)) for x in cache.rglob("*"))
     (kept,) = (cache / "headers").glob("*.gguf")
     assert kept.read_bytes() == header
+
+
+def test_a_header_without_tensors_counts_tokens_as_the_model_file_does(smollm2_path, tmp_path):
+    from pipeline.summarize import PromptMeter
+
+    with GGUFFile(smollm2_path) as g:
+        blob = g.metadata_only()
+        keys = set(g.metadata)
+    header = tmp_path / "header.gguf"
+    header.write_bytes(blob)
+    with GGUFFile(header) as h:
+        assert h.tensors == {} and set(h.metadata) == keys
+    messages = [{"role": "system", "content": "Summarise in 20 words."},
+                {"role": "user", "content": "Grüße, <b>naïve</b> café — 3.14 × 2 ≈ 6.28!\n\nSecond paragraph."}]
+    full, light = PromptMeter.for_model(str(smollm2_path)), PromptMeter.for_model(str(header))
+    assert light.count(messages) == full.count(messages) > 20
