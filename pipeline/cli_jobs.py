@@ -146,10 +146,12 @@ def submit_command(inputs: tuple[str, ...], model: str | None, priority: str, ti
     check = ModelCheck.live(remote, files=True)
     jobs, errors = _gather_jobs(inputs, model=model, literal=literal, raw=raw, system=system, params=params,
                                 check_model=check)
+    if not jobs and len(errors) <= 1:  # one line, as `generate` and `worker` say a bad model
+        raise click.ClickException("nothing to submit" + (f": {errors[0]}" if errors else ""))
     for e in errors:
         _echo_err(f"refused: {e}")
     if not jobs:
-        raise click.ClickException("nothing to submit" + (f": all {len(errors)} line(s) were refused" if errors else ""))
+        raise click.ClickException(f"nothing to submit: all {len(errors)} lines were refused")
     wait = wait or output is not None
     if not redis_url and not wait:
         raise click.UsageError("no REDIS_URL: use --wait/-o to run an embedded cluster for this command, "

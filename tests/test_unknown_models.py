@@ -201,8 +201,11 @@ def test_submit_wait_refuses_an_unknown_model_before_starting_anything(tmp_path:
     t0 = time.monotonic()
     p = rqllm("submit", "--wait", str(path), timeout=60)
     assert p.returncode == 1
-    assert f"refused: {path}: line 1 (only): model_not_found" in p.stderr and "nothing to submit" in p.stderr
-    assert "embedded cluster" not in p.stderr and "Traceback" not in p.stderr
+    (said,) = p.stderr.strip().splitlines()  # one line
+    assert said.startswith(f"Error: nothing to submit: {path}: line 1 (only): model_not_found: model 'no-such-model'")
+    lit = rqllm("submit", "--wait", "--literal", "--model", UNKNOWN, "Hello", timeout=60)
+    assert lit.returncode == 1 and lit.stderr.strip().splitlines() == [
+        f"Error: nothing to submit: prompt-1: model_not_found: {ModelCheck.live(None, files=True)(UNKNOWN)}"]
     assert time.monotonic() - t0 < 30
 
 

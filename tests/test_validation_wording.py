@@ -54,9 +54,11 @@ def test_the_schema_names_the_field_as_a_request_does_and_sets_param():
 def test_generate_and_submit_say_it_in_the_same_words(redis_url):  # noqa: F811
     gen = _run("generate", "smollm2-135m", "Hi", "--max-tokens", "0")
     assert gen.returncode == 1 and gen.stderr.strip().splitlines() == [f"Error: {MAX_TOKENS_0}"], gen.stderr
-    sub = _run("submit", "--literal", "--model", NOBODY, "--max-tokens", "0", "Hi", env={"REDIS_URL": redis_url})
+    sub = _run("submit", "--literal", "--model", NOBODY, "--max-tokens", "0", "Hi", "Hello",
+               env={"REDIS_URL": redis_url})
     assert sub.returncode == 1
-    assert f"refused: prompt-1: {MAX_TOKENS_0}" in sub.stderr.splitlines(), sub.stderr
+    assert sub.stderr.splitlines() == [f"refused: prompt-1: {MAX_TOKENS_0}", f"refused: prompt-2: {MAX_TOKENS_0}",
+                                       "Error: nothing to submit: all 2 lines were refused"], sub.stderr
     assert "validation error" not in sub.stderr and "GenerationJob" not in sub.stderr
 
 
