@@ -3,7 +3,6 @@ are read, not skipped as "binary", and the run says which encoding it assumed (t
 Markdown/HTML report, a note on stderr)."""
 from __future__ import annotations
 
-import io
 from pathlib import Path
 
 import pytest
