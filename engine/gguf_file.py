@@ -269,6 +269,7 @@ class GGUFFile:
             pos += 4
             raw[key], pos = self._value(vtype, pos, key)
         self._raw = raw
+        self.metadata_end = pos  # where the tensor table starts
         self.metadata = _Metadata(self, raw)
 
         self.alignment = GGUF_DEFAULT_ALIGNMENT
@@ -511,6 +512,15 @@ class GGUFFile:
             return None
         st, en = v.bounds()
         return memoryview(self._mm), st, en - st
+
+    def metadata_only(self) -> bytes:
+        """This file's header and metadata as a GGUF of its own with no tensors: the tokenizer, chat
+        template and configuration without the weights (kilobytes to megabytes, not gigabytes), for a
+        process that only counts tokens or sizes caches."""
+        if self._mm is None:
+            raise GGUFError(f"{self.path}: file is closed")
+        n_kv = _U64.unpack_from(self._mm, 16)[0]
+        return bytes(self._mm[0:8]) + _U64.pack(0) + _U64.pack(n_kv) + bytes(self._mm[HEADER_SIZE:self.metadata_end])
 
     def tensor_data(self, name: str) -> np.ndarray:
         """The tensor's bytes as a zero-copy uint8 view on the mmap."""

@@ -57,9 +57,21 @@ def batch_entries_key(batch_id: str) -> str:
     return f"{PREFIX}:batch:{batch_id}:entries"
 
 
+def batch_refused_key(batch_id: str) -> str:
+    """List: one JSON object per input line refused at submission ({custom_id, code, message, line, param,
+    file}), in input order: the batch's results hold an error line for each (pipeline.collector)."""
+    return f"{PREFIX}:batch:{batch_id}:refused"
+
+
 def batch_events_key(batch_id: str) -> str:
     """Stream: one entry per job of the batch when it ends (collectors follow it)."""
     return batch_key(batch_id) + BATCH_EVENTS_SUFFIX
+
+
+def model_header_key(model_key: str) -> str:
+    """Hash: sha (of the header) and gguf (base64 of its zlib-compressed bytes), both JSON strings: the
+    model's GGUF header and metadata without tensors, as its workers publish it (pipeline.model_header)."""
+    return f"{PREFIX}:model_header:{model_key}"
 
 
 def doorbell_key(model_key: str) -> str:

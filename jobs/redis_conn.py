@@ -6,17 +6,24 @@ dropped socket) reconnects and is retried with exponential backoff (0.05 s doubl
 30 s in all) before the error reaches the caller. A Redis restart of a few seconds is therefore
 invisible to rq's worker loop, the heartbeat thread and the collector; longer outages surface as
 ConnectionError, which the worker (pipeline.worker.run_worker) and collector handle by waiting.
+
+The first contact is different: a Redis that is not there at all should be said at once, not after
+30 s of retries. `probe()` pings once, without retries and with a short timeout, and raises
+RedisUnreachable naming the address and the reason; commands call it through `reachable()`, and
+`wait_for_redis` (the worker's start, every outage) probes the same way between its backoff sleeps.
 """
 from __future__ import annotations
 
 import os
+import re
 import socket
 import time
 from collections.abc import Callable
 
 import redis.exceptions
 from redis import Redis
-from redis.backoff import ExponentialBackoff
+from redis import ConnectionPool
+from redis.backoff import ExponentialBackoff, NoBackoff
 from redis.retry import Retry
 from rq.serializers import JSONSerializer
 
@@ -28,6 +35,8 @@ RETRY_BACKOFF_BASE = 0.05  # seconds before the first retry; doubles each time
 RETRY_BACKOFF_CAP = 2.0
 RETRY_ATTEMPTS = 20  # 0.05 + 0.1 + ... + 2 + 2 ... ~= 31 s of retrying in all
 REDIS_DOWN_ERRORS = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError, socket.timeout)
+PROBE_TIMEOUT = 3.0  # seconds a first contact (connect, then PING) may take before "unreachable"
+WAIT_BACKOFF_CAP = 30.0  # wait_for_redis: the longest sleep between two probes
 
 
 # Redis answered and said no: waiting cures nothing. redis-py makes these ConnectionError subclasses,
@@ -110,17 +119,80 @@ def connect(url: str | None = None, **kwargs) -> Redis:
     return Redis.from_url(url, **kwargs)
 
 
+class RedisUnreachable(redis.exceptions.RedisError):
+    """Redis did not answer a first contact (probe): the message names where and why, on one line."""
+
+    def __init__(self, address: str, reason: str):
+        super().__init__(f"cannot reach Redis at {address}: {reason}")
+        self.address, self.reason = address, reason
+
+
+def describe_address(connection: Redis) -> str:
+    """Where `connection` goes, without credentials: redis://host:port/db or unix:///path?db=n."""
+    kw = connection.connection_pool.connection_kwargs
+    db = kw.get("db", 0)
+    if kw.get("path"):
+        return f"unix://{kw['path']}?db={db}"
+    scheme = "rediss" if "ssl" in getattr(connection.connection_pool.connection_class, "__name__", "").lower() else "redis"
+    return f"{scheme}://{kw.get('host', '127.0.0.1')}:{kw.get('port', 6379)}/{db}"
+
+
+_REDIS_PY_REASON = re.compile(r"^Error -?\d+ connecting to .*?\.\s+(?P<reason>.+?)\.?$")
+
+
+def _reason(error: BaseException) -> str:
+    """redis-py's "Error 111 connecting to 127.0.0.1:1. Connection refused." -> "connection refused"."""
+    text = " ".join(str(error).split()) or type(error).__name__
+    m = _REDIS_PY_REASON.match(text)
+    text = m.group("reason") if m else text.rstrip(".")
+    return text[:1].lower() + text[1:]
+
+
+def _probe_client(connection: Redis, timeout: float) -> Redis:
+    """A one-off client to the same place as `connection` that tries once (no reconnect policy)."""
+    pool = connection.connection_pool
+    kw = {**pool.connection_kwargs, "retry": Retry(NoBackoff(), 0), "socket_timeout": timeout,
+          "socket_connect_timeout": timeout, "health_check_interval": 0}
+    kw.pop("retry_on_error", None)
+    return Redis(connection_pool=ConnectionPool(connection_class=pool.connection_class, **kw))
+
+
+def probe(connection: Redis, timeout: float = PROBE_TIMEOUT) -> None:
+    """PING once, within `timeout` seconds; RedisUnreachable (the address and the reason, one line)
+    when Redis does not answer, RedisRefused when it answers no (password)."""
+    client = _probe_client(connection, timeout)
+    try:
+        client.ping()
+    except REDIS_REFUSAL_ERRORS as e:
+        raise RedisRefused(f"Redis refused the connection at {describe_address(connection)}: {e} "
+                           "(check the password or user in REDIS_URL)") from None
+    except redis.exceptions.RedisError as e:  # down, a timeout, or something that is not Redis answering
+        raise RedisUnreachable(describe_address(connection), _reason(e)) from None
+    finally:
+        client.close()
+
+
+def reachable(url: str | None = None, timeout: float = PROBE_TIMEOUT, **kwargs) -> Redis:
+    """connect(url), after one probe: a Redis that is not there fails within `timeout` seconds, in one line."""
+    connection = connect(url, **kwargs)
+    probe(connection, timeout)
+    return connection
+
+
 def wait_for_redis(connection: Redis, *, stop: Callable[[], bool] = lambda: False,
-                   log: Callable[[str], None] = lambda msg: None, max_wait: float = 30.0) -> bool:
-    """Block until `connection` answers PING (backing off up to max_wait between tries) or stop() is true.
-    Returns whether Redis answered."""
+                   log: Callable[[str], None] = lambda msg: None, max_wait: float = WAIT_BACKOFF_CAP) -> bool:
+    """Block until `connection`'s Redis answers a probe (backing off 1 s, 2 s, 4 s ... up to max_wait
+    between tries) or stop() is true. Logs "waiting for Redis at <address>" at once and before every
+    later try. Returns whether Redis answered."""
     delay = 1.0
     while not stop():
         try:
-            if connection.ping():
-                return True
-        except REDIS_DOWN_ERRORS as e:
-            log(f"Redis still unreachable ({e}); next try in {delay:.0f} s")
-        time.sleep(delay)
+            probe(connection)
+            return True
+        except RedisUnreachable as e:
+            log(f"waiting for Redis at {e.address} ({e.reason}); next try in {delay:.0f} s")
+        end = time.monotonic() + delay
+        while time.monotonic() < end and not stop():
+            time.sleep(min(0.2, max(0.0, end - time.monotonic())))
         delay = min(delay * 2, max_wait)
     return False

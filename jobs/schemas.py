@@ -85,7 +85,12 @@ _PARAMS_ADDED_LATER: dict[str, Any] = {"frequency_penalty": 0.0, "presence_penal
 
 
 class InvalidJob(ValueError):
-    """A job refused at submission; the message is pydantic's (or ours) naming the bad field."""
+    """A job refused at submission; the message names the bad field as a request names it ("max_tokens:
+    Input should be ..."), and `param` is that field's path in OpenAI's form (the API's error `param`)."""
+
+    def __init__(self, message: str, param: str | None = None):
+        super().__init__(message)
+        self.param = param
 
 
 class ChatMessage(BaseModel):
@@ -301,29 +306,45 @@ class JobResult(BaseModel):
 
 
 def validate_job(data: GenerationJob | dict[str, Any]) -> GenerationJob:
-    """Parse a job, raising InvalidJob with pydantic's message when it is refused."""
+    """Parse a job, raising InvalidJob (describe_errors' message, the first bad field's param) when it is refused."""
     if isinstance(data, GenerationJob):
         # Re-validate: a model built with model_construct() or mutated afterwards is not trusted.
         data = data.model_dump(mode="python")
     try:
         return GenerationJob.model_validate(data)
     except ValidationError as e:
-        raise InvalidJob(describe_errors(e)) from None
+        raise invalid_job(e) from None
+
+
+def invalid_job(e: ValidationError) -> InvalidJob:
+    errors = e.errors(include_url=False)
+    return InvalidJob(describe_errors(e), param=error_param(errors[0]["loc"]) if errors else None)
+
+
+def error_param(loc: tuple[Any, ...] | list[Any]) -> str | None:
+    """A pydantic error location as a request names the field, in OpenAI's `param` form: the sampling
+    knobs are top-level body fields ("max_tokens", not "params.max_tokens"), list items are "[i]"
+    ("messages.[0].role"). None for an error of the whole request."""
+    parts = list(loc)
+    if len(parts) > 1 and parts[0] == "params":
+        parts = parts[1:]
+    return ".".join(f"[{x}]" if isinstance(x, int) else str(x) for x in parts) or None
 
 
 def describe_errors(e: ValidationError) -> str:
-    """pydantic's errors on one line each, without the docs links: 'params.top_p: Input should be ... (got 1.5)'."""
+    """pydantic's errors in one line, each naming its field as error_param does, without pydantic's
+    header and links: 'top_p: Input should be less than or equal to 1 (got 1.5)'. The one wording of a
+    refused field everywhere (submit, batch files, the API, generate, a worker's invalid_request)."""
     lines = []
     for err in e.errors(include_url=False):
-        where = ".".join(str(x) for x in err["loc"])
+        where = error_param(err["loc"])
         msg = err["msg"].removeprefix("Value error, ")
         got = ""
         if err["type"] not in ("value_error", "missing") and not isinstance(err.get("input"), (dict, list)):
             shown = repr(err.get("input"))
             got = f" (got {shown[:60]}{'...' if len(shown) > 60 else ''})"
         lines.append(f"{where}: {msg}{got}" if where else f"{msg}{got}")
-    n = len(lines)
-    return f"{n} validation error{'s' if n > 1 else ''} for {e.title}: " + "; ".join(lines)
+    return "; ".join(lines)
 
 
 def model_key(model: str) -> str:

@@ -27,6 +27,7 @@ from jobs.schemas import (
     GenerationJob,
     InvalidJob,
     JobResult,
+    invalid_job,
     max_prompt_bytes,
     validate_job,
 )
@@ -68,11 +69,58 @@ class LineError:
     custom_id: str | None
     message: str
     code: str = INVALID_REQUEST
+    param: str | None = None  # the refused field, in OpenAI's form (jobs.schemas.error_param)
 
     def __str__(self) -> str:
         cid = f" ({self.custom_id})" if self.custom_id else ""
         code = f"{self.code}: " if self.code != INVALID_REQUEST else ""
         return f"line {self.lineno}{cid}: {code}{self.message}"
+
+
+@dataclass
+class Refused:
+    """An input line (or prompt) refused at submission. Kept with its batch (Client.submit_batch), so the
+    batch's results hold an error line for it with its custom_id, as the API's error file does, and the
+    batch's counts include it as the API's request_counts do."""
+    custom_id: str | None
+    code: str
+    message: str
+    line: int | None = None  # its line number in `file`
+    file: str | None = None  # the input file it came from (rqllm submit takes several)
+    param: str | None = None
+
+    @classmethod
+    def from_line_error(cls, e: LineError, file: str | None = None) -> Refused:
+        return cls(e.custom_id, e.code, e.message, e.lineno, file, e.param)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"custom_id": self.custom_id, "code": self.code, "message": self.message, "line": self.line,
+                "file": self.file, "param": self.param}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Refused:
+        return cls(d.get("custom_id"), str(d.get("code") or INVALID_REQUEST), str(d.get("message") or ""),
+                   d.get("line"), d.get("file"), d.get("param"))
+
+    def __str__(self) -> str:
+        where = (f"{self.file}: " if self.file else "") + (f"line {self.line}" if self.line is not None else "")
+        cid = self.custom_id or ""
+        if where and cid:
+            where += f" ({cid})"
+        elif cid:
+            where = cid
+        code = f"{self.code}: " if self.code != INVALID_REQUEST else ""
+        return f"{where}: {code}{self.message}" if where else f"{code}{self.message}"
+
+
+def refused_output_line(batch_id: str, index: int, refused: Refused) -> dict[str, Any]:
+    """The output line of a batch's index-th refused line: no response, its error (code, message, param, line)."""
+    rid = "batch_req_" + hashlib.sha256(f"{batch_id}\0refused\0{index}".encode()).hexdigest()[:24]
+    error: dict[str, Any] = {"code": refused.code, "message": refused.message, "param": refused.param,
+                             "line": refused.line}
+    if refused.file:
+        error["file"] = refused.file
+    return {"id": rid, "custom_id": refused.custom_id, "response": None, "error": error}
 
 
 def json_depth(obj: Any) -> int:
@@ -128,17 +176,19 @@ def _logprobs(body: dict[str, Any], url: str) -> int | None:
     if url == ENDPOINT_CHAT:
         top = body.get("top_logprobs")
         if want is not None and not isinstance(want, bool):
-            raise InvalidJob(f"logprobs: Input should be true or false (got {want!r})")
+            raise InvalidJob(f"logprobs: Input should be true or false (got {want!r})", param="logprobs")
         if top is not None:
             if not _is_count(top, MAX_TOP_LOGPROBS):
-                raise InvalidJob(f"top_logprobs: Input should be an integer from 0 to {MAX_TOP_LOGPROBS} (got {top!r})")
+                raise InvalidJob(f"top_logprobs: Input should be an integer from 0 to {MAX_TOP_LOGPROBS} (got {top!r})",
+                                 param="top_logprobs")
             if not want:
-                raise InvalidJob("top_logprobs: logprobs must be true when top_logprobs is given")
+                raise InvalidJob("top_logprobs: logprobs must be true when top_logprobs is given", param="top_logprobs")
         return (top or 0) if want else None
     if want is None:
         return None
     if not _is_count(want, MAX_COMPLETIONS_LOGPROBS):
-        raise InvalidJob(f"logprobs: Input should be an integer from 0 to {MAX_COMPLETIONS_LOGPROBS} (got {want!r})")
+        raise InvalidJob(f"logprobs: Input should be an integer from 0 to {MAX_COMPLETIONS_LOGPROBS} (got {want!r})",
+                         param="logprobs")
     return want
 
 
@@ -160,16 +210,16 @@ def request_to_job(obj: Any, *, model: str | None = None, default_model: str = D
         raise InvalidJob(f"unknown top-level field(s): {', '.join(sorted(unknown))}")
     custom_id = obj.get("custom_id")
     if not isinstance(custom_id, str) or not custom_id:
-        raise InvalidJob("custom_id must be a non-empty string")
+        raise InvalidJob("custom_id must be a non-empty string", param="custom_id")
     method = obj.get("method", "POST")
     if method != "POST":
-        raise InvalidJob(f"method must be POST, not {method!r}")
+        raise InvalidJob(f"method must be POST, not {method!r}", param="method")
     url = obj.get("url")
     if url not in (ENDPOINT_CHAT, ENDPOINT_COMPLETIONS):
-        raise InvalidJob(f"url must be {ENDPOINT_CHAT} or {ENDPOINT_COMPLETIONS}, not {url!r}")
+        raise InvalidJob(f"url must be {ENDPOINT_CHAT} or {ENDPOINT_COMPLETIONS}, not {url!r}", param="url")
     body = obj.get("body")
     if not isinstance(body, dict):
-        raise InvalidJob("body must be a JSON object")
+        raise InvalidJob("body must be a JSON object", param="body")
     if json_depth(body) > MAX_JSON_DEPTH:  # a body parsed elsewhere (an HTTP request's)
         raise InvalidJob("body: " + too_deep_message())
 
@@ -193,10 +243,11 @@ def request_to_job(obj: Any, *, model: str | None = None, default_model: str = D
         elif k not in _IGNORED:
             bad.append(k)
     if bad:
-        raise InvalidJob(f"unsupported body field(s): {', '.join(bad)}")
+        raise InvalidJob(f"unsupported body field(s): {', '.join(bad)}", param=bad[0].split("=", 1)[0])
     temperature = params.get("temperature")
     if _is_number(temperature) and temperature > MAX_TEMPERATURE:
-        raise InvalidJob(f"temperature: Input should be less than or equal to {MAX_TEMPERATURE} (got {temperature!r})")
+        raise InvalidJob(f"temperature: Input should be less than or equal to {MAX_TEMPERATURE} (got {temperature!r})",
+                         param="temperature")
     logprobs = _logprobs(body, url)
     if logprobs is not None:
         params["logprobs"] = logprobs
@@ -208,20 +259,20 @@ def request_to_job(obj: Any, *, model: str | None = None, default_model: str = D
     }
     if url == ENDPOINT_CHAT:
         if "prompt" in body:
-            raise InvalidJob(f"{ENDPOINT_CHAT} takes `messages`, not `prompt`")
+            raise InvalidJob(f"{ENDPOINT_CHAT} takes `messages`, not `prompt`", param="prompt")
         if "messages" not in body:
-            raise InvalidJob(f"{ENDPOINT_CHAT} needs `messages`")
+            raise InvalidJob(f"{ENDPOINT_CHAT} needs `messages`", param="messages")
         job["messages"] = body["messages"]
     else:
         if "messages" in body:
-            raise InvalidJob(f"{ENDPOINT_COMPLETIONS} takes `prompt`, not `messages`")
+            raise InvalidJob(f"{ENDPOINT_COMPLETIONS} takes `prompt`, not `messages`", param="messages")
         prompt = body.get("prompt")
         if isinstance(prompt, list):
             if len(prompt) != 1 or not isinstance(prompt[0], str):
-                raise InvalidJob("prompt must be a string (or a list of exactly one string)")
+                raise InvalidJob("prompt must be a string (or a list of exactly one string)", param="prompt")
             prompt = prompt[0]
         if prompt is None:
-            raise InvalidJob(f"{ENDPOINT_COMPLETIONS} needs `prompt`")
+            raise InvalidJob(f"{ENDPOINT_COMPLETIONS} needs `prompt`", param="prompt")
         job["prompt"] = prompt
     return validate_job(job)
 
@@ -262,22 +313,23 @@ def parse_lines(lines: Iterable[str | bytes], *, model: str | None = None, defau
             obj = loads_json(line)
             cid = obj.get("custom_id") if isinstance(obj, dict) else None
             if endpoint is not None and isinstance(obj, dict) and obj.get("url") != endpoint:
-                raise InvalidJob(f"url {obj.get('url')!r} is not this batch's endpoint {endpoint}")
+                raise InvalidJob(f"url {obj.get('url')!r} is not this batch's endpoint {endpoint}", param="url")
             named = line_model(obj, model=model, default_model=default_model)
             why = check_model(named) if check_model is not None and isinstance(named, str) else None
             if why is not None:
-                errors.append(LineError(lineno, cid if isinstance(cid, str) else None, why, MODEL_NOT_FOUND))
+                errors.append(LineError(lineno, cid if isinstance(cid, str) else None, why, MODEL_NOT_FOUND, "model"))
                 continue
             job = request_to_job(obj, model=model, default_model=default_model)
         except json.JSONDecodeError as e:
             errors.append(LineError(lineno, None, f"invalid JSON: {e}"))
             continue
         except (InvalidJob, ValidationError) as e:
-            errors.append(LineError(lineno, cid if isinstance(cid, str) else None, str(e)))
+            bad = e if isinstance(e, InvalidJob) else invalid_job(e)
+            errors.append(LineError(lineno, cid if isinstance(cid, str) else None, str(bad), param=bad.param))
             continue
         if job.custom_id in seen:
             errors.append(LineError(lineno, job.custom_id, f"custom_id already used on line {seen[job.custom_id]}",
-                                    DUPLICATE_CUSTOM_ID))
+                                    DUPLICATE_CUSTOM_ID, "custom_id"))
             continue
         seen[job.custom_id] = lineno
         jobs.append(job)

@@ -6,12 +6,14 @@ import click
 
 class _Group(click.Group):
     def invoke(self, ctx: click.Context):
-        from jobs.redis_conn import RedisRefused
+        from jobs.redis_conn import REDIS_DOWN_ERRORS, RedisRefused, RedisUnreachable
 
         try:
             return super().invoke(ctx)
-        except RedisRefused as e:  # a wrong password is the user's to fix: one line, not a traceback
+        except (RedisRefused, RedisUnreachable) as e:  # a wrong password, no Redis there: one line, not a traceback
             raise click.ClickException(str(e)) from None
+        except REDIS_DOWN_ERRORS as e:  # Redis went away mid-command and stayed away past the client's retries
+            raise click.ClickException(f"lost Redis: {' '.join(str(e).split())}") from None
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
@@ -23,7 +25,7 @@ def main() -> None:
 def _register() -> None:
     # Engine-side commands: models, generate, tokenize.
     from pipeline import cli_engine
-    # Queue-side commands: submit, collect, watch, status.
+    # Queue-side commands: submit, collect, watch, status, jobs, cancel.
     from pipeline import cli_jobs
     # The worker: worker.
     from pipeline import cli_worker

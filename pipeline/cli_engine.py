@@ -10,7 +10,7 @@ import click
 from engine import registry
 from engine.kv_cache import DEFAULT_KV_TYPE, ENV_KV_TYPE, KV_TYPES
 from engine.params import SamplingParams
-from engine.defaults import DEFAULT_KV_BUDGET
+from engine.defaults import DEFAULT_KV_BUDGET, DEFAULT_MODEL
 
 COMMANDS: list[click.Command] = []
 
@@ -21,9 +21,10 @@ def _command(fn: click.Command) -> click.Command:
 
 
 @_command
-@click.group("models")
+@click.group("models", help=f"Fetch, list and repack models. Known names: {', '.join(sorted(registry.KNOWN_MODELS))} "
+                            f"(the default model, for jobs and commands that name none: {DEFAULT_MODEL}).")
 def models_group() -> None:
-    """Fetch, list and repack models (known names: smollm2-135m, gemma3-270m)."""
+    pass
 
 
 @models_group.command("pull")
@@ -274,4 +275,6 @@ def tokenize_cmd(model: str, text: str, as_json: bool, bos: bool | None) -> None
 
 
 def _pydantic_message(exc) -> str:
-    return "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
+    from jobs.schemas import describe_errors  # the one wording of a refused field (submit, API, batch files)
+
+    return describe_errors(exc)

@@ -1,4 +1,4 @@
-"""CLI commands for the queue: submit, collect, watch, status (the worker: pipeline.cli_worker).
+"""CLI commands for the queue: submit, collect, watch, status, jobs, cancel (the worker: pipeline.cli_worker).
 
 With REDIS_URL set, commands talk to that Redis (submit only submits; collect/--wait follow).
 Without it, `rqllm submit ... --wait` runs an embedded cluster (private redis-server + worker
@@ -23,31 +23,34 @@ def _echo_err(msg: str) -> None:
 
 
 def _client(redis_url: str | None):
+    """A Client for --redis-url / REDIS_URL; a Redis that is not there is one line within seconds
+    (jobs.redis_conn.reachable), not a traceback after the client's retries."""
     from pipeline.client import Client
-    from jobs.redis_conn import redis_url_from_env
+    from jobs.redis_conn import reachable, redis_url_from_env
 
     url = redis_url or redis_url_from_env()
     if not url:
         raise click.UsageError("set REDIS_URL (or --redis-url) to reach the queue")
-    return Client(url)
+    return Client(connection=reachable(url))
 
 
 def _gather_jobs(inputs: tuple[str, ...], *, model: str | None, literal: bool, raw: bool, system: str | None,
-                 params: dict[str, Any], check_model: Any = None) -> tuple[list[Any], list[str]]:
-    """Jobs from arguments: .jsonl files (OpenAI Batch input), other files (one prompt each), literals.
+                 params: dict[str, Any], check_model: Any = None) -> tuple[list[Any], list[Any]]:
+    """Jobs from arguments: .jsonl files (OpenAI Batch input), other files (one prompt each), literals;
+    and the refused ones (pipeline.batch_file.Refused, which the batch keeps as error lines).
     check_model (pipeline.model_check.ModelCheck): a job naming a model it refuses is refused (model_not_found)."""
     from jobs.schemas import InvalidJob, validate_job
-    from pipeline.batch_file import read_batch_file
+    from pipeline.batch_file import INVALID_REQUEST, MODEL_NOT_FOUND, Refused, read_batch_file
 
     jobs: list[Any] = []
-    errors: list[str] = []
+    errors: list[Refused] = []
     n_literal = 0
 
     def prompt_job(text: str, custom_id: str) -> None:
         data: dict[str, Any] = {"model": model or DEFAULT_MODEL, "custom_id": custom_id, "params": params}
         why = check_model(data["model"]) if check_model is not None else None
         if why is not None:
-            errors.append(f"{custom_id}: model_not_found: {why}")
+            errors.append(Refused(custom_id, MODEL_NOT_FOUND, why, param="model"))
             return
         if raw:
             data["prompt"] = text
@@ -57,7 +60,7 @@ def _gather_jobs(inputs: tuple[str, ...], *, model: str | None, literal: bool, r
         try:
             jobs.append(validate_job(data))
         except InvalidJob as e:
-            errors.append(f"{custom_id}: {e}")
+            errors.append(Refused(custom_id, INVALID_REQUEST, str(e), param=e.param))
 
     for arg in inputs:
         path = Path(arg)
@@ -71,15 +74,16 @@ def _gather_jobs(inputs: tuple[str, ...], *, model: str | None, literal: bool, r
                         try:
                             g = validate_job({**g.model_dump(exclude={"id", "params"}), "params": merged})
                         except InvalidJob as e:
-                            errors.append(f"{path}: {g.custom_id}: {e}")
+                            errors.append(Refused(g.custom_id, INVALID_REQUEST, str(e), file=str(path), param=e.param))
                             continue
                     jobs.append(g)
-                errors.extend(f"{path}: {e}" for e in line_errors)
+                errors.extend(Refused.from_line_error(e, file=str(path)) for e in line_errors)
             else:
                 try:
                     text = path.read_text(encoding="utf-8")
                 except UnicodeDecodeError as e:
-                    errors.append(f"{path}: not UTF-8 text ({e.reason} at byte {e.start}); not submitted")
+                    errors.append(Refused(str(path), INVALID_REQUEST,
+                                          f"not UTF-8 text ({e.reason} at byte {e.start}); not submitted"))
                     continue
                 prompt_job(text, str(path))
         else:
@@ -120,7 +124,11 @@ def submit_command(inputs: tuple[str, ...], model: str | None, priority: str, ti
                    temperature: float | None, top_p: float | None, seed: int | None, stop: tuple[str, ...],
                    raw: bool, system: str | None, literal: bool, workers: int, threads: int | None,
                    kv_budget: str | None, redis_url: str | None, no_progress: bool, no_repack: bool) -> None:
-    """Submit prompts (arguments), text files (one job each) or OpenAI Batch .jsonl files; print the batch id."""
+    """Submit prompts (arguments), text files (one job each) or OpenAI Batch .jsonl files; print the batch id.
+
+    A refused line (bad JSON, a bad field, an unknown model) is said on stderr, and kept with the batch
+    as an error line with its custom_id (what `rqllm collect` writes); the rest is submitted, and the
+    command then exits 1, saying how many lines were refused."""
     from jobs.schemas import InvalidJob, model_key
     from pipeline.client import Client
     from pipeline.model_check import ModelCheck
@@ -134,13 +142,16 @@ def submit_command(inputs: tuple[str, ...], model: str | None, priority: str, ti
         params["stop"] = list(stop)
     # a model no live worker of REDIS_URL holds, that the registry does not know and that is no .gguf file
     # here is refused now: its jobs would wait on a queue nobody serves
-    check = ModelCheck.live(Client(redis_url) if redis_url else None, files=True)
+    remote = _client(redis_url) if redis_url else None
+    check = ModelCheck.live(remote, files=True)
     jobs, errors = _gather_jobs(inputs, model=model, literal=literal, raw=raw, system=system, params=params,
                                 check_model=check)
+    if not jobs and len(errors) <= 1:  # one line, as `generate` and `worker` say a bad model
+        raise click.ClickException("nothing to submit" + (f": {errors[0]}" if errors else ""))
     for e in errors:
         _echo_err(f"refused: {e}")
     if not jobs:
-        raise click.ClickException("nothing to submit")
+        raise click.ClickException(f"nothing to submit: all {len(errors)} lines were refused")
     wait = wait or output is not None
     if not redis_url and not wait:
         raise click.UsageError("no REDIS_URL: use --wait/-o to run an embedded cluster for this command, "
@@ -150,7 +161,7 @@ def submit_command(inputs: tuple[str, ...], model: str | None, priority: str, ti
     def run(client: Client, health=None) -> None:
         try:
             batch_id = client.submit_batch(jobs, priority=priority, timeout=timeout, retries=retries,
-                                           recompute=recompute)
+                                           recompute=recompute, refused=errors)
         except InvalidJob as e:
             raise click.ClickException(str(e)) from None
         rep = client.last_report
@@ -162,21 +173,35 @@ def submit_command(inputs: tuple[str, ...], model: str | None, priority: str, ti
             s = collect(client, batch_id, out, progress=not no_progress, health=health)
             _echo_err(f"{batch_id}: {s.done} done, {s.failed} failed, {s.written} line(s) written"
                       + (f" to {output}" if output else "") + f" in {s.seconds:.1f} s")
+        if errors:  # submitted, but not all of it: say how much was left out, and exit non-zero
+            _echo_err(f"{batch_id}: {len(errors)} line(s) refused; each is an error line with its custom_id in "
+                      "the batch's results")
 
-    if redis_url:
-        run(Client(redis_url))
+    def finish() -> None:
+        if errors:
+            raise SystemExit(1)
+
+    if remote is not None:
+        run(remote)
+        finish()
         return
     from pipeline.embedded import choose_embedded_split, embedded_cluster
+    from pipeline.model_check import model_file_problem
 
     models = {model_key(j.model) for j in jobs}
     if len(models) != 1:
         raise click.UsageError(f"embedded mode runs one model; these jobs name {', '.join(sorted(models))}")
+    # the workers' own start-up check, before any process starts: one line, not their exits
+    problem = model_file_problem(jobs[0].model, kv_budget)
+    if problem is not None:
+        raise click.ClickException(problem)
     split = choose_embedded_split(jobs[0].model, len(jobs), workers=workers, threads=threads, kv_budget=kv_budget,
                                   repack=not no_repack)
     with embedded_cluster(jobs[0].model, workers=split.workers, threads=split.threads, kv_budget=kv_budget,
                           repack=not no_repack, split_reason=split.reason) as cluster:
         _echo_err(f"embedded cluster: redis {cluster.server.address}, {cluster.split}")
         run(Client(cluster.redis_url), health=cluster.check)
+    finish()
 
 
 @click.command("collect")
@@ -198,7 +223,8 @@ def collect_command(batch_id: str, output: str, timeout: float | None, redis_url
     except TimeoutError as e:
         raise click.ClickException(str(e)) from None
     _echo_err(f"{batch_id}: {s.written} new line(s), {s.already} already written; "
-              f"{s.done} done, {s.failed} failed in {s.seconds:.1f} s")
+              f"{s.done} done, {s.failed} failed in {s.seconds:.1f} s"
+              + (f"; {s.refused} of the {s.requests} line(s) were refused at submission" if s.refused else ""))
 
 
 @click.command("watch")
@@ -264,14 +290,24 @@ def watch_command(job_id: str, redis_url: str | None, timeout: float | None) -> 
 @click.option("--limit", type=int, default=10, show_default=True, help="Most recent batches to show.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def status_command(redis_url: str | None, limit: int, as_json: bool) -> None:
-    """Queues (queued/started/failed), workers (model, current job), recent batches with counts."""
+    """Queues (queued/started/failed), workers (model, current job), recent batches with counts.
+
+    A batch's counts are of its input lines, as the API's request_counts are: refused lines count
+    as failed; lines with the same content share one job (its "jobs")."""
+    from pipeline.batch_view import line_counts
+
     client = _client(redis_url)
     queues = [{"name": q.name, "queued": q.count, "started": q.started_job_registry.count,
                "failed": q.failed_job_registry.count} for q in client.queues()]
     workers = client.workers()
-    batches = [{"batch_id": b.batch_id, "created": b.created, "requests": b.requests, "jobs": b.total,
-                "done": b.done, "failed": b.failed, "cached": b.cached, "pending": b.pending,
-                "models": b.models, "priority": b.priority} for b in client.list_batches(limit)]
+    batches = []
+    for b in client.list_batches(limit):
+        # lines, as the API's request_counts count them (refused ones too); jobs: distinct contents run
+        lines = line_counts(client, b)
+        batches.append({"batch_id": b.batch_id, "created": b.created, "requests": lines.lines, "done": lines.done,
+                        "failed": lines.failed, "refused": lines.refused, "pending": lines.pending, "jobs": b.total,
+                        "jobs_done": b.done, "jobs_failed": b.failed, "cached": b.cached, "models": b.models,
+                        "priority": b.priority, "cancelled": b.cancelled is not None})
     if as_json:
         click.echo(json.dumps({"queues": queues, "workers": workers, "batches": batches}, indent=2))
         return
@@ -291,9 +327,70 @@ def status_command(redis_url: str | None, limit: int, as_json: bool) -> None:
         click.echo("  (none)")
     for b in batches:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(b["created"]))
-        click.echo(f"  {b['batch_id']}  {when}  {b['done']}/{b['jobs']} done, {b['failed']} failed, "
-                   f"{b['pending']} pending ({b['requests']} requests, {b['cached']} reused) "
-                   f"{','.join(b['models'])} [{b['priority']}]")
+        refused = f" ({b['refused']} refused)" if b["refused"] else ""
+        click.echo(f"  {b['batch_id']}  {when}  {b['done']}/{b['requests']} done, {b['failed']} failed{refused}, "
+                   f"{b['pending']} pending ({b['jobs']} jobs, {b['cached']} reused) "
+                   f"{','.join(b['models'])} [{b['priority']}]" + (" cancelled" if b["cancelled"] else ""))
 
 
-COMMANDS: list[click.Command] = [submit_command, collect_command, watch_command, status_command]
+@click.command("jobs")
+@click.argument("batch_id")
+@click.option("--redis-url", envvar="REDIS_URL", default=None)
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
+def jobs_command(batch_id: str, redis_url: str | None, as_json: bool) -> None:
+    """List BATCH_ID's lines: job id, state and custom_id (for `rqllm watch JOB_ID` while a job runs).
+
+    States: queued, started, deferred (waits for other jobs), done, failed (with its error), refused
+    (at submission: no job)."""
+    from pipeline.batch_view import job_states
+
+    client = _client(redis_url)
+    try:
+        client.batch_status(batch_id)
+    except KeyError as e:
+        raise click.ClickException(str(e).strip("'\"")) from None
+    states = job_states(client, batch_id)
+    if as_json:
+        for st in states:
+            click.echo(st.model_dump_json())
+        return
+    width = max((len(st.job_id or "-") for st in states), default=1)
+    for st in states:
+        click.echo(f"{st.job_id or '-':<{width}}  {st.state:<9}  {st.custom_id if st.custom_id is not None else '-'}"
+                   + (f"  {st.error}" if st.error else ""))
+    counts: dict[str, int] = {}
+    for st in states:
+        counts[st.state] = counts.get(st.state, 0) + 1
+    _echo_err(f"{batch_id}: {len(states)} line(s): " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())))
+
+
+@click.command("cancel")
+@click.argument("batch_id")
+@click.option("--redis-url", envvar="REDIS_URL", default=None)
+def cancel_command(batch_id: str, redis_url: str | None) -> None:
+    """Cancel BATCH_ID: its queued jobs never run, its running ones stop between two tokens.
+
+    Each cancelled job is recorded failed (batch_cancelled), so `rqllm collect` writes its line; finished
+    lines are kept. A job another batch (or an API request) also waits for is left running for it."""
+    from pipeline.batch_view import cancel_batch
+
+    client = _client(redis_url)
+    try:
+        status = client.batch_status(batch_id)
+    except KeyError as e:
+        raise click.ClickException(str(e).strip("'\"")) from None
+    if status.metadata.get("api"):
+        # the API server's runner makes its output and error files when it cancels: it must do it
+        raise click.ClickException(f"{batch_id} was created through the API: cancel it there "
+                                   f"(POST /v1/batches/{batch_id}/cancel), which also writes its files")
+    outcomes = cancel_batch(client, batch_id, message="the batch was cancelled (rqllm cancel) before this request "
+                                                     "finished")
+    words = {"cancelled": "cancelled before they ran", "stopping": "stopping (were running)",
+             "shared": "left to another batch waiting for them", "ended": "had ended already",
+             "gone": "no longer in Redis"}
+    click.echo(f"{batch_id}: " + (", ".join(f"{n} job(s) {words.get(k, k)}" for k, n in sorted(outcomes.items()))
+                                  or "no jobs"))
+
+
+COMMANDS: list[click.Command] = [submit_command, collect_command, watch_command, status_command, jobs_command,
+                                 cancel_command]

@@ -39,7 +39,8 @@ from pipeline.summarize import (
               help="Prompt template file (TOML or JSON) with [map] and/or [reduce] keys to override.")
 @click.option("--kv-budget", default=None,
               help="Workers' KV cache budget: bytes as for `rqllm worker --kv-budget` (256MiB), or tokens "
-                   "(1024tok). Chunks are sized to fit it. Default: the worker default, 256MiB.")
+                   "(1024tok). Chunks are sized to fit it. Default: the worker default, 256MiB; with REDIS_URL, "
+                   "the smallest KV capacity the live workers of the model publish (this lowers it).")
 @click.option("--max-summary-tokens", type=click.IntRange(8, 4096), default=DEFAULT_MAX_SUMMARY_TOKENS,
               show_default=True, help="Longest summary (per chunk and per document), in tokens.")
 @click.option("--overlap-tokens", type=click.IntRange(0, 512), default=DEFAULT_OVERLAP_TOKENS, show_default=True,

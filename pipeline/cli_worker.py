@@ -7,6 +7,8 @@ import sys
 import click
 
 from engine.cpus import ThreadSettingError, choose_threads
+from engine.defaults import DEFAULT_MODEL
+from engine.registry import KNOWN_MODELS
 from pipeline.cli_engine import kv_type_option, no_repack_option, speculation_mode, speculation_options
 from pipeline.memory_guard import check_worker_start, no_memory_check_option
 from pipeline.recovery import DEFAULT_HEARTBEAT_GRACE, DEFAULT_HEARTBEAT_INTERVAL
@@ -14,7 +16,9 @@ from pipeline.worker import DEFAULT_MAINTENANCE_INTERVAL, run_worker
 
 
 @click.command("worker")
-@click.option("--model", "-m", required=True, help="Model name (smollm2-135m, gemma3-270m) or .gguf path.")
+@click.option("--model", "-m", required=True,
+              help=f"A known model ({', '.join(sorted(KNOWN_MODELS))}; default for jobs that name none: "
+                   f"{DEFAULT_MODEL}) or a .gguf path.")
 @click.option("--threads", type=click.IntRange(1, 1024), default=None,
               help="Engine threads (default: $RQLLM_THREADS, else the CPUs this process may use: affinity mask "
                    "and cgroup CPU quota).")
@@ -22,8 +26,9 @@ from pipeline.worker import DEFAULT_MAINTENANCE_INTERVAL, run_worker
 @click.option("--burst", is_flag=True, help="Exit when the queues are empty.")
 @click.option("--name", default=None, help="Worker name (default <model>.<host>.<pid>).")
 @click.option("--redis-url", envvar="REDIS_URL", default=None,
-              help="Redis URL (default $REDIS_URL, the better place for one with a password: a password given "
-                   "here is moved there at start, out of the command line that `ps` shows).")
+              help="Redis URL (default $REDIS_URL, else redis://127.0.0.1:6379/0; $REDIS_URL is the better "
+                   "place for one with a password: a password given here is moved there at start, out of the "
+                   "command line that `ps` shows).")
 @click.option("--max-jobs", type=int, default=None, help="Exit after this many jobs.")
 @click.option("--heartbeat-interval", type=int, default=DEFAULT_HEARTBEAT_INTERVAL, show_default=True)
 @click.option("--heartbeat-grace", type=int, default=DEFAULT_HEARTBEAT_GRACE, show_default=True,
@@ -52,7 +57,11 @@ def worker_command(model: str, threads: int | None, kv_budget: str | None, burst
     """Run one worker process for MODEL: load the engine once, generate queued jobs one at a time.
 
     --prompt-lookup / --draft MODEL: jobs that leave params.speculative unset decode speculatively
-    (with both, prompt lookup is the default and jobs may ask for the draft model)."""
+    (with both, prompt lookup is the default and jobs may ask for the draft model).
+
+    Redis unreachable: at start (and whenever it goes away later) the worker prints "waiting for
+    Redis at <address>" with the reason, and tries again with backoff (1 s, 2 s, 4 s ... up to
+    30 s) until it answers; it never exits for that. A wrong password is an error at once."""
     from pipeline.processes import die_with_parent_from_env, move_redis_url_to_env
 
     die_with_parent_from_env()  # started by an rqllm command: stop when it does

@@ -28,6 +28,7 @@ from jobs.redis_conn import SERIALIZER, connect
 from jobs.schemas import (DEFAULT_RESULT_TTL, DEFAULT_STREAM_TTL, PRIORITIES, GenerationJob, InvalidJob, JobResult,
                           TaskOptions, queue_name, validate_job)
 from jobs.streams import StreamEntry, read_stream
+from pipeline.batch_file import Refused
 from pipeline.enqueue import TaskCall, claim_and_enqueue, create_batch, extend_batch
 
 TASK_GENERATE = "jobs.tasks.generate"
@@ -46,6 +47,13 @@ class BatchStatus(BaseModel):
     models: list[str]
     priority: str
     metadata: dict[str, Any] = {}
+    refused: int = 0  # input lines refused at submission (in the batch's results as error lines)
+    cancelled: float | None = None  # when `rqllm cancel` cancelled it
+
+    @property
+    def lines(self) -> int:
+        """Every input line, the refused ones too (the API's request_counts.total)."""
+        return self.requests + self.refused
 
     @property
     def ended(self) -> int:
@@ -117,10 +125,13 @@ class Client:
         batch_id: str | None = None,
         metadata: dict[str, Any] | None = None,
         owner: str | None = None,
+        refused: Sequence[Refused] = (),
     ) -> str:
         """Validate every job (InvalidJob names the bad ones, nothing is submitted then), record the batch,
         reuse finished results, enqueue the rest. Returns the batch id.
-        owner: set on every job (GenerationJob.owner: the API key's owner id); a job naming another is refused."""
+        owner: set on every job (GenerationJob.owner: the API key's owner id); a job naming another is refused.
+        refused: the input lines the producer refused: kept with the batch, so its results hold an error line
+        for each and its counts include them (as the API's request_counts do)."""
         if priority not in PRIORITIES:
             raise InvalidJob(f"priority must be one of {', '.join(PRIORITIES)}, not {priority!r}")
         if retries < 0:
@@ -162,7 +173,8 @@ class Client:
             unique.setdefault(g.id, g)
         try:
             create_batch(self.connection, batch_id, entries=[(g.custom_id, g.id) for g in parsed], total=len(unique),
-                         models=[g.model for g in parsed], priority=priority, metadata=metadata, ttl=self._ttl)
+                         models=[g.model for g in parsed], priority=priority, metadata=metadata, ttl=self._ttl,
+                         refused=[r.as_dict() for r in refused])
         except ValueError as e:
             raise InvalidJob(str(e)) from None
         self._claim_and_enqueue(batch_id, list(unique.values()), priority=priority, timeout=timeout,
@@ -214,6 +226,7 @@ class Client:
             requests=int(d.get("requests", 0)), done=int(d.get("done", 0)), failed=int(d.get("failed", 0)),
             cached=int(d.get("cached", 0)), models=list(d.get("models") or []),
             priority=str(d.get("priority", "default")), metadata=d.get("metadata") or {},
+            refused=int(d.get("refused") or 0), cancelled=d.get("cancelled"),
         )
 
     def batch_entries(self, batch_id: str) -> list[tuple[str, str]]:
@@ -332,7 +345,7 @@ class Client:
 
         out = []
         for w in SimpleWorker.all(connection=self.connection, serializer=SERIALIZER):
-            model = self.connection.hget(w.key, "rqllm_model")
+            model, kv_tokens = self.connection.hmget(w.key, ["rqllm_model", "rqllm_kv_tokens"])
             try:
                 current = w.get_current_job_id()
             except Exception:  # noqa: BLE001
@@ -341,6 +354,7 @@ class Client:
                 "name": w.name,
                 "state": w.get_state(),
                 "model": model.decode() if model else None,
+                "kv_tokens": int(kv_tokens) if kv_tokens and kv_tokens.isdigit() else None,  # its KV capacity
                 "queues": w.queue_names(),
                 "current_job": current,
                 "pid": w.pid,

@@ -4,7 +4,8 @@ Resume: the output file is the checkpoint. On start the collector reads the cust
 (a torn last line from a crash is cut off), writes every already-ended job it has not written (from
 the stored results, so nothing depends on the events stream still holding old entries), then follows
 the batch's events stream. Each line is written whole and flushed, so a restart never writes a
-custom_id twice and never misses one.
+custom_id twice and never misses one. The lines refused at submission (Client.submit_batch's `refused`)
+come first, as error lines with their custom_id, as the API's error file has them.
 
 Following (events, reconciliation of jobs that can no longer end, the dead-worker reaper, Redis
 outages): pipeline.batch_events, shared with the summariser.
@@ -22,21 +23,23 @@ from typing import IO, Any
 
 from jobs.schemas import JobResult
 from pipeline.batch_events import BatchFollower
-from pipeline.batch_file import dump_line, output_line
+from pipeline.batch_file import dump_line, output_line, refused_output_line
+from pipeline.batch_view import refused_lines
 from pipeline.client import Client
 
 
 @dataclass
 class CollectSummary:
     batch_id: str
-    requests: int
+    requests: int  # every input line, refused ones included (the API's request_counts.total)
     written: int  # lines written by this run
     already: int  # lines found in the output file from an earlier run
     done: int
-    failed: int
+    failed: int  # refused ones included
     generated_tokens: int
     seconds: float
     skipped_events: int = 0
+    refused: int = 0  # lines refused at submission (error lines, written first)
 
     @property
     def complete(self) -> bool:
@@ -45,9 +48,14 @@ class CollectSummary:
 
 def read_written(path: Path) -> set[str]:
     """custom_ids already in an output file; a torn trailing line is truncated away."""
+    return {cid for _, cid in read_written_lines(path) if isinstance(cid, str)}
+
+
+def read_written_lines(path: Path) -> list[tuple[str | None, str | None]]:
+    """(id, custom_id) of each line already in an output file; a torn trailing line is truncated away."""
     if not path.exists():
-        return set()
-    done: set[str] = set()
+        return []
+    done: list[tuple[str | None, str | None]] = []
     good_end = 0
     with open(path, "rb") as f:
         data = f.read()
@@ -60,11 +68,10 @@ def read_written(path: Path) -> set[str]:
         if line.strip():
             try:
                 obj = json.loads(line)
-                cid = obj.get("custom_id")
-            except ValueError:
+                cid, rid = obj.get("custom_id"), obj.get("id")
+            except (ValueError, AttributeError):
                 break  # garbage: treat the rest as torn
-            if isinstance(cid, str):
-                done.add(cid)
+            done.append((rid if isinstance(rid, str) else None, cid if isinstance(cid, str) else None))
         pos = nl + 1
         good_end = pos
     if good_end < len(data):
@@ -107,6 +114,7 @@ class Collector:
     on_line: Callable[[dict[str, Any]], None] | None = None
     reap: bool = True  # also run the dead-worker reaper on the batch's queues
     reaper: Any = None  # a pipeline.recovery.Reaper to use (default: one for the batch's models)
+    refused: bool = True  # write the lines refused at submission (the API keeps its own: False)
     _job_cids: dict[str, list[str]] = field(default_factory=dict, init=False)
 
     def run(self, timeout: float | None = None) -> CollectSummary:
@@ -116,9 +124,14 @@ class Collector:
         for cid, jid in entries:
             self._job_cids.setdefault(jid, []).append(cid)
         to_stdout = str(self.output) == "-"
-        written_cids = set() if to_stdout else read_written(Path(self.output))
-        written_cids &= {cid for cid, _ in entries}
-        already = len(written_cids)
+        refused = [refused_output_line(self.batch_id, i, r)
+                   for i, r in enumerate(refused_lines(self.client.connection, self.batch_id) if self.refused else [])]
+        refused_ids = {line["id"] for line in refused}
+        written = [] if to_stdout else read_written_lines(Path(self.output))
+        # a refused line may carry a custom_id a submitted line has too (a duplicate): keyed by its id
+        written_cids = {cid for rid, cid in written if rid not in refused_ids} & {cid for cid, _ in entries}
+        refused_todo = [line for line in refused if line["id"] not in {rid for rid, _ in written}]
+        already = len(written_cids) + len(refused) - len(refused_todo)
         pending: dict[str, list[str]] = {}
         ended: set[str] = set()
         for jid, cids in self._job_cids.items():
@@ -130,10 +143,16 @@ class Collector:
 
         out: IO[str]
         out = sys.stdout if to_stdout else open(self.output, "a", encoding="utf-8")
-        counts = {"done": 0, "failed": 0, "tokens": 0, "written": 0}
-        bar = _Progress(len(entries), already, self.progress, self.batch_id)
+        counts = {"done": 0, "failed": len(refused_todo), "tokens": 0, "written": len(refused_todo)}
+        bar = _Progress(len(entries) + len(refused), already, self.progress, self.batch_id)
         last_fsync = time.monotonic()
         gen_since = status.created
+        for line in refused_todo:  # first: they are known now
+            out.write(dump_line(line) + "\n")
+            if self.on_line is not None:
+                self.on_line(line)
+        out.flush()
+        bar.update(len(refused_todo), 0, len(refused_todo), len(entries) + len(refused), 0.0)
 
         def write(jid: str, result: JobResult | None) -> None:
             nonlocal last_fsync
@@ -156,7 +175,8 @@ class Collector:
                 os.fsync(out.fileno())
                 last_fsync = time.monotonic()
             elapsed = max(1e-6, time.time() - gen_since)
-            bar.update(len(cids), counts["done"], counts["failed"], len(entries), counts["tokens"] / elapsed)
+            bar.update(len(cids), counts["done"], counts["failed"], len(entries) + len(refused),
+                       counts["tokens"] / elapsed)
 
         follower = BatchFollower(self.client, self.batch_id, block_ms=self.block_ms,
                                  reconcile_after=self.reconcile_after, health=self.health, reaper=self.reaper,
@@ -170,9 +190,9 @@ class Collector:
                 os.fsync(out.fileno())
                 out.close()
         return CollectSummary(
-            batch_id=self.batch_id, requests=len(entries), written=counts["written"], already=already,
+            batch_id=self.batch_id, requests=len(entries) + len(refused), written=counts["written"], already=already,
             done=counts["done"], failed=counts["failed"], generated_tokens=counts["tokens"],
-            seconds=time.monotonic() - t0, skipped_events=follower.skipped_events,
+            seconds=time.monotonic() - t0, skipped_events=follower.skipped_events, refused=len(refused),
         )
 
 

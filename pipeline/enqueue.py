@@ -44,9 +44,11 @@ class TaskCall:
 
 
 def create_batch(connection: Redis, batch_id: str, *, entries: Sequence[tuple[str | None, str]], total: int,
-                 models: Sequence[str], priority: str, metadata: dict[str, Any] | None, ttl: int) -> None:
+                 models: Sequence[str], priority: str, metadata: dict[str, Any] | None, ttl: int,
+                 refused: Sequence[dict[str, Any]] = ()) -> None:
     """The batch's hash, its (custom_id, job_id) entries, its events stream (opened by a "created" event)
-    and its place in the index. Raises ValueError when the batch exists."""
+    and its place in the index; `refused`: the input lines refused at submission (jobs.keys.batch_refused_key).
+    Raises ValueError when the batch exists."""
     created = time.time()
     bkey = keys.batch_key(batch_id)
     if connection.exists(bkey):
@@ -55,10 +57,16 @@ def create_batch(connection: Redis, batch_id: str, *, entries: Sequence[tuple[st
         p.hset(bkey, mapping={
             "created": dumps(created), "total": total, "requests": len(entries), "done": 0, "failed": 0,
             "cached": 0, "models": dumps(sorted({model_key(m) for m in models})), "priority": dumps(priority),
-            "metadata": dumps(metadata or {}),
+            "metadata": dumps(metadata or {}), "refused": len(refused),
         })
         p.expire(bkey, ttl)
         _add_entries(p, batch_id, entries, ttl)
+        if refused:
+            rkey = keys.batch_refused_key(batch_id)
+            rows = [dumps(r) for r in refused]
+            for i in range(0, len(rows), _CHUNK):
+                p.rpush(rkey, *rows[i:i + _CHUNK])
+            p.expire(rkey, ttl)
         evkey = keys.batch_events_key(batch_id)
         append_entry(p, evkey, {"type": "created", "total": total})
         p.expire(evkey, ttl)

@@ -1,7 +1,12 @@
-"""The engine as a worker's tasks see it (jobs.runtime.WorkerContext.engine, set by pipeline.worker)."""
+"""The engine as a worker's tasks see it (jobs.runtime.WorkerContext.engine, set by pipeline.worker), and how a
+worker loads it (load_engine) and describes it in its start-up line (describe_engine)."""
 from __future__ import annotations
 
+import logging
 from typing import Any
+
+# The repacked cache's progress and warnings while the engine loads (before rq's work loop starts).
+log_repack = logging.getLogger("rqllm.repack")
 
 
 class JobEngine:
@@ -24,3 +29,26 @@ class JobEngine:
                 return self._engine.generate(*args, should_stop=should_stop, **kwargs)
         except RenderStopped as e:
             raise EngineInterrupted(str(e)) from None
+
+
+def load_engine(model: str, threads: int | None, kv_budget: str | None, repack: bool | None = None,
+                draft: str | None = None, speculative: str = "off") -> Any:
+    """draft / speculative: engine.Engine's (a draft model; the mode for jobs that do not choose one)."""
+    from engine import repack as repack_cache
+    from engine.engine import Engine
+
+    kw: dict[str, Any] = {"threads": threads, "repack": repack, "draft": draft, "speculative": speculative,
+                          "repack_progress": repack_cache.LogProgress(model, logger=log_repack)}
+    if kv_budget:
+        kw["kv_budget"] = kv_budget
+    return Engine(model, **kw)
+
+
+def describe_engine(engine: Any) -> str:
+    """The start-up line's end: the weights (repacked cache or GGUF layout, and why) and speculative
+    decoding (the jobs' default mode and the draft model)."""
+    layout = getattr(getattr(engine, "model", None), "layout", None)
+    draft = getattr(engine, "draft", None)
+    return (f"weights: {layout.describe() if layout is not None else 'weight layout unknown'}; speculative "
+            f"decoding: {getattr(engine, 'speculative', 'off')} by default"
+            + (f", draft model {draft.name}" if draft is not None else ""))

@@ -61,3 +61,18 @@ class ModelCheck:
             f"not served by any live worker (they hold: {', '.join(sorted(self.served)) or 'none'}) and "
         return (f"model {shown} is {served}not a known model ({', '.join(sorted(KNOWN_MODELS))})"
                 + (" nor an existing .gguf file" if self.files else ""))
+
+
+def model_file_problem(model: str, kv_budget: str | int | None = None) -> str | None:
+    """What a worker's start-up check (pipeline.memory_guard.check_worker_start) would refuse in `model`'s
+    file, without the memory comparison: a file that is no GGUF, an unknown architecture, missing or
+    mis-shaped tensors, a bad KV budget. None when a worker would load it. A producer that starts
+    workers (embedded mode) asks first, so the user gets this one line instead of the workers' exits.
+    A known model not yet cached is fetched (the workers need it anyway)."""
+    from pipeline.memory_guard import MemoryGuardError, check_worker_start
+
+    try:
+        check_worker_start(model, kv_budget, memory_check=False, repack=False)
+    except MemoryGuardError as e:
+        return str(e)
+    return None

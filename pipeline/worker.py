@@ -43,17 +43,16 @@ from rq.worker.base import WorkerStatus
 from engine.cpus import ThreadChoice, choose_threads
 from jobs import keys, runtime
 from jobs.allowlist import check_job
-from jobs.redis_conn import REDIS_DOWN_ERRORS, SERIALIZER, connect, wait_for_redis
+from jobs.redis_conn import REDIS_DOWN_ERRORS, SERIALIZER, connect, redis_url_from_env, wait_for_redis
 from jobs.schemas import model_key, queue_names
 from pipeline.dequeue import PriorityDequeue
 from pipeline.job_endings import JobEndings
-from pipeline.job_engine import JobEngine
+from pipeline import model_header
+from pipeline.job_engine import JobEngine, describe_engine, load_engine, log_repack
 from pipeline.recovery import DEFAULT_HEARTBEAT_GRACE, DEFAULT_HEARTBEAT_INTERVAL, NoDeathPenalty, Reaper
 from pipeline.readiness import Readiness, ReadyFile
 
 log = logging.getLogger("rqllm.worker")
-# The repacked cache's progress and warnings while the engine loads (before rq's work loop starts).
-log_repack = logging.getLogger("rqllm.repack")
 
 DEFAULT_MAINTENANCE_INTERVAL = 60
 DOORBELL_WAIT = 1
@@ -111,15 +110,15 @@ class LLMWorker(JobEndings, SimpleWorker):
 
     def __init__(self, queues: Any, *, model: str, heartbeat_interval: int = DEFAULT_HEARTBEAT_INTERVAL,
                  maintenance_interval: int = DEFAULT_MAINTENANCE_INTERVAL,
-                 heartbeat_grace: int = DEFAULT_HEARTBEAT_GRACE, **kwargs: Any):
+                 heartbeat_grace: int = DEFAULT_HEARTBEAT_GRACE, kv_tokens: int = 0, **kwargs: Any):
         kwargs.setdefault("serializer", SERIALIZER)
         super().__init__(queues, job_monitoring_interval=heartbeat_interval,
                          maintenance_interval=maintenance_interval, **kwargs)
         self.model = model
         self.model_key = model_key(model)
         self.doorbell = keys.doorbell_key(self.model_key)
-        self.heartbeat_interval = heartbeat_interval
-        self.heartbeat_grace = heartbeat_grace
+        self.heartbeat_interval, self.heartbeat_grace = heartbeat_interval, heartbeat_grace
+        self.kv_tokens = kv_tokens  # its engine's KV capacity: producers size prompts by it (summarize)
         self._dequeue = PriorityDequeue(self.connection, popped_by=self.name)
         self._force_stop = False
         self._beat: _Heartbeat | None = None
@@ -142,10 +141,11 @@ class LLMWorker(JobEndings, SimpleWorker):
         super().teardown()
 
     # ------------------------------------------------------------ identity
-    # rq: the worker hash has no field for user data; `rqllm status` and summarize count workers per model.
+    # rq: the worker hash has no field for user data; `rqllm status` and summarize count workers per model,
+    # and a producer-only summarize plans its chunks by the smallest KV capacity among them.
     def serialize(self) -> dict:
         data = super().serialize()
-        data["rqllm_model"] = self.model
+        data["rqllm_model"], data["rqllm_kv_tokens"] = self.model, self.kv_tokens
         return data
 
     # ------------------------------------------------------------ signals
@@ -343,29 +343,6 @@ def default_worker_name(model: str) -> str:
     return f"{model_key(model)}.{socket.gethostname()}.{os.getpid()}"
 
 
-def load_engine(model: str, threads: int | None, kv_budget: str | None, repack: bool | None = None,
-                draft: str | None = None, speculative: str = "off") -> Any:
-    """draft / speculative: engine.Engine's (a draft model; the mode for jobs that do not choose one)."""
-    from engine import repack as repack_cache
-    from engine.engine import Engine
-
-    kw: dict[str, Any] = {"threads": threads, "repack": repack, "draft": draft, "speculative": speculative,
-                          "repack_progress": repack_cache.LogProgress(model, logger=log_repack)}
-    if kv_budget:
-        kw["kv_budget"] = kv_budget
-    return Engine(model, **kw)
-
-
-def describe_engine(engine: Any) -> str:
-    """The start-up line's end: the weights (repacked cache or GGUF layout, and why) and speculative
-    decoding (the jobs' default mode and the draft model)."""
-    layout = getattr(getattr(engine, "model", None), "layout", None)
-    draft = getattr(engine, "draft", None)
-    return (f"weights: {layout.describe() if layout is not None else 'weight layout unknown'}; speculative "
-            f"decoding: {getattr(engine, 'speculative', 'off')} by default"
-            + (f", draft model {draft.name}" if draft is not None else ""))
-
-
 def run_worker(model: str, *, redis_url: str | None = None, threads: int | ThreadChoice | None = None,
                kv_budget: str | None = None, burst: bool = False, name: str | None = None,
                max_jobs: int | None = None, heartbeat_interval: int = DEFAULT_HEARTBEAT_INTERVAL,
@@ -383,7 +360,9 @@ def run_worker(model: str, *, redis_url: str | None = None, threads: int | Threa
     `ready_file`: a file that exists only while the worker is ready (its model loaded, Redis reachable)."""
     ready_signal = ReadyFile(ready_file)  # a stale one goes before anything else
     connection = connect(redis_url)
-    connection.ping()
+    # Redis away at start: say where we wait at once (not after ~30 s of retries), back off until it answers
+    default = "" if redis_url or redis_url_from_env() else " (REDIS_URL is not set: the local default)"
+    wait_for_redis(connection, log=lambda msg: _say(f"rqllm worker: {msg}{default}"))
     name = name or default_worker_name(model)
     # A first load may repack the weights for a minute: its progress goes to the worker's log too.
     setup_worker_logging(logging_level)
@@ -418,10 +397,11 @@ def _load_and_work(model: str, connection: Any, name: str, readiness: Readiness,
         engine = load_engine(model, choice.threads, kv_budget, repack=repack, draft=draft, speculative=speculative)
     else:
         choice = ThreadChoice(getattr(engine, "threads", 0), "the engine passed in")
+    model_header.publish(connection, model, engine)  # a producer elsewhere counts tokens with it
     def new_worker() -> LLMWorker:
         w = LLMWorker(queue_names(model), model=model, name=name, connection=connection,
                       heartbeat_interval=heartbeat_interval, maintenance_interval=maintenance_interval,
-                      heartbeat_grace=heartbeat_grace)
+                      heartbeat_grace=heartbeat_grace, kv_tokens=int(getattr(engine, "kv_capacity", 0) or 0))
         w.metrics = metrics
         return w
 

@@ -20,6 +20,7 @@ from redis import Redis
 
 from jobs import keys
 from pipeline.api.batch_output import client_line
+from pipeline.batch_view import line_counts
 from pipeline.client import Client
 from pipeline.embedded import WorkerProcess, stop_workers, worker_argv
 from tests.api_server import ROOT, ServeProcess
@@ -145,15 +146,19 @@ def test_batch_of_20_with_bad_lines(stack: Stack, tmp_path: Path):
 
     # It is an rqllm batch: Client.batch_status and `rqllm collect` see it under the same id.
     # Content-addressed jobs: 16 lines ask 10 distinct questions, so 10 jobs serve them (+ over-budget).
-    status = Client(stack.redis_url).batch_status(b.id)
-    assert (status.requests, status.total, status.done, status.failed) == (17, 11, 10, 1)
+    rq_client = Client(stack.redis_url)
+    status = rq_client.batch_status(b.id)
+    assert (status.requests, status.total, status.done, status.failed, status.refused) == (17, 11, 10, 1, 3)
+    lines = line_counts(rq_client, status)  # what `rqllm status` shows: the API's request_counts
+    assert (lines.lines, lines.done, lines.failed) == (20, 16, 4)
     collected = tmp_path / "collected.jsonl"
     p = subprocess.run([sys.executable, "-c", "from pipeline.cli import main; main()", "collect", b.id, "-o",
                         str(collected), "--no-progress", "--redis-url", stack.redis_url],
                        cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     cli = {json.loads(x)["custom_id"]: json.loads(x) for x in collected.read_text().splitlines()}
-    assert set(cli) == {x["custom_id"] for x in out} | {"over-budget"}
+    assert set(cli) == {x["custom_id"] for x in out} | {"over-budget", "bad-temperature", "bad-field", "bad-url"}
+    assert cli["bad-temperature"]["error"]["line"] == 17 and cli["bad-temperature"]["error"]["param"] == "temperature"
     # the same lines, less what only operators see (the worker, its timings, prefix-cache hits)
     assert all(client_line(cli[x["custom_id"]])["response"] == x["response"] for x in out)
     assert all(set(x["response"]["body"]["rqllm"]) == {"job_id"} for x in out)

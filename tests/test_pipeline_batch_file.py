@@ -126,7 +126,7 @@ def test_submit_reports_a_text_file_that_is_not_utf8_and_keeps_the_others(tmp_pa
     jobs, errors = _gather_jobs((str(bad), str(good)), model=None, literal=False, raw=True, system=None,
                                 params={"max_tokens": 4})
     assert [j.custom_id for j in jobs] == [str(good)]
-    assert len(errors) == 1 and str(bad) in errors[0] and "not UTF-8" in errors[0]
+    assert len(errors) == 1 and errors[0].custom_id == str(bad) and "not UTF-8" in str(errors[0])
 
 
 def test_openai_penalties_and_the_ngram_guard_reach_the_job():

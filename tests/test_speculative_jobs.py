@@ -33,7 +33,7 @@ def test_sampled_jobs_that_choose_a_speculation_get_their_own_id():
 
 
 def test_an_unknown_speculation_is_refused_naming_the_choices():
-    with pytest.raises(InvalidJob, match="params.speculative.*'off', 'prompt_lookup' or 'draft'"):
+    with pytest.raises(InvalidJob, match="^speculative: .*'off', 'prompt_lookup' or 'draft'"):
         _job(speculative="medusa")
 
 

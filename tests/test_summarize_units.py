@@ -99,7 +99,7 @@ def test_collect_documents_reports_every_skip(tmp_path):
     (tmp_path / "sub" / "b.txt").write_text("More text here.")
     (tmp_path / "empty.txt").write_text("  \n\n")
     (tmp_path / "image.png").write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" + bytes(range(256)))
-    (tmp_path / "latin1.txt").write_bytes("caf\xe9 cr\xe8me".encode("latin-1"))
+    (tmp_path / "utf16-no-bom.txt").write_bytes("no byte order mark".encode("utf-16-le"))
     (tmp_path / "big.txt").write_text("word " * 1000)
     (tmp_path / ".hidden.md").write_text("not collected")
     os.symlink(tmp_path / "nowhere", tmp_path / "dangling.md")
@@ -109,7 +109,7 @@ def test_collect_documents_reports_every_skip(tmp_path):
     reasons = {Path(s.path).name: s.reason for s in skipped}
     assert reasons["empty.txt"] == "empty"
     assert reasons["image.png"].startswith("binary")
-    assert reasons["latin1.txt"].startswith("binary or not UTF-8")
+    assert reasons["utf16-no-bom.txt"] == "binary (contains NUL bytes)"  # without a mark, NULs mean binary
     assert reasons["big.txt"].startswith("too large")
     assert reasons["dangling.md"].startswith("unreadable")
     assert reasons["missing.md"] == "not found"

@@ -185,7 +185,7 @@ def test_submit_refuses_unknown_model_lines_with_their_numbers(redis_url: str, t
     path = tmp_path / "in.jsonl"
     path.write_text("\n".join([line("good", M), line("unknown", UNKNOWN), line("pathlike", PATHLIKE)]) + "\n")
     p = rqllm("submit", str(path), env={"REDIS_URL": redis_url})
-    assert p.returncode == 0, p.stderr
+    assert p.returncode == 1, p.stderr  # submitted, but not all of it
     assert f"refused: {path}: line 2 (unknown): model_not_found: model 'no-such-model' is not served" in p.stderr
     assert f"refused: {path}: line 3 (pathlike): model_not_found: model '../../etc/passwd' is neither" in p.stderr
     batch_id = p.stdout.strip()
@@ -201,8 +201,11 @@ def test_submit_wait_refuses_an_unknown_model_before_starting_anything(tmp_path:
     t0 = time.monotonic()
     p = rqllm("submit", "--wait", str(path), timeout=60)
     assert p.returncode == 1
-    assert f"refused: {path}: line 1 (only): model_not_found" in p.stderr and "nothing to submit" in p.stderr
-    assert "embedded cluster" not in p.stderr and "Traceback" not in p.stderr
+    (said,) = p.stderr.strip().splitlines()  # one line
+    assert said.startswith(f"Error: nothing to submit: {path}: line 1 (only): model_not_found: model 'no-such-model'")
+    lit = rqllm("submit", "--wait", "--literal", "--model", UNKNOWN, "Hello", timeout=60)
+    assert lit.returncode == 1 and lit.stderr.strip().splitlines() == [
+        f"Error: nothing to submit: prompt-1: model_not_found: {ModelCheck.live(None, files=True)(UNKNOWN)}"]
     assert time.monotonic() - t0 < 30
 
 
@@ -223,3 +226,43 @@ def test_summarize_refuses_an_unknown_model(redis_url: str, tmp_path: Path):  # 
     p = rqllm("summarize", str(doc), "--model", UNKNOWN, env={"REDIS_URL": redis_url})
     assert p.returncode == 1 and "Error: model_not_found: model 'no-such-model'" in p.stderr
     assert "Traceback" not in p.stderr
+
+
+# --------------------------------------------------------------------------- a .gguf of an unknown architecture
+
+@pytest.fixture
+def mamba_gguf(smollm2_path: Path, tmp_path: Path) -> Path:
+    """The real SmolLM2 file with general.architecture renamed to 'mamba' (same length, so it still parses)."""
+    data = smollm2_path.read_bytes()
+    at = data.index(b"general.architecture") + len(b"general.architecture") + 4 + 8  # past the type and length
+    assert data[at:at + 5] == b"llama"
+    path = tmp_path / "mamba-135m.gguf"
+    path.write_bytes(data[:at] + b"mamba" + data[at + 5:])
+    return path
+
+
+UNSUPPORTED = "unsupported architecture 'mamba'; supported: llama"
+
+
+@pytest.mark.parametrize("remote", [False, True], ids=["embedded", "REDIS_URL"])
+def test_summarize_refuses_an_unknown_architecture_in_one_line(mamba_gguf: Path, tmp_path: Path, redis_url: str,  # noqa: F811
+                                                                remote: bool):
+    doc = tmp_path / "doc.md"
+    doc.write_text("# A document\n\nSome text to summarise.\n")
+    t0 = time.monotonic()
+    p = rqllm("summarize", str(doc), "--model", str(mamba_gguf), env={"REDIS_URL": redis_url} if remote else None,
+              timeout=60)
+    assert p.returncode == 1
+    assert p.stderr.strip().splitlines() == [f"Error: cannot use the model: {mamba_gguf}: {UNSUPPORTED}, qwen2, "
+                                             "qwen3, gemma2, gemma3, phi3"], p.stderr
+    assert time.monotonic() - t0 < 30
+    assert queue_keys(Redis.from_url(redis_url)) == []
+
+
+def test_submit_wait_refuses_an_unknown_architecture_before_starting_anything(mamba_gguf: Path):
+    t0 = time.monotonic()
+    p = rqllm("submit", "--wait", "--literal", "--model", str(mamba_gguf), "Hello", timeout=60)
+    assert p.returncode == 1
+    assert p.stderr.strip().splitlines() == [f"Error: cannot use the model: {mamba_gguf}: {UNSUPPORTED}, qwen2, "
+                                             "qwen3, gemma2, gemma3, phi3"], p.stderr
+    assert time.monotonic() - t0 < 30

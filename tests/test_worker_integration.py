@@ -184,7 +184,7 @@ def test_submit_cli_reports_bad_lines_and_watch_before_start(client, spawn_worke
                     "body": {"model": M, "prompt": "The sky is", "max_tokens": 6}}),
     ]) + "\n")
     res = CliRunner().invoke(main, ["submit", str(src), "--redis-url", url])
-    assert res.exit_code == 0, res.output
+    assert res.exit_code == 1, res.output  # submitted, one line refused
     assert "line 2 (b)" in res.stderr and "temperature" in res.stderr
     bid = res.stdout.strip().splitlines()[-1]
     st = client.batch_status(bid)
@@ -202,7 +202,7 @@ def test_submit_cli_reports_bad_lines_and_watch_before_start(client, spawn_worke
     out, err = watch.communicate(timeout=180)
     assert watch.returncode == 0, err
     s = collect(client, bid, tmp_path / "o.jsonl", progress=False, timeout=120)
-    assert s.done == 2
+    assert (s.done, s.failed, s.refused) == (2, 1, 1)  # the refused line is in the results too
     assert out.rstrip("\n") == client.result(jid).text
     assert w.alive()
 

@@ -48,7 +48,7 @@ def rejected_line(batch_id: str, error: LineError) -> dict[str, Any]:
     key = error.custom_id if error.custom_id is not None else f"line {error.lineno}"
     rid = "batch_req_" + hashlib.sha256(f"{batch_id}\0{key}".encode()).hexdigest()[:24]
     return {"id": rid, "custom_id": error.custom_id, "response": None,
-            "error": {"code": "invalid_request", "message": str(error), "line": error.lineno}}
+            "error": {"code": "invalid_request", "message": str(error), "param": error.param, "line": error.lineno}}
 
 
 def unfinished_line(batch_id: str, custom_id: str, code: str, message: str) -> dict[str, Any]:

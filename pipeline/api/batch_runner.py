@@ -26,7 +26,7 @@ from pipeline.api.batches import BatchStore
 from pipeline.api.config import ServeConfig
 from pipeline.api.files import FileStore, derived_file_id
 from pipeline.api.schemas import BatchErrorItem, BatchErrors, BatchRecord
-from pipeline.batch_file import DUPLICATE_CUSTOM_ID, LineError, read_batch_file
+from pipeline.batch_file import DUPLICATE_CUSTOM_ID, LineError, Refused, read_batch_file
 from pipeline.cancel import cancel_unwanted_job
 from pipeline.client import Client
 from pipeline.model_check import ModelCheck
@@ -125,7 +125,8 @@ class BatchRunner:
         jobs, errors = read_batch_file(path, default_model=self.ctx.config.default_model, endpoint=record.endpoint,
                                        check_model=ModelCheck.live(client))
         self._write_rejected(errors)
-        listed = [BatchErrorItem(code=e.code, message=e.message, line=e.lineno) for e in errors[:MAX_LISTED_ERRORS]]
+        listed = [BatchErrorItem(code=e.code, message=e.message, param=e.param, line=e.lineno)
+                  for e in errors[:MAX_LISTED_ERRORS]]
         duplicates = [e for e in errors if e.code == DUPLICATE_CUSTOM_ID]
         batches.set_counts(self.batch_id, total=len(jobs) + len(errors),
                            failed=len(jobs) + len(errors) if duplicates else len(errors), completed=0,
@@ -146,10 +147,12 @@ class BatchRunner:
         if batches.field(self.batch_id, "status") != "validating":
             return  # cancelled meanwhile: nothing is submitted
         if not client.connection.exists(keys.batch_key(self.batch_id)):
+            # the refused lines go with it, so `rqllm status` and `rqllm collect` count them as this API does
             client.submit_batch(jobs, batch_id=self.batch_id, timeout=self.ctx.config.job_timeout,
                                 retries=self.ctx.config.batch_retries, owner=record.owner,
                                 metadata={"api": True, "input_file_id": record.input_file_id,
-                                          "endpoint": record.endpoint})
+                                          "endpoint": record.endpoint},
+                                refused=[Refused.from_line_error(e) for e in errors])
         batches.transition(self.batch_id, ("validating",), "in_progress")
 
     def _write_rejected(self, errors: list[LineError]) -> None:
@@ -171,7 +174,7 @@ class BatchRunner:
             self.cancel_requested.set()
         self._tick()
         collector = Collector(self.ctx.client, self.batch_id, self.work.collected_path, progress=False,
-                              on_line=self._on_line, health=self._tick)
+                              on_line=self._on_line, health=self._tick, refused=False)  # ours: rejected.jsonl
         collector.run()
 
     def _on_line(self, line: dict) -> None:

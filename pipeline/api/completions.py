@@ -129,7 +129,7 @@ class CompletionService:
             job = request_to_job(line, default_model=self.config.default_model)
             job = validate_job({**job.model_dump(exclude={"id"}), "owner": owner})  # the id follows the owner
         except InvalidJob as e:
-            raise APIError(400, str(e), code="invalid_value") from None
+            raise APIError(400, str(e), param=e.param, code="invalid_value") from None
         return job, stream, include_usage
 
     async def served_models(self) -> set[str]:

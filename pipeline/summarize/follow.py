@@ -55,7 +55,10 @@ class DocState:
             "compute_seconds": round(sum(r.get("seconds", 0.0) for r in self.results.values()), 3),
             "model": model,
             "bytes": plan.doc.size,
+            "encoding": plan.doc.encoding,
         }
+        if plan.doc.encoding_note is not None:
+            rec["encoding_note"] = plan.doc.encoding_note
         if self.error is not None:
             rec["error"] = self.error
         elif final.get("finish_reason") == "length":

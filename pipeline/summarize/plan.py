@@ -66,7 +66,7 @@ class PromptMeter:
                    lambda text: tokenizer.encode(text, add_bos=False))
 
 
-_TOKENS_RE = re.compile(r"(\d+)\s*(?:t|tok|toks|token|tokens)", re.I)
+TOKENS_RE = re.compile(r"(\d+)\s*(?:t|tok|toks|token|tokens)", re.I)
 
 
 def _model_config(model: str) -> Any:
@@ -94,7 +94,7 @@ def kv_capacity(model: str, kv_budget: str | int) -> int:
 
     text = str(kv_budget).strip()
     cfg = _model_config(model)
-    m = _TOKENS_RE.fullmatch(text)
+    m = TOKENS_RE.fullmatch(text)
     if m:
         return min(int(m.group(1)), cfg.n_ctx_train)
     try:
@@ -110,7 +110,7 @@ def kv_capacity(model: str, kv_budget: str | int) -> int:
 def worker_kv_budget(model: str, kv_budget: str) -> str:
     """What to pass to `rqllm worker --kv-budget` for the user's --kv-budget: bytes stay as they are;
     a token count becomes the smallest byte budget whose cache holds that many tokens."""
-    m = _TOKENS_RE.fullmatch(str(kv_budget).strip())
+    m = TOKENS_RE.fullmatch(str(kv_budget).strip())
     if not m:
         return str(kv_budget)
     cfg = _model_config(model)

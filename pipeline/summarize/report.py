@@ -108,7 +108,8 @@ def _totals(records: Sequence[dict[str, Any]], skipped: Sequence[Skipped], wall_
 def _detail(r: dict[str, Any]) -> str:
     return (f"{r['chunks']} chunk{'s' if r['chunks'] != 1 else ''}"
             + (f", {r['reduce_levels']} reduce level{'s' if r['reduce_levels'] != 1 else ''}" if r["reduce_levels"] else "")
-            + f" · {r['tokens_in']:,} tokens in, {r['tokens_out']:,} out · {r['seconds']:.1f} s")
+            + f" · {r['tokens_in']:,} tokens in, {r['tokens_out']:,} out · {r['seconds']:.1f} s"
+            + (f" · {r['encoding_note']}" if r.get("encoding_note") else ""))
 
 
 def _settings_line(settings: dict[str, Any]) -> str:

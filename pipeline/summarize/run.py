@@ -13,19 +13,20 @@ from collections.abc import Callable, Sequence
 from typing import IO, Any
 
 from engine.defaults import DEFAULT_KV_BUDGET, DEFAULT_MODEL
-from jobs.redis_conn import connect, redis_url_from_env
+from jobs.redis_conn import connect, reachable, redis_url_from_env
 from jobs.schemas import GenerationJob, model_key
 from jobs.summarize_tasks import part_label_pattern
 from pipeline.client import Client
-from pipeline.model_check import ModelCheck
+from pipeline.model_check import ModelCheck, model_file_problem
+from pipeline.model_header import cached_header, live_kv_tokens
 from pipeline.embedded import choose_embedded_split, embedded_cluster
 from pipeline.enqueue import TaskCall
 from pipeline.summarize.documents import DEFAULT_MAX_BYTES, collect_documents
 from pipeline.summarize.errors import SummarizeError
 from pipeline.summarize.follow import DocState, cancel_rest, follow
-from pipeline.summarize.plan import (DEFAULT_CHUNK_TOKENS, DEFAULT_MAX_SUMMARY_TOKENS, DEFAULT_OVERLAP_TOKENS, Budget,
-                                     DocPlan, PromptMeter, kv_capacity, plan_document, reduce_fan_in,
-                                     worker_kv_budget)
+from pipeline.summarize.plan import (DEFAULT_CHUNK_TOKENS, DEFAULT_MAX_SUMMARY_TOKENS, DEFAULT_OVERLAP_TOKENS,
+                                     TOKENS_RE, Budget, DocPlan, PromptMeter, kv_capacity, plan_document,
+                                     reduce_fan_in, worker_kv_budget)
 from pipeline.summarize.report import Output, Progress, RunReport
 from pipeline.summarize.templates import DEFAULT_STYLE, Templates, document_context, words_for
 
@@ -66,12 +67,56 @@ def submit_plans(client: Client, batch_id: str, plans: Sequence[DocPlan], *, mod
     client.submit_calls(batch_id, calls, priority=priority, timeout=JOB_TIMEOUT, retries=JOB_RETRIES, extend=True)
 
 
-def check_model(model: str) -> None:
-    """SummarizeError (model_not_found) unless the model is a known name or a .gguf file here: the run
-    reads its tokenizer and sizes on this machine, and its jobs' queue is named after it."""
-    why = ModelCheck(None, files=True)(model)
+def check_model(model: str, client: Client | None = None) -> None:
+    """SummarizeError (model_not_found) unless the model is a known name or a .gguf file here, or (with a
+    client: REDIS_URL) one its live workers hold: its jobs' queue is named after it."""
+    why = (ModelCheck.live(client, files=True) if client is not None else ModelCheck(None, files=True))(model)
     if why is not None:
         raise SummarizeError(f"model_not_found: {why}")
+
+
+def model_file_here(model: str) -> bool:
+    """Whether the model's file is on this machine already (a .gguf path, or a known model in the cache)."""
+    from engine.registry import ModelError, resolve
+
+    try:
+        return resolve(model, auto_pull=False).is_file()
+    except ModelError:
+        return False
+
+
+def remote_plan(client: Client, model: str, kv_budget: str | None, err: IO[str]) -> tuple[int, PromptMeter]:
+    """Producer-only: (the KV capacity to plan chunks for, the prompt meter). The capacity is the smallest
+    the live workers of the model publish (a chunk must fit whichever takes it), lowered by --kv-budget;
+    tokens are counted with the model file when it is here, else with the tokenizer and chat template
+    the workers published (pipeline.model_header), so the weights need not be downloaded."""
+    from engine.registry import cache_dir
+
+    live = live_kv_tokens(client.workers(), model)
+    tokens = TOKENS_RE.fullmatch(kv_budget.strip()) if kv_budget else None
+    if kv_budget is None and live is None:
+        err.write(f"note: no live worker of {model} publishes its KV capacity yet: planning for the default "
+                  f"budget {DEFAULT_KV_BUDGET} (--kv-budget sets another)\n")
+    if kv_budget is None:
+        capacity = live if live is not None else kv_capacity(model, DEFAULT_KV_BUDGET)
+    else:
+        own = int(tokens.group(1)) if tokens and not model_file_here(model) else kv_capacity(model, kv_budget)
+        capacity = min(own, live) if live is not None else own
+    if model_file_here(model):
+        return capacity, PromptMeter.for_model(model)
+    header = cached_header(client.connection, model, cache_dir() / "headers")
+    if header is not None:
+        return capacity, PromptMeter.for_model(str(header))
+    err.write(f"note: no live worker of {model} has published its tokenizer: fetching the model to count tokens\n")
+    return capacity, PromptMeter.for_model(model)
+
+
+def check_model_file(model: str, kv_budget: str | None) -> None:
+    """SummarizeError with the workers' own start-up refusal (an unknown architecture, a broken file, a bad
+    budget) before anything is read or started: one line instead of a traceback or the workers' exits."""
+    problem = model_file_problem(model, kv_budget)
+    if problem is not None:
+        raise SummarizeError(problem)
 
 
 def summarize(paths: Sequence[str], *, output: IO[str], fmt: str = "jsonl", model: str = DEFAULT_MODEL,
@@ -86,7 +131,11 @@ def summarize(paths: Sequence[str], *, output: IO[str], fmt: str = "jsonl", mode
     style: the summaries' form (templates.STYLES)."""
     err = progress_stream if progress_stream is not None else sys.stderr
     t0 = time.monotonic()
-    check_model(model)
+    url = redis_url if redis_url is not None else redis_url_from_env()
+    remote = reachable(url) if url else None  # a Redis that is not there: one line now, before any work
+    check_model(model, Client(connection=remote) if remote is not None else None)
+    if remote is None or model_file_here(model):  # remote workers check their own files
+        check_model_file(model, None)
     templates = Templates.load(template, style=style)
     settings = {"model": model, "style": style, "template": templates.source,
                 "max summary tokens": max_summary_tokens, "chunk tokens": chunk_tokens,
@@ -94,14 +143,22 @@ def summarize(paths: Sequence[str], *, output: IO[str], fmt: str = "jsonl", mode
     docs, skipped = collect_documents(paths, max_bytes=max_bytes)
     for s in skipped:
         err.write(f"skipped {s.path}: {s.reason}\n")
+    for d in docs:
+        if d.encoding_note is not None:
+            err.write(f"note: {d.path} is not UTF-8: {d.encoding_note}\n")
     if not docs:
         err.write("nothing to summarise\n")
         Output(output, fmt, model=model, settings=settings).finish(skipped, wall_seconds=time.monotonic() - t0)
         return RunReport(0, 0, 0, skipped, 0, 0, 0, time.monotonic() - t0, [])
 
     budget_text = kv_budget or DEFAULT_KV_BUDGET
-    budget = Budget(capacity=kv_capacity(model, budget_text), max_summary_tokens=max_summary_tokens,
-                    overlap_tokens=overlap_tokens, chunk_tokens=chunk_tokens)
+    if remote is not None:
+        capacity, remote_meter = remote_plan(Client(connection=remote), model, kv_budget, err)
+        meter = meter or remote_meter
+    else:
+        capacity = kv_capacity(model, budget_text)
+    budget = Budget(capacity=capacity, max_summary_tokens=max_summary_tokens, overlap_tokens=overlap_tokens,
+                    chunk_tokens=chunk_tokens)
     if budget.prompt_limit < 32:
         raise SummarizeError(f"the KV budget holds {budget.capacity} tokens: too few for a prompt plus a "
                              f"{max_summary_tokens}-token summary; raise --kv-budget or lower --max-summary-tokens")
@@ -158,12 +215,11 @@ def summarize(paths: Sequence[str], *, output: IO[str], fmt: str = "jsonl", mode
             progress.close()
         return states
 
-    url = redis_url if redis_url is not None else redis_url_from_env()
-    if url:
+    if remote is not None:
         if workers is not None or threads:
             err.write("note: --workers and --threads only apply without REDIS_URL; the workers are the ones "
                       "already serving that Redis\n")
-        states = run(connect(url), None, True)
+        states = run(remote, None, True)
     else:
         # map jobs, roughly (4 characters a token): enough to tell one worker's worth from several
         jobs = sum(max(1, len(d.text) // 4 // max(1, budget.prompt_limit) + 1) for d in docs)
