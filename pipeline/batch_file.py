@@ -1,4 +1,4 @@
-"""OpenAI Batch files: input lines -> GenerationJob, JobResult -> output lines.
+"""OpenAI Batch files: input lines -> GenerationJob (results -> output lines: pipeline/batch_responses.py).
 
 Input line: {"custom_id": "...", "method": "POST", "url": "/v1/chat/completions" | "/v1/completions",
              "body": {"model": ..., "messages": [...] | "prompt": ..., "max_tokens": ..., "temperature": ...,
@@ -26,7 +26,6 @@ from jobs.schemas import (
     MAX_PROMPT_BYTES_ENV,
     GenerationJob,
     InvalidJob,
-    JobResult,
     invalid_job,
     max_prompt_bytes,
     validate_job,
@@ -341,77 +340,3 @@ def read_batch_file(path: str | Path, *, model: str | None = None, default_model
                     ) -> tuple[list[GenerationJob], list[LineError]]:
     with open(path, "rb") as f:  # bytes: a line that is not UTF-8 is reported, not fatal for the file
         return parse_lines(f, model=model, default_model=default_model, endpoint=endpoint, check_model=check_model)
-
-
-def _usage(r: JobResult) -> dict[str, int]:
-    return {"prompt_tokens": r.prompt_tokens, "completion_tokens": r.completion_tokens,
-            "total_tokens": r.prompt_tokens + r.completion_tokens}
-
-
-def chat_logprobs(result: JobResult) -> dict[str, Any] | None:
-    """A chat choice's `logprobs`: {"content": [{token, logprob, bytes, top_logprobs}], "refusal": None}."""
-    if result.logprobs is None:
-        return None
-    return {"content": [t.model_dump() for t in result.logprobs], "refusal": None}
-
-
-def completion_logprobs(result: JobResult) -> dict[str, Any] | None:
-    """A text completion choice's `logprobs`, OpenAI's legacy form: tokens, token_logprobs, top_logprobs
-    (a {token: logprob} object per token) and text_offset (where each token starts in the text)."""
-    if result.logprobs is None:
-        return None
-    offsets, at = [], 0
-    for t in result.logprobs:
-        offsets.append(at)
-        at += len(t.token)
-    return {"tokens": [t.token for t in result.logprobs], "token_logprobs": [t.logprob for t in result.logprobs],
-            "top_logprobs": [{a.token: a.logprob for a in t.top_logprobs} for t in result.logprobs],
-            "text_offset": offsets}
-
-
-def response_body(result: JobResult) -> dict[str, Any]:
-    """The chat.completion / text_completion object for a done result."""
-    created = int(result.ended_at)
-    extra = {"job_id": result.job_id, "worker": result.worker, "attempt": result.attempt,
-             "prefill_seconds": result.prefill_seconds, "decode_seconds": result.decode_seconds,
-             "prefix_hit_tokens": result.prefix_hit_tokens, "draft_tokens": result.draft_tokens,
-             "accepted_tokens": result.accepted_tokens}
-    if result.endpoint == ENDPOINT_CHAT:
-        return {
-            "id": f"chatcmpl-{result.job_id}",
-            "object": "chat.completion",
-            "created": created,
-            "model": result.model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": result.text},
-                         "logprobs": chat_logprobs(result), "finish_reason": result.finish_reason}],
-            "usage": _usage(result),
-            "rqllm": extra,
-        }
-    return {
-        "id": f"cmpl-{result.job_id}",
-        "object": "text_completion",
-        "created": created,
-        "model": result.model,
-        "choices": [{"index": 0, "text": result.text, "logprobs": completion_logprobs(result),
-                     "finish_reason": result.finish_reason}],
-        "usage": _usage(result),
-        "rqllm": extra,
-    }
-
-
-def output_line(batch_id: str, custom_id: str, result: JobResult | None, job_id: str | None = None) -> dict[str, Any]:
-    """One OpenAI Batch output line (a dict; json.dumps it)."""
-    rid = "batch_req_" + hashlib.sha256(f"{batch_id}\0{custom_id}".encode()).hexdigest()[:24]
-    if result is None:
-        return {"id": rid, "custom_id": custom_id, "response": None,
-                "error": {"code": "missing_result", "message": f"no result recorded for job {job_id}"}}
-    if result.status == "done":
-        return {"id": rid, "custom_id": custom_id,
-                "response": {"status_code": 200, "request_id": result.job_id, "body": response_body(result)},
-                "error": None}
-    err = result.error.model_dump() if result.error else {"code": "failed", "message": "failed"}
-    return {"id": rid, "custom_id": custom_id, "response": None, "error": err}
-
-
-def dump_line(obj: dict[str, Any]) -> str:
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))

@@ -23,7 +23,8 @@ from typing import IO, Any
 
 from jobs.schemas import JobResult
 from pipeline.batch_events import BatchFollower
-from pipeline.batch_file import dump_line, output_line, refused_output_line
+from pipeline.batch_file import refused_output_line
+from pipeline.batch_responses import dump_line, output_line
 from pipeline.batch_view import refused_lines
 from pipeline.client import Client
 

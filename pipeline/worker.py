@@ -27,7 +27,6 @@ import logging
 import os
 import signal
 import socket
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -35,7 +34,8 @@ from typing import Any
 from rq import SimpleWorker, worker_registration
 from rq.exceptions import StopRequested
 from rq.job import Job
-from rq.logutils import setup_loghandlers
+from pipeline.job_heartbeat import JobHeartbeat
+from pipeline.worker_logging import setup_worker_logging
 from rq.registry import FailedJobRegistry, FinishedJobRegistry, ReadyJobRegistry
 from rq.utils import now
 from rq.worker.base import WorkerStatus
@@ -48,7 +48,7 @@ from jobs.schemas import model_key, queue_names
 from pipeline.dequeue import PriorityDequeue
 from pipeline.job_endings import JobEndings
 from pipeline import model_header
-from pipeline.job_engine import JobEngine, describe_engine, load_engine, log_repack
+from pipeline.job_engine import JobEngine, describe_engine, load_engine
 from pipeline.recovery import DEFAULT_HEARTBEAT_GRACE, DEFAULT_HEARTBEAT_INTERVAL, NoDeathPenalty, Reaper
 from pipeline.readiness import Readiness, ReadyFile
 
@@ -64,45 +64,6 @@ READY_LINE = "ready, waiting for jobs"
 def _say(msg: str) -> None:
     with contextlib.suppress(OSError):  # used from signal handlers: a plain write, no locks
         os.write(2, (msg + "\n").encode())
-
-
-class _Heartbeat(threading.Thread):
-    """One long-lived thread that beats for the job in progress (no thread start/join per job)."""
-
-    def __init__(self, worker: LLMWorker, interval: float):
-        super().__init__(name="rqllm-heartbeat", daemon=True)
-        self.worker, self.interval = worker, interval
-        self._lock = threading.Lock()
-        self._current: tuple[Job, Any] | None = None
-        self._halt = threading.Event()
-        self.beats = 0
-
-    def begin(self, job: Job, execution: Any) -> None:
-        with self._lock:
-            self._current = (job, execution)
-
-    def end(self) -> None:
-        with self._lock:
-            self._current = None
-
-    def run(self) -> None:
-        while not self._halt.wait(self.interval):
-            with self._lock:
-                current = self._current
-            if current is None:
-                continue
-            try:
-                # xx-only updates: a beat racing the job's end cannot re-register it
-                self.worker.maintain_heartbeats(*current)
-                self.beats += 1
-            except Exception:  # noqa: BLE001 - a missed beat is retried next interval
-                log.warning("heartbeat for job %s failed", current[0].id, exc_info=True)
-            # A busy worker reaps too, so a dead worker's job is found even when no worker is idle.
-            self.worker.reaper.maybe_run()
-
-    def stop(self) -> None:
-        self._halt.set()
-        self.join(timeout=5)
 
 
 class LLMWorker(JobEndings, SimpleWorker):
@@ -121,7 +82,7 @@ class LLMWorker(JobEndings, SimpleWorker):
         self.kv_tokens = kv_tokens  # its engine's KV capacity: producers size prompts by it (summarize)
         self._dequeue = PriorityDequeue(self.connection, popped_by=self.name)
         self._force_stop = False
-        self._beat: _Heartbeat | None = None
+        self._beat: JobHeartbeat | None = None
         self._current_job_id: str | None = None
         self._last_idle_beat = 0.0
         self._said_ready = False
@@ -290,7 +251,7 @@ class LLMWorker(JobEndings, SimpleWorker):
         execution = self.prepare_execution(job)
         self._current_job_id = job.id
         if self._beat is None:
-            self._beat = _Heartbeat(self, self.heartbeat_interval)
+            self._beat = JobHeartbeat(self, self.heartbeat_interval)
             self._beat.start()
         self._beat.begin(job, execution)
         if self.metrics is not None:
@@ -310,33 +271,6 @@ class LLMWorker(JobEndings, SimpleWorker):
 
                 release_freed_heap()
         self.set_state(WorkerStatus.IDLE)
-
-
-class RoutineLinesToDebug(logging.Filter):
-    """rq's INFO lines for every job ("Successfully completed...", "Job OK", "result is kept...") and for
-    every maintenance pass ("cleaning ... registries", each minute) at DEBUG: at INFO a worker logs one line
-    per job, jobs.runtime's, with its tokens and speeds."""
-
-    ROUTINE = ("Successfully completed ", "Worker %s: %s: %s (%s)", "Worker %s: job %s result ",
-               "Worker %s: cleaning ")
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno == logging.INFO and isinstance(record.msg, str) and record.msg.startswith(self.ROUTINE):
-            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
-            return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
-        return True
-
-
-def setup_worker_logging(level: str) -> None:
-    """rq's handlers (time-stamped lines; errors to stderr) for rq's worker log, the repack progress and the
-    jobs' lines (jobs.runtime), with rq's routine lines at DEBUG. rq installs its handlers only when
-    work() starts: without this the start-up line was dropped."""
-    logging.getLogger("rqllm").setLevel(level)
-    for name in ("rq.worker", log_repack.name, "rqllm.tasks"):
-        setup_loghandlers(level, name=name)
-    rq_log = logging.getLogger("rq.worker")
-    if not any(isinstance(f, RoutineLinesToDebug) for f in rq_log.filters):
-        rq_log.addFilter(RoutineLinesToDebug())
 
 
 def default_worker_name(model: str) -> str:

@@ -13,7 +13,7 @@ from engine.engine import Engine
 from engine.logprobs import token_text
 from engine.params import SamplingParams
 from jobs.schemas import ENDPOINT_CHAT, ENDPOINT_COMPLETIONS, JobResult
-from pipeline.batch_file import response_body
+from pipeline.batch_responses import response_body
 from tests.model_available import needs_model
 
 pytestmark = needs_model("smollm2-135m")

@@ -172,7 +172,8 @@ def test_rq_maintenance_line_is_debug(redis_server: str):  # noqa: F811
     from rq.group import Group
 
     from jobs.schemas import queue_names
-    from pipeline.worker import LLMWorker, setup_worker_logging
+    from pipeline.worker import LLMWorker
+    from pipeline.worker_logging import setup_worker_logging
 
     rq_log = logging.getLogger("rq.worker")
     records: list[logging.LogRecord] = []

@@ -9,7 +9,8 @@ import pytest
 from click.testing import CliRunner
 
 from jobs.schemas import InvalidJob, JobResult, validate_job
-from pipeline.batch_file import output_line, request_to_job
+from pipeline.batch_file import request_to_job
+from pipeline.batch_responses import output_line
 from tests.conftest_redis import client, redis_conn, redis_server, redis_url, spawn_worker, wait_for_workers  # noqa: F401
 from tests.quant_models import requantized
 

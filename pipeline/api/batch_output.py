@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pipeline.batch_file import LineError, dump_line, output_line
+from pipeline.batch_file import LineError
+from pipeline.batch_responses import dump_line, output_line
 
 
 # The rqllm fields of a response body an API client sees. The others (worker, attempt, prefill and

@@ -34,7 +34,8 @@ from jobs.schemas import ENDPOINT_CHAT, GenerationJob, InvalidJob, JobResult, mo
 from pipeline.api.batch_output import client_body
 from pipeline.api.config import ServeConfig
 from pipeline.api.errors import APIError
-from pipeline.batch_file import chat_logprobs, completion_logprobs, request_to_job, response_body
+from pipeline.batch_file import request_to_job
+from pipeline.batch_responses import chat_logprobs, completion_logprobs, response_body
 from pipeline.cancel import cancel_unwanted_job
 from pipeline.client import Client
 from jobs.streams import decode_entries
