@@ -96,9 +96,12 @@ def run_llama(path: Path, threads: int, kv_tokens: int, n_prefill: int, n_decode
     peer_run(llm, prompt_tokens(n_prefill, llm.n_vocab(), llm.token_bos()), n_decode)
     end = _proc_status()
     # llama.cpp's cache is f16 by default: 2 bytes per K and per V element.
-    n_layer = int(llm.metadata["llama.block_count"])
-    kv_dim = int(llm.metadata["llama.attention.head_count_kv"]) * (
-        int(llm.metadata["llama.embedding_length"]) // int(llm.metadata["llama.attention.head_count"]))
+    meta = llm.metadata
+    arch = meta["general.architecture"]
+    n_layer = int(meta[f"{arch}.block_count"])
+    head_dim = int(meta.get(f"{arch}.attention.key_length") or
+                   int(meta[f"{arch}.embedding_length"]) // int(meta[f"{arch}.attention.head_count"]))
+    kv_dim = int(meta[f"{arch}.attention.head_count_kv"]) * head_dim
     return {"engine": "llama.cpp", "kv_tokens": llm.n_ctx(), "kv_bytes": llm.n_ctx() * n_layer * kv_dim * 2 * 2,
             "weights_bytes": path.stat().st_size, "rss_after_load": after_load["VmRSS"],
             "rss_file_end": end["RssFile"], "rss_anon_end": end["RssAnon"], "peak_rss": _peak_rss(),
