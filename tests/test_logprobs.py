@@ -11,6 +11,7 @@ from scipy.special import log_softmax
 
 from engine.engine import Engine
 from engine.logprobs import token_text
+from engine.speculative import MAX_DRAFT
 from engine.params import SamplingParams
 from jobs.schemas import ENDPOINT_CHAT, ENDPOINT_COMPLETIONS, JobResult
 from pipeline.batch_responses import response_body
@@ -59,6 +60,8 @@ def test_top_zero_gives_the_chosen_tokens_only_and_sampling_reports_the_raw_dist
 def test_speculative_decoding_reports_the_same_logprobs(eng: Engine):
     prompt = "Repeat after me: one two three four five six. Again: one two three four"
     plain = eng.generate(prompt=prompt, params=SamplingParams(max_tokens=16, logprobs=2))
+    # every pass priced as one token's (as tests/test_speculative.py's EAGER): guesses whatever the host's load
+    eng.set_speculation_costs([0.0] + [1.0] * (MAX_DRAFT + 1))
     guessed = eng.generate(prompt=prompt, params=SamplingParams(max_tokens=16, logprobs=2, speculative="prompt_lookup"))
     assert guessed.accepted_tokens > 0, "no guess was kept: the test would not cover verified rows"
     assert guessed.ids == plain.ids

@@ -232,6 +232,6 @@ def test_unsupported_architecture_lists_every_supported_one(tmp_path):
         Model.load(path, threads=1, kv_budget="1MiB")
     msg = str(err.value)
     assert "unsupported architecture 'bert'" in msg
-    assert set(SUPPORTED_ARCHS) == {"llama", "gemma2", "gemma3", "qwen2", "qwen3", "phi3"}
+    assert set(SUPPORTED_ARCHS) == {"llama", "gemma2", "gemma3", "qwen2", "qwen3", "phi3", "qwen3moe", "olmoe"}
     for arch in SUPPORTED_ARCHS:
         assert arch in msg, (arch, msg)

@@ -170,7 +170,7 @@ int rq_experts_ffn(rq_experts *e, const rq_tensor *router, const rq_tensor *gate
     }
     run_ops(e->ops, nops, D, nthreads);
 
-#pragma omp parallel for num_threads(nthreads) schedule(static) if (P > 1)
+#pragma omp parallel for num_threads(nthreads) schedule(static) if (n > 1)   /* decode: too little for a region */
     for (int p = 0; p < P; p++) {
         rq_gated_act(e->gate + (size_t)p * F, e->up + (size_t)p * F, (size_t)F, gelu);
         rq_quantize_act(e->gate + (size_t)p * F, F, &e->inner[p]);
