@@ -1,0 +1,86 @@
+"""`rqllm extract` on the example documents with SmolLM2 in an embedded cluster: one object per document,
+valid for the schema (jsonschema); CSV flattens the top-level fields; a schema that does not compile or
+a file that is not JSON is refused before anything starts."""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from pipeline.extract import Extraction, extract, fitted_messages, write_csv
+from pipeline.summarize import PromptMeter, SummarizeError
+from pipeline.summarize.documents import Document
+from tests.model_available import needs_model
+
+pytestmark = needs_model("smollm2-135m")
+ROOT = Path(__file__).resolve().parent.parent
+M = "smollm2-135m"
+SCHEMA = {"type": "object",
+          "properties": {"title": {"type": "string", "maxLength": 80},
+                         "topics": {"type": "array", "items": {"type": "string", "maxLength": 30}, "maxItems": 4},
+                         "kind": {"enum": ["design", "history", "notes", "other"]}},
+          "required": ["title", "topics", "kind"], "additionalProperties": False}
+
+
+def test_one_valid_object_per_example_document_and_csv(tmp_path: Path):
+    out, err = io.StringIO(), io.StringIO()
+    report = extract([str(ROOT / "examples")], schema=SCHEMA, output=out, model=M, workers=1, threads=2,
+                     kv_budget="64MiB", max_tokens=150, err=err)
+    records = [json.loads(line) for line in out.getvalue().splitlines()]
+    names = sorted(p.name for p in (ROOT / "examples").iterdir() if p.is_file())
+    assert sorted(Path(r["path"]).name for r in records) == names
+    complete = 0
+    for r in records:
+        if r["data"] is not None:
+            jsonschema.validate(r["data"], SCHEMA)
+            assert r["finish_reason"] == "stop" and r["error"] is None
+            complete += 1
+        else:
+            assert r["finish_reason"] == "length" and "max_tokens" in r["error"]
+    assert complete >= len(names) - 1 and report.failed == len(names) - complete
+    assert "done:" in err.getvalue()
+
+    table = io.StringIO()
+    write_csv(table, report.extractions, SCHEMA)
+    rows = list(csv.reader(io.StringIO(table.getvalue())))
+    assert rows[0] == ["path", "title", "topics", "kind", "error"]
+    by_path = {row[0]: row for row in rows[1:]}
+    for e in report.extractions:
+        if e.data is not None:
+            row = by_path[e.path]
+            assert row[1] == e.data["title"] and json.loads(row[2]) == e.data["topics"] and row[3] == e.data["kind"]
+
+
+def test_csv_columns_and_failures():
+    table = io.StringIO()
+    write_csv(table, [Extraction("a.txt", data={"title": "T", "extra": {"x": 1}}),
+                      Extraction("b.txt", error="max_tokens ended the object")], SCHEMA)
+    rows = list(csv.reader(io.StringIO(table.getvalue())))
+    assert rows == [["path", "title", "topics", "kind", "extra", "error"],
+                    ["a.txt", "T", "", "", '{"x": 1}', ""],
+                    ["b.txt", "", "", "", "", "max_tokens ended the object"]]
+
+
+def test_long_document_is_cut_to_fit():
+    meter = PromptMeter.for_model(M)
+    doc = Document("long.txt", "word " * 5000, 25000)
+    messages, truncated = fitted_messages(doc, SCHEMA, None, meter, 600)
+    assert truncated and meter.count(messages) <= 600 and len(messages[1]["content"]) < len(doc.text)
+    short = Document("short.txt", "A short note.", 13)
+    assert fitted_messages(short, SCHEMA, "Be brief.", meter, 600)[1] is False
+
+
+def test_bad_schema_refused_before_anything_starts(tmp_path: Path):
+    with pytest.raises(SummarizeError, match="Invalid type: strng"):
+        extract([str(ROOT / "examples")], schema={"type": "strng"}, output=io.StringIO(), model=M)
+    bad = tmp_path / "s.json"
+    bad.write_text("{not json")
+    p = subprocess.run([sys.executable, "-c", "from pipeline.cli import main; main()", "extract", str(ROOT / "examples"), "--schema", str(bad)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert p.returncode != 0 and "not a JSON file" in p.stderr
