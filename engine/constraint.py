@@ -105,6 +105,7 @@ class Constraint:
         self.consumed: list[int] = []  # generated tokens the matcher has taken, in order
         self._bits = np.zeros((1, (n_vocab + 31) // 32), dtype=np.int32)
         self._allowed: np.ndarray | None = None  # for the current state; None: not computed yet
+        self._allowed_ids: np.ndarray | None = None  # its nonzero ids
 
     @classmethod
     def for_format(cls, fmt: ResponseFormat | None, tok: Tokenizer, n_vocab: int) -> Constraint | None:
@@ -124,13 +125,13 @@ class Constraint:
         if common < n:
             self.matcher.rollback(n - common)
             del self.consumed[common:]
-            self._allowed = None
+            self._allowed = self._allowed_ids = None
         for t in generated[common:]:
             if int(t) in self.eos_ids:
                 break  # generation ends at EOS: nothing follows it to match
             self.matcher.consume_token(int(t))
             self.consumed.append(int(t))
-            self._allowed = None
+            self._allowed = self._allowed_ids = None
 
     def allowed(self) -> np.ndarray:
         """Boolean mask over the logits: the tokens the grammar allows next (EOS when it is satisfied).
@@ -150,8 +151,10 @@ class Constraint:
     def apply(self, logits: np.ndarray, generated: Sequence[int]) -> np.ndarray:
         """A copy of logits with the tokens not allowed after `generated` at -inf."""
         self.sync(generated)
-        out = logits.copy()
-        out[~self.allowed()] = -np.inf
+        if self._allowed_ids is None:
+            self._allowed_ids = np.flatnonzero(self.allowed())
+        out = np.full_like(logits, -np.inf)
+        out[self._allowed_ids] = logits[self._allowed_ids]  # few ids in most states: cheaper than masking all
         return out
 
     def valid_prefix(self, generated: Sequence[int], guesses: Sequence[int]) -> int:

@@ -3,8 +3,8 @@ JSON schema (constrained decoding, engine.constraint), written as JSONL or as a 
 fields. The bulk sibling of `rqllm summarize`: the same documents (pipeline.summarize.documents), one
 batch of jobs through pipeline.client.Client, an embedded cluster without REDIS_URL.
 
-One job per document. A document longer than a worker's KV budget leaves room for is cut to fit (the
-record says "truncated"); map-reduce over chunks is not done yet.
+One job per document; a document longer than a worker's KV budget leaves room for is split into chunks
+(pipeline.chunking), one job each, and a merge job combines their objects (pipeline.extract_merge).
 """
 from __future__ import annotations
 
@@ -22,7 +22,9 @@ from engine.defaults import DEFAULT_KV_BUDGET, DEFAULT_MODEL
 from engine.params import SamplingParams
 from jobs.redis_conn import connect, reachable, redis_url_from_env
 from jobs.schemas import GenerationJob, JobResult, describe_errors
-from pipeline.client import Client
+from pipeline.client import TASK_GENERATE, Client
+from pipeline.enqueue import TaskCall
+from pipeline.extract_merge import chunk_messages, join_arrays, reduce_messages
 from pipeline.summarize.documents import DEFAULT_MAX_BYTES, Document, collect_documents
 from pipeline.summarize.errors import SummarizeError
 from pipeline.summarize.plan import PromptMeter, kv_capacity, worker_kv_budget
@@ -43,13 +45,63 @@ class Extraction:
     data: dict[str, Any] | None = None
     error: str | None = None
     finish_reason: str | None = None
-    truncated: bool = False
+    chunks: int = 1  # more than one: a merge job combined the chunks' objects
     tokens_in: int = 0
     tokens_out: int = 0
 
     def record(self) -> dict[str, Any]:
         return {"path": self.path, "data": self.data, "error": self.error, "finish_reason": self.finish_reason,
-                "truncated": self.truncated, "tokens_in": self.tokens_in, "tokens_out": self.tokens_out}
+                "chunks": self.chunks, "tokens_in": self.tokens_in, "tokens_out": self.tokens_out}
+
+
+@dataclass
+class DocRun:
+    """A document's jobs: one per chunk, then (several chunks) the merge; `done` once its outcome is known."""
+
+    extraction: Extraction
+    maps: list[GenerationJob]
+    reduce: GenerationJob | None = None
+    parts: list[dict[str, Any]] = field(default_factory=list)
+    done: bool = False
+
+    def waiting_for(self) -> list[str]:
+        return [self.reduce.id] if self.reduce is not None else [j.id for j in self.maps]
+
+    def advance(self, found: dict[str, JobResult], schema: dict[str, Any]) -> bool | None:
+        """Take the results that came; True when the chunk objects are in and a merge job is needed."""
+        e = self.extraction
+        if self.reduce is not None:
+            if self.reduce.id in found:
+                self._count(found[self.reduce.id])
+                data, e.error = parse_output(found[self.reduce.id])
+                e.finish_reason = found[self.reduce.id].finish_reason
+                e.data = None if data is None else join_arrays(data, self.parts, schema)
+                self.done = True
+            return None
+        if any(j.id not in found for j in self.maps):
+            return None
+        outcomes = [parse_output(found[j.id]) for j in self.maps]
+        for j in self.maps:
+            self._count(found[j.id])
+        self.parts = [data for data, _ in outcomes if data is not None]
+        if len(self.maps) == 1 or len(self.parts) <= 1:
+            e.data = self.parts[0] if self.parts else None
+            e.error = None if self.parts else next(error for _, error in outcomes)
+            e.finish_reason = found[self.maps[-1].id].finish_reason
+            self.done = True
+            return None
+        return True
+
+    def _count(self, result: JobResult) -> None:
+        self.extraction.tokens_in += result.prompt_tokens
+        self.extraction.tokens_out += result.completion_tokens
+
+
+def submit(client: Client, batch_id: str, jobs: Sequence[GenerationJob]) -> None:
+    jobs = [g.model_copy(update={"batch_id": batch_id}) for g in jobs]  # not part of the id: no re-validation
+    calls = [TaskCall(g.id, g.model, TASK_GENERATE, (g.to_payload(),), f"extract {g.custom_id}", custom_id=g.custom_id)
+             for g in jobs]
+    client.submit_calls(batch_id, calls, timeout=JOB_TIMEOUT, retries=1, extend=True)
 
 
 @dataclass
@@ -61,33 +113,6 @@ class ExtractReport:
     @property
     def failed(self) -> int:
         return sum(1 for e in self.extractions if e.data is None)
-
-
-def document_messages(doc_text: str, path: str, schema: dict[str, Any], instructions: str | None) -> list[dict]:
-    system = SYSTEM.format(schema=json.dumps(schema, ensure_ascii=False))
-    if instructions:
-        system += "\n" + instructions
-    return [{"role": "system", "content": system}, {"role": "user", "content": f"Document {path}:\n\n{doc_text}"}]
-
-
-def fitted_messages(doc: Document, schema: dict[str, Any], instructions: str | None, meter: PromptMeter,
-                    prompt_limit: int) -> tuple[list[dict], bool]:
-    """The document's prompt, its text cut (at a line end where there is one) until it fits prompt_limit."""
-    text = doc.text
-    messages = document_messages(text, doc.path, schema, instructions)
-    n = meter.count(messages)
-    if n <= prompt_limit:
-        return messages, False
-    while n > prompt_limit and text:
-        keep = max(0, int(len(text) * prompt_limit / n * 0.95) - 1)
-        cut = text.rfind("\n", 0, keep)
-        text = text[:cut if cut > keep // 2 else keep]
-        messages = document_messages(text, doc.path, schema, instructions)
-        n = meter.count(messages)
-    if n > prompt_limit:
-        raise SummarizeError(f"the KV budget leaves {prompt_limit} prompt tokens: too few for the schema and "
-                             "instructions alone; raise --kv-budget or lower --max-tokens")
-    return messages, True
 
 
 def parse_output(result: JobResult | None) -> tuple[dict[str, Any] | None, str | None]:
@@ -161,33 +186,39 @@ def extract(paths: Sequence[str], *, schema: dict[str, Any], output: IO[str], fm
     else:
         capacity, meter = kv_capacity(model, budget_text), PromptMeter.for_model(model)
     run_id = uuid.uuid4().hex[:12]
-    jobs: list[GenerationJob] = []
-    extractions: list[Extraction] = []
+    prompt_limit = capacity - max_tokens
+    runs: list[DocRun] = []
     for d in docs:
-        messages, truncated = fitted_messages(d, schema, instructions, meter, capacity - max_tokens)
-        if truncated:
-            err.write(f"note: {d.path} is longer than the KV budget holds: its end is left out\n")
-        jobs.append(GenerationJob(model=model, messages=messages, params=params, custom_id=d.path,
-                                  metadata={"extract": d.path}))
-        extractions.append(Extraction(d.path, truncated=truncated))
-    err.write(f"extracting from {len(docs)} document{'s' if len(docs) != 1 else ''} with {model}\n")
+        prompts = chunk_messages(d.text, d.path, schema, instructions, meter, prompt_limit)
+        runs.append(DocRun(Extraction(d.path, chunks=len(prompts)), [
+            GenerationJob(model=model, messages=m, params=params, metadata={"extract": d.path, "chunk": i},
+                          custom_id=d.path if len(prompts) == 1 else f"{d.path}#part{i + 1}")
+            for i, m in enumerate(prompts)]))
+    chunks = sum(len(r.maps) for r in runs)
+    err.write(f"extracting from {len(docs)} document{'s' if len(docs) != 1 else ''} ({chunks} chunks) with "
+              f"{model}\n")
 
     def run(connection: Any, health: Callable[[], None] | None) -> None:
         client = Client(connection=connection, result_ttl=RESULT_TTL)
-        client.submit_batch(jobs, batch_id=f"extract_{run_id}", timeout=JOB_TIMEOUT, retries=1,
-                            metadata={"extract": len(jobs)})
-        pending = {j.id for j in jobs}
-        while pending:
-            found = client.results_for(sorted(pending))
-            for job, e in zip(jobs, extractions):
-                if job.id in found and e.finish_reason is None and e.error is None:
-                    res = found[job.id]
-                    e.data, e.error = parse_output(res)
-                    e.finish_reason, e.tokens_in, e.tokens_out = res.finish_reason, res.prompt_tokens, res.completion_tokens
-                    err.write(f"[{sum(x.finish_reason is not None or x.error is not None for x in extractions)}"
-                              f"/{len(extractions)}] {e.path}: {'ok' if e.error is None else e.error}\n")
-            pending -= set(found)
-            if pending:
+        batch_id = client.open_batch(f"extract_{run_id}", metadata={"extract": len(docs)})
+        submit(client, batch_id, [j for r in runs for j in r.maps])
+        finished = 0
+        while finished < len(runs):
+            waiting = [r for r in runs if not r.done]
+            found = client.results_for(sorted({j for r in waiting for j in r.waiting_for()}))
+            for r in waiting:
+                reduce = r.advance(found, schema)
+                if reduce is not None:
+                    messages = reduce_messages(r.extraction.path, schema, instructions, r.parts, meter, prompt_limit)
+                    r.reduce = GenerationJob(model=model, messages=messages, params=params,
+                                             custom_id=f"{r.extraction.path}#merge",
+                                             metadata={"extract": r.extraction.path, "merge": len(r.parts)})
+                    submit(client, batch_id, [r.reduce])
+                if r.done:
+                    finished += 1
+                    e = r.extraction
+                    err.write(f"[{finished}/{len(runs)}] {e.path}: {'ok' if e.error is None else e.error}\n")
+            if finished < len(runs):
                 if health is not None:
                     health()
                 time.sleep(0.3)
@@ -198,12 +229,13 @@ def extract(paths: Sequence[str], *, schema: dict[str, Any], output: IO[str], fm
         from pipeline.embedded import choose_embedded_split, embedded_cluster
 
         worker_budget = worker_kv_budget(model, budget_text)
-        split = choose_embedded_split(model, len(jobs), workers=workers, threads=threads, kv_budget=worker_budget,
+        split = choose_embedded_split(model, chunks, workers=workers, threads=threads, kv_budget=worker_budget,
                                       repack=repack)
         with embedded_cluster(model, workers=split.workers, threads=split.threads, kv_budget=worker_budget,
                               repack=repack, split_reason=split.reason) as cluster:
             err.write(f"embedded: {cluster.split}\n")
             run(connect(cluster.redis_url), cluster.check)
+    extractions = [r.extraction for r in runs]
     if fmt == "csv":
         write_csv(output, extractions, schema)
     else:

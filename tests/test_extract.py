@@ -13,7 +13,8 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from pipeline.extract import Extraction, extract, fitted_messages, write_csv
+from pipeline.extract import Extraction, extract, write_csv
+from pipeline.extract_merge import chunk_messages, join_arrays
 from pipeline.summarize import PromptMeter, SummarizeError
 from pipeline.summarize.documents import Document
 from tests.model_available import needs_model
@@ -44,6 +45,7 @@ def test_one_valid_object_per_example_document_and_csv(tmp_path: Path):
         else:
             assert r["finish_reason"] == "length" and "max_tokens" in r["error"]
     assert complete >= len(names) - 1 and report.failed == len(names) - complete
+    assert any(r["chunks"] > 1 for r in records)  # a document over the budget went through map and merge
     assert "done:" in err.getvalue()
 
     table = io.StringIO()
@@ -67,13 +69,20 @@ def test_csv_columns_and_failures():
                     ["b.txt", "", "", "", "", "max_tokens ended the object"]]
 
 
-def test_long_document_is_cut_to_fit():
+def test_long_document_is_chunked_to_fit():
     meter = PromptMeter.for_model(M)
-    doc = Document("long.txt", "word " * 5000, 25000)
-    messages, truncated = fitted_messages(doc, SCHEMA, None, meter, 600)
-    assert truncated and meter.count(messages) <= 600 and len(messages[1]["content"]) < len(doc.text)
-    short = Document("short.txt", "A short note.", 13)
-    assert fitted_messages(short, SCHEMA, "Be brief.", meter, 600)[1] is False
+    text = "".join(f"Paragraph {i}. The item number {i} is described here in a few words.\n\n" for i in range(300))
+    prompts = chunk_messages(text, "long.txt", SCHEMA, "Be brief.", meter, 600)
+    assert len(prompts) > 1 and all(meter.count(m) <= 600 for m in prompts)
+    assert all("Paragraph" in m[1]["content"] and "part " in m[1]["content"] for m in prompts)
+    assert "Paragraph 299." in prompts[-1][1]["content"] and "Paragraph 0." in prompts[0][1]["content"]
+    assert len(chunk_messages("A short note.", "short.txt", SCHEMA, None, meter, 600)) == 1
+
+
+def test_arrays_joined_without_duplicates_in_order():
+    parts = [{"title": "A", "topics": ["x", "y"]}, {"title": "B", "topics": ["y", "z", "w", "v"]}]
+    merged = join_arrays({"title": "A", "topics": ["q"], "kind": "notes"}, parts, SCHEMA)
+    assert merged == {"title": "A", "topics": ["x", "y", "z", "w"], "kind": "notes"}  # maxItems 4
 
 
 def test_bad_schema_refused_before_anything_starts(tmp_path: Path):
