@@ -160,3 +160,16 @@ def test_default_model_every_schema():
         gen = eng.generate(messages=messages(name), params=params)
         complete += check_output(gen.text, gen.finish_reason, schema)
     assert complete >= len(SCHEMAS) - 1
+
+
+def test_draft_model_guesses_follow_the_grammar(smollm2_path):
+    """A draft model (here the model itself) samples its guesses under the same constraint; greedy output
+    is plain greedy's and nearly every guess is kept."""
+    eng = Engine(str(smollm2_path), threads=2, kv_budget="32MiB", draft=str(smollm2_path))
+    fmt = response_format("bounded_numbers")
+    plain = eng.generate(messages=messages("bounded_numbers"), params=SamplingParams(max_tokens=60, response_format=fmt))
+    drafted = eng.generate(messages=messages("bounded_numbers"),
+                           params=SamplingParams(max_tokens=60, response_format=fmt, speculative="draft"))
+    assert drafted.ids == plain.ids and drafted.draft_tokens > 0
+    assert drafted.accepted_tokens >= 0.9 * drafted.draft_tokens
+    check_output(drafted.text, drafted.finish_reason, SCHEMAS["bounded_numbers"])
