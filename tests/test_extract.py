@@ -18,6 +18,7 @@ from pipeline.extract_merge import chunk_messages, join_arrays
 from pipeline.summarize import PromptMeter, SummarizeError
 from pipeline.summarize.documents import Document
 from tests.model_available import needs_model
+from tests.redis_server import redis_server  # noqa: F401  (session fixture)
 
 pytestmark = needs_model("smollm2-135m")
 ROOT = Path(__file__).resolve().parent.parent
@@ -93,3 +94,29 @@ def test_bad_schema_refused_before_anything_starts(tmp_path: Path):
     p = subprocess.run([sys.executable, "-c", "from pipeline.cli import main; main()", "extract", str(ROOT / "examples"), "--schema", str(bad)],
                        cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert p.returncode != 0 and "not a JSON file" in p.stderr
+
+
+def test_extract_on_a_redis_url_with_its_workers(redis_server: str, tmp_path: Path):  # noqa: F811
+    """With REDIS_URL the command only submits and waits: the jobs run on the workers serving that Redis,
+    and the run is a batch there (extract_<run id>)."""
+    from redis import Redis
+
+    from pipeline.client import Client
+    from pipeline.embedded import WorkerProcess, stop_workers, worker_argv
+    from tests.conftest_redis import wait_for_workers
+
+    Redis.from_url(redis_server).flushdb()
+    worker = WorkerProcess(worker_argv(redis_server, M, threads=2, name="extract-w1", kv_budget="64MiB"),
+                           str(tmp_path / "w.log"))
+    try:
+        wait_for_workers(Redis.from_url(redis_server), ["extract-w1"])
+        out = io.StringIO()
+        report = extract([str(ROOT / "examples" / "team-sync-notes.md")], schema=SCHEMA, output=out, model=M,
+                         max_tokens=150, redis_url=redis_server, err=io.StringIO())
+    finally:
+        stop_workers([worker])
+    (record,) = [json.loads(line) for line in out.getvalue().splitlines()]
+    jsonschema.validate(record["data"], SCHEMA)
+    assert report.failed == 0
+    batches = [b for b in Client(redis_server).list_batches() if b.batch_id.startswith("extract_")]
+    assert len(batches) == 1 and batches[0].done == 1
