@@ -25,7 +25,7 @@ from jobs.schemas import GenerationJob, JobResult, describe_errors
 from pipeline.client import TASK_GENERATE, Client
 from pipeline.enqueue import TaskCall
 from pipeline.extract_merge import chunk_messages, join_arrays, reduce_messages
-from pipeline.summarize.documents import DEFAULT_MAX_BYTES, Document, collect_documents
+from pipeline.summarize.documents import DEFAULT_MAX_BYTES, collect_documents
 from pipeline.summarize.errors import SummarizeError
 from pipeline.summarize.plan import PromptMeter, kv_capacity, worker_kv_budget
 from pipeline.summarize.run import check_model, check_model_file, remote_plan

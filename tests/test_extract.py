@@ -16,7 +16,6 @@ import pytest
 from pipeline.extract import Extraction, extract, write_csv
 from pipeline.extract_merge import chunk_messages, join_arrays
 from pipeline.summarize import PromptMeter, SummarizeError
-from pipeline.summarize.documents import Document
 from tests.model_available import needs_model
 from tests.redis_server import redis_server  # noqa: F401  (session fixture)
 
@@ -91,7 +90,8 @@ def test_bad_schema_refused_before_anything_starts(tmp_path: Path):
         extract([str(ROOT / "examples")], schema={"type": "strng"}, output=io.StringIO(), model=M)
     bad = tmp_path / "s.json"
     bad.write_text("{not json")
-    p = subprocess.run([sys.executable, "-c", "from pipeline.cli import main; main()", "extract", str(ROOT / "examples"), "--schema", str(bad)],
+    p = subprocess.run([sys.executable, "-c", "from pipeline.cli import main; main()", "extract",
+                        str(ROOT / "examples"), "--schema", str(bad)],
                        cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert p.returncode != 0 and "not a JSON file" in p.stderr
 

@@ -167,7 +167,8 @@ def test_draft_model_guesses_follow_the_grammar(smollm2_path):
     is plain greedy's and nearly every guess is kept."""
     eng = Engine(str(smollm2_path), threads=2, kv_budget="32MiB", draft=str(smollm2_path))
     fmt = response_format("bounded_numbers")
-    plain = eng.generate(messages=messages("bounded_numbers"), params=SamplingParams(max_tokens=60, response_format=fmt))
+    plain = eng.generate(messages=messages("bounded_numbers"),
+                         params=SamplingParams(max_tokens=60, response_format=fmt))
     drafted = eng.generate(messages=messages("bounded_numbers"),
                            params=SamplingParams(max_tokens=60, response_format=fmt, speculative="draft"))
     assert drafted.ids == plain.ids and drafted.draft_tokens > 0
