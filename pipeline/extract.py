@@ -28,6 +28,7 @@ from pipeline.extract_merge import chunk_messages, join_arrays, reduce_messages
 from pipeline.summarize.documents import DEFAULT_MAX_BYTES, collect_documents
 from pipeline.summarize.errors import SummarizeError
 from pipeline.summarize.plan import PromptMeter, kv_capacity, worker_kv_budget
+from pipeline.summarize.report import Progress
 from pipeline.summarize.run import check_model, check_model_file, remote_plan
 
 DEFAULT_MAX_TOKENS = 512
@@ -202,26 +203,35 @@ def extract(paths: Sequence[str], *, schema: dict[str, Any], output: IO[str], fm
         client = Client(connection=connection, result_ttl=RESULT_TTL)
         batch_id = client.open_batch(f"extract_{run_id}", metadata={"extract": len(docs)})
         submit(client, batch_id, [j for r in runs for j in r.maps])
-        finished = 0
-        while finished < len(runs):
-            waiting = [r for r in runs if not r.done]
-            found = client.results_for(sorted({j for r in waiting for j in r.waiting_for()}))
-            for r in waiting:
-                reduce = r.advance(found, schema)
-                if reduce is not None:
-                    messages = reduce_messages(r.extraction.path, schema, instructions, r.parts, meter, prompt_limit)
-                    r.reduce = GenerationJob(model=model, messages=messages, params=params,
-                                             custom_id=f"{r.extraction.path}#merge",
-                                             metadata={"extract": r.extraction.path, "merge": len(r.parts)})
-                    submit(client, batch_id, [r.reduce])
-                if r.done:
-                    finished += 1
-                    e = r.extraction
-                    err.write(f"[{finished}/{len(runs)}] {e.path}: {'ok' if e.error is None else e.error}\n")
-            if finished < len(runs):
-                if health is not None:
-                    health()
-                time.sleep(0.3)
+        progress = Progress(len(runs), chunks, stream=err)
+        maps_done = [0] * len(runs)
+        finished = failed = 0
+        try:
+            while finished < len(runs):
+                waiting = [(i, r) for i, r in enumerate(runs) if not r.done]
+                found = client.results_for(sorted({j for _, r in waiting for j in r.waiting_for()}))
+                for i, r in waiting:
+                    if r.reduce is None:
+                        maps_done[i] = sum(j.id in found for j in r.maps)
+                    if r.advance(found, schema):
+                        messages = reduce_messages(r.extraction.path, schema, instructions, r.parts, meter,
+                                                   prompt_limit)
+                        r.reduce = GenerationJob(model=model, messages=messages, params=params,
+                                                 custom_id=f"{r.extraction.path}#merge",
+                                                 metadata={"extract": r.extraction.path, "merge": len(r.parts)})
+                        submit(client, batch_id, [r.reduce])
+                    if r.done:
+                        finished += 1
+                        if r.extraction.error is not None:
+                            failed += 1
+                            progress.message(f"failed {r.extraction.path}: {r.extraction.error}")
+                progress.update(finished, sum(maps_done), failed)
+                if finished < len(runs):
+                    if health is not None:
+                        health()
+                    time.sleep(0.3)
+        finally:
+            progress.close()
 
     if remote is not None:
         run(remote, None)
