@@ -165,7 +165,11 @@ def test_default_model_every_schema():
 def test_draft_model_guesses_follow_the_grammar(smollm2_path):
     """A draft model (here the model itself) samples its guesses under the same constraint; greedy output
     is plain greedy's and nearly every guess is kept."""
+    from engine.speculative import MAX_DRAFT
+
     eng = Engine(str(smollm2_path), threads=2, kv_budget="32MiB", draft=str(smollm2_path))
+    # fixed costs that make guessing pay: timed ones (a draft as costly as the model) would not draft at all
+    eng.set_speculation_costs([0.0] + [1.0] * (MAX_DRAFT + 1), draft_step=0.05)
     fmt = response_format("bounded_numbers")
     plain = eng.generate(messages=messages("bounded_numbers"),
                          params=SamplingParams(max_tokens=60, response_format=fmt))
