@@ -60,7 +60,12 @@ class Sampler:
         context + extra (the same array when none applies)."""
         out = self._penalties(logits, context, extra)
         if self.constraint is not None:
-            out = self.constraint.apply(out, [*context[self.prompt_len:], *extra])
+            generated = [*context[self.prompt_len:], *extra]
+            masked = self.constraint.apply(out, generated)
+            if out is not logits and masked.max() == -np.inf:
+                # the n-gram guard banned every token the grammar allows: the grammar wins
+                masked = self.constraint.apply(logits, generated)
+            out = masked
         return out
 
     def _penalties(self, logits: np.ndarray, context: Sequence[int], extra: Sequence[int] = ()) -> np.ndarray:

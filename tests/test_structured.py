@@ -178,3 +178,13 @@ def test_draft_model_guesses_follow_the_grammar(smollm2_path):
     assert drafted.ids == plain.ids and drafted.draft_tokens > 0
     assert drafted.accepted_tokens >= 0.9 * drafted.draft_tokens
     check_output(drafted.text, drafted.finish_reason, SCHEMAS["bounded_numbers"])
+
+
+def test_the_grammar_outranks_the_no_repeat_guard(eng: Engine):
+    """no_repeat_ngram_size=1 bans every token once generated ('"' and ', ' among them): where it bans all
+    the grammar allows, the grammar's tokens stay choosable and the output is still valid."""
+    for temperature in (0.0, 0.8):
+        gen = eng.generate(messages=messages("nested"), params=SamplingParams(
+            max_tokens=100, temperature=temperature, seed=1, no_repeat_ngram_size=1,
+            response_format=response_format("nested")))
+        assert check_output(gen.text, gen.finish_reason, SCHEMAS["nested"]), gen.text
