@@ -188,3 +188,17 @@ def test_the_grammar_outranks_the_no_repeat_guard(eng: Engine):
             max_tokens=100, temperature=temperature, seed=1, no_repeat_ngram_size=1,
             response_format=response_format("nested")))
         assert check_output(gen.text, gen.finish_reason, SCHEMAS["nested"]), gen.text
+
+
+@pytest.mark.parametrize("command", [["generate", "smollm2-135m", "Hi"], ["submit", "Hi", "--wait", "-m", "smollm2-135m"]])
+def test_cli_refuses_a_bad_schema_before_any_work(tmp_path, command):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"type": "object", "properties": {"a": {"type": "intger"}}}))
+    p = subprocess.run([sys.executable, "-c", "from pipeline.cli import main; main()", *command, "--json-schema",
+                        str(bad)], cwd=Path(__file__).resolve().parent.parent, capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 1 and "Invalid type: intger" in p.stderr, p.stderr
