@@ -190,7 +190,8 @@ def test_the_grammar_outranks_the_no_repeat_guard(eng: Engine):
         assert check_output(gen.text, gen.finish_reason, SCHEMAS["nested"]), gen.text
 
 
-@pytest.mark.parametrize("command", [["generate", "smollm2-135m", "Hi"], ["submit", "Hi", "--wait", "-m", "smollm2-135m"]])
+@pytest.mark.parametrize("command", [["generate", "smollm2-135m", "Hi"],
+                                     ["submit", "Hi", "--wait", "-m", "smollm2-135m"]])
 def test_cli_refuses_a_bad_schema_before_any_work(tmp_path, command):
     import subprocess
     import sys
