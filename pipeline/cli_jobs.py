@@ -125,7 +125,8 @@ def _gather_jobs(inputs: tuple[str, ...], *, model: str | None, literal: bool, r
 def submit_command(inputs: tuple[str, ...], model: str | None, priority: str, timeout: int | None, retries: int,
                    recompute: bool, wait: bool, output: str | None, max_tokens: int | None,
                    temperature: float | None, top_p: float | None, seed: int | None, stop: tuple[str, ...],
-                   json_schema: str | None, json_object: bool, raw: bool, system: str | None, literal: bool, workers: int, threads: int | None,
+                   json_schema: str | None, json_object: bool, raw: bool, system: str | None, literal: bool,
+                   workers: int, threads: int | None,
                    kv_budget: str | None, redis_url: str | None, no_progress: bool, no_repack: bool) -> None:
     """Submit prompts (arguments), text files (one job each) or OpenAI Batch .jsonl files; print the batch id.
 
