@@ -203,3 +203,14 @@ def test_cli_refuses_a_bad_schema_before_any_work(tmp_path, command):
                         str(bad)], cwd=Path(__file__).resolve().parent.parent, capture_output=True, text=True,
                        timeout=120)
     assert p.returncode == 1 and "Invalid type: intger" in p.stderr, p.stderr
+
+
+def test_an_spm_tokenizer_works_too(gemma3_path):
+    """Gemma 3 (SentencePiece, a 262k vocabulary with byte tokens): the masks come from its token bytes too."""
+    gemma = Engine(str(gemma3_path), threads=2, kv_budget="32MiB")
+    complete = 0
+    for name in ("nested", "enum", "pattern"):
+        gen = gemma.generate(messages=messages(name), params=SamplingParams(
+            max_tokens=100, response_format=response_format(name), speculative="prompt_lookup"))
+        complete += check_output(gen.text, gen.finish_reason, SCHEMAS[name])
+    assert complete >= 2
