@@ -75,6 +75,7 @@ def test_long_document_is_chunked_to_fit():
     prompts = chunk_messages(text, "long.txt", SCHEMA, "Be brief.", meter, 600)
     assert len(prompts) > 1 and all(meter.count(m) <= 600 for m in prompts)
     assert all("Paragraph" in m[1]["content"] and "part " in m[1]["content"] for m in prompts)
+    assert all(m[0]["content"].endswith("\nBe brief.") and '"topics"' in m[0]["content"] for m in prompts)
     assert "Paragraph 299." in prompts[-1][1]["content"] and "Paragraph 0." in prompts[0][1]["content"]
     assert len(chunk_messages("A short note.", "short.txt", SCHEMA, None, meter, 600)) == 1
 
@@ -112,7 +113,8 @@ def test_extract_on_a_redis_url_with_its_workers(redis_server: str, tmp_path: Pa
         wait_for_workers(Redis.from_url(redis_server), ["extract-w1"])
         out = io.StringIO()
         report = extract([str(ROOT / "examples" / "team-sync-notes.md")], schema=SCHEMA, output=out, model=M,
-                         max_tokens=150, redis_url=redis_server, err=io.StringIO())
+                         max_tokens=150, redis_url=redis_server, err=io.StringIO(),
+                         instructions="The topics are the names of the people at the meeting.")
     finally:
         stop_workers([worker])
     (record,) = [json.loads(line) for line in out.getvalue().splitlines()]
@@ -120,3 +122,6 @@ def test_extract_on_a_redis_url_with_its_workers(redis_server: str, tmp_path: Pa
     assert report.failed == 0
     batches = [b for b in Client(redis_server).list_batches() if b.batch_id.startswith("extract_")]
     assert len(batches) == 1 and batches[0].done == 1
+    (job_id,) = [jid for _, jid in Client(redis_server).batch_entries(batches[0].batch_id)]
+    result = Client(redis_server).result(job_id)
+    assert result.status == "done" and json.loads(result.text) == record["data"]
