@@ -59,6 +59,7 @@ from engine.defaults import DEFAULT_KV_BUDGET
 
 if TYPE_CHECKING:
     from engine.chat import ChatFormat
+    from engine.constraint import Constraint
     from engine.chat_capability import ChatCapability
 
 log = logging.getLogger("rqllm.engine")
@@ -234,7 +235,7 @@ class Engine:
             self.draft.prefill(ids)  # here, so that decode time counts decoding only
         t1 = time.perf_counter()
 
-        sampler = Sampler(params, prompt_len=len(ids))
+        sampler = Sampler(params, prompt_len=len(ids), constraint=self._constraint(params))
         if mode != "off" and self._fixed_costs is None and not self._timer.done:
             logits = logits.copy()  # the model's logits array is reused by the passes timed here
             self._time_passes(len(ids))
@@ -313,6 +314,17 @@ class Engine:
             log.info("speculative decoding: pass costs over a one-token pass %s%s",
                      [round(c, 2) for c in self.pass_costs[1:]],
                      f"; draft step {self.draft.cost_per_guess:.2f}" if self.draft is not None else "")
+
+    def _constraint(self, params: SamplingParams) -> Constraint | None:
+        """The matcher for params.response_format (engine.constraint); None without one."""
+        if params.response_format is None:
+            return None
+        from engine.constraint import Constraint, ConstraintError
+
+        try:
+            return Constraint.for_format(params.response_format, self.tokenizer, self.model.cfg.n_vocab)
+        except ConstraintError as exc:
+            raise EngineError(f"response_format: {exc}") from None
 
     def _proposer(self, mode: SpeculativeMode, sampler: Sampler) -> Proposer | None:
         """The guesser for a request; None: plain decoding."""

@@ -1,15 +1,51 @@
 """What a caller asks of one generation, and what it gets back."""
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 MAX_TOKENS_LIMIT = 1 << 20
 # How the next tokens are guessed before the model checks them (engine.speculative):
 # "prompt_lookup" continues a match of the last tokens in the prompt and text so far, "draft" asks
 # the engine's draft model, "off" decodes one token per pass. None: the engine's default.
 SpeculativeMode = Literal["off", "prompt_lookup", "draft"]
+
+
+class JsonSchemaFormat(BaseModel):
+    """OpenAI's response_format.json_schema: {"name", "schema", "strict", "description"}."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, serialize_by_alias=True)
+
+    name: str = Field(..., min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
+    description: str | None = None
+    schema_: dict[str, Any] = Field(default_factory=dict, alias="schema")
+    strict: bool | None = None  # the output always follows the schema (we decode under its grammar)
+
+
+class ResponseFormat(BaseModel):
+    """What the output must be (engine.constraint): OpenAI's "text", "json_object" (any JSON object)
+    and "json_schema"; rqllm's "regex" (the whole output matches `regex`). A grammar that does not
+    compile is refused here, where requests are built, never at a worker."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["text", "json_object", "json_schema", "regex"]
+    json_schema: JsonSchemaFormat | None = None
+    regex: str | None = Field(None, min_length=1, max_length=4096)
+
+    @model_validator(mode="after")
+    def _compiles(self) -> ResponseFormat:
+        if (self.type == "json_schema") != (self.json_schema is not None):
+            raise ValueError('json_schema is needed with type "json_schema", and only with it')
+        if (self.type == "regex") != (self.regex is not None):
+            raise ValueError('regex is needed with type "regex", and only with it')
+        from engine.constraint import grammar_error  # llguidance is loaded only when a format is asked for
+
+        error = grammar_error(self)
+        if error:
+            raise ValueError(f"{self.type} cannot be compiled: {error}")
+        return self
 
 
 class SamplingParams(BaseModel):
@@ -44,6 +80,14 @@ class SamplingParams(BaseModel):
     logprobs: int | None = Field(
         None, ge=0, le=20, description="return each generated token's log-probability and this many most "
                                        "likely alternatives at its position (engine.logprobs); None: none")
+
+    response_format: ResponseFormat | None = Field(
+        None, description="constrain the output to a JSON schema, any JSON object or a regex (engine.constraint)")
+
+    @field_validator("response_format")
+    @classmethod
+    def _text_is_no_format(cls, v: ResponseFormat | None) -> ResponseFormat | None:
+        return None if v is not None and v.type == "text" else v  # plain text: as if none were given
 
     @field_validator("stop")
     @classmethod

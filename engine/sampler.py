@@ -21,20 +21,26 @@ they look at:
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from engine.params import SamplingParams
+
+if TYPE_CHECKING:
+    from engine.constraint import Constraint
 
 PENALTY_WINDOW = 64  # recent tokens the repetition penalty looks at (llama.cpp's default)
 NUCLEUS_PREFILTER = 4096  # candidates sorted before falling back to sorting the whole vocabulary
 
 
 class Sampler:
-    def __init__(self, params: SamplingParams, prompt_len: int = 0):
-        """prompt_len: how many leading tokens of the contexts given to sample() are the prompt."""
+    def __init__(self, params: SamplingParams, prompt_len: int = 0, constraint: Constraint | None = None):
+        """prompt_len: how many leading tokens of the contexts given to sample() are the prompt.
+        constraint: only the tokens it allows after the generated ones (and `extra`) may be chosen."""
         self.params = params
         self.prompt_len = prompt_len
+        self.constraint = constraint
         self.rng = np.random.default_rng(params.seed)
 
     @property
@@ -50,8 +56,19 @@ class Sampler:
         return int(ids[self.rng.choice(len(ids), p=probs)])
 
     def penalized(self, logits: np.ndarray, context: Sequence[int], extra: Sequence[int] = ()) -> np.ndarray:
-        """The logits after the penalties and the n-gram guard for the history context + extra
-        (the same array when none applies)."""
+        """The logits after the penalties, the n-gram guard and the constraint's mask for the history
+        context + extra (the same array when none applies)."""
+        out = self._penalties(logits, context, extra)
+        if self.constraint is not None:
+            generated = [*context[self.prompt_len:], *extra]
+            masked = self.constraint.apply(out, generated)
+            if out is not logits and masked.max() == -np.inf:
+                # the n-gram guard banned every token the grammar allows: the grammar wins
+                masked = self.constraint.apply(logits, generated)
+            out = masked
+        return out
+
+    def _penalties(self, logits: np.ndarray, context: Sequence[int], extra: Sequence[int] = ()) -> np.ndarray:
         p = self.params
         out = logits
         if p.repetition_penalty != 1.0:

@@ -308,10 +308,17 @@ class Decoder:
         if limit <= 0:
             return None
         if self.proposer.free:  # see what there is, then choose how much of it to check
-            draft = self.proposer.propose(self.context, limit, self.sampler)
+            draft = self._allowed(self.proposer.propose(self.context, limit, self.sampler))
             return draft.head(self.policy.draft_length(len(draft.tokens), draft.kind))
         k = self.policy.draft_length(limit)
-        return self.proposer.propose(self.context, k, self.sampler) if k > 0 else None
+        return self._allowed(self.proposer.propose(self.context, k, self.sampler)) if k > 0 else None
+
+    def _allowed(self, draft: Draft) -> Draft:
+        """The draft up to its first guess the sampler's constraint refuses (the model could not pick it)."""
+        constraint = self.sampler.constraint
+        if constraint is None or not draft.tokens:
+            return draft
+        return draft.head(constraint.valid_prefix(self.context[self.sampler.prompt_len:], draft.tokens))
 
     def _decide(self, token: int, logits: np.ndarray) -> int:
         if self.on_decided is not None:

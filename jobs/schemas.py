@@ -81,7 +81,8 @@ def _check_size(what: str, size: int, limit: int) -> None:
 
 # SamplingParams fields added after v1 ids were in use, with the default that leaves them out of the id.
 _PARAMS_ADDED_LATER: dict[str, Any] = {"frequency_penalty": 0.0, "presence_penalty": 0.0,
-                                       "no_repeat_ngram_size": 0, "end_at_sentence": False, "logprobs": None}
+                                       "no_repeat_ngram_size": 0, "end_at_sentence": False, "logprobs": None,
+                                       "response_format": None}
 
 
 class InvalidJob(ValueError):

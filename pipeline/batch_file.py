@@ -4,6 +4,8 @@ Input line: {"custom_id": "...", "method": "POST", "url": "/v1/chat/completions"
              "body": {"model": ..., "messages": [...] | "prompt": ..., "max_tokens": ..., "temperature": ...,
                       "top_p": ..., "seed": ..., "stop": ...,
                       "logprobs": ..., "top_logprobs": ... (chat: true/false and 0..20; completions: 0..5),
+                      "response_format": {"type": "json_object"} | {"type": "json_schema", "json_schema":
+                          {"name", "schema", "strict"}} | {"type": "regex", "regex": ...} (rqllm's),
                       "speculative": "off" | "prompt_lookup" | "draft" (rqllm's; default: the worker's)}}
 Output line: {"id": "batch_req_...", "custom_id": ..., "response": {"status_code": 200, "request_id": ...,
               "body": <chat.completion | text_completion>} | null, "error": {"code", "message"} | null}
@@ -233,6 +235,10 @@ def request_to_job(obj: Any, *, model: str | None = None, default_model: str = D
         elif k in _PARAM_FIELDS:
             if v is not None:
                 params[k] = v
+        elif k == "response_format":
+            # compiled here (engine.params.ResponseFormat): a schema that cannot be is refused with its line
+            if v is not None:
+                params["response_format"] = v
         elif k == "stop":
             if v is not None:
                 params["stop"] = [v] if isinstance(v, str) else v

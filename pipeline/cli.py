@@ -33,8 +33,10 @@ def _register() -> None:
     from pipeline import cli_serve
     # Bulk summarisation: summarize.
     from pipeline import cli_summarize
+    # Bulk extraction under a JSON schema: extract.
+    from pipeline import cli_extract
 
-    for module in (cli_engine, cli_jobs, cli_worker, cli_summarize, cli_serve):
+    for module in (cli_engine, cli_jobs, cli_worker, cli_summarize, cli_extract, cli_serve):
         for command in module.COMMANDS:
             main.add_command(command)
 

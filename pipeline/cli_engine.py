@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
+from pathlib import Path
 
 import click
 
@@ -176,6 +178,30 @@ def _load_engine(model: str, threads: int | None, kv_budget: str, no_repack: boo
         raise click.ClickException(str(exc)) from None
 
 
+def response_format_option(schema_file: str | None, json_object: bool, regex: str | None) -> dict | None:
+    """SamplingParams.response_format from --json-schema FILE / --json-object / --regex (at most one).
+    FILE holds a JSON schema, or OpenAI's {"name", "schema", "strict"} around one."""
+    if sum((schema_file is not None, json_object, regex is not None)) > 1:
+        raise click.UsageError("give one of --json-schema, --json-object and --regex")
+    if json_object:
+        return {"type": "json_object"}
+    if regex is not None:
+        return {"type": "regex", "regex": regex}
+    if schema_file is None:
+        return None
+    path = Path(schema_file)
+    try:
+        schema = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise click.ClickException(f"--json-schema {path}: not a JSON file ({exc})") from None
+    if not isinstance(schema, dict):
+        raise click.ClickException(f"--json-schema {path}: a schema is a JSON object")
+    if isinstance(schema.get("schema"), dict) and "name" in schema:
+        return {"type": "json_schema", "json_schema": schema}
+    name = re.sub(r"[^A-Za-z0-9_-]+", "_", path.stem)[:64] or "schema"
+    return {"type": "json_schema", "json_schema": {"name": name, "schema": schema}}
+
+
 @_command
 @click.command("generate")
 @click.argument("model")
@@ -199,13 +225,18 @@ def _load_engine(model: str, threads: int | None, kv_budget: str, no_repack: boo
 @click.option("--seed", type=int, default=None)
 @click.option("--stop", multiple=True, help="Stop string (repeatable).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of streaming text.")
+@click.option("--json-schema", "json_schema", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="Constrain the output to JSON valid for the JSON schema in this file.")
+@click.option("--json-object", is_flag=True, help="Constrain the output to a JSON object (any).")
+@click.option("--regex", default=None, help="Constrain the output to match this regex.")
 @engine_options
 @no_repack_option
 @speculation_options
 def generate_cmd(model: str, prompt: str, chat: bool, system: str | None, max_tokens: int, temperature: float,
                  top_k: int, top_p: float, min_p: float, repetition_penalty: float, frequency_penalty: float,
                  presence_penalty: float, no_repeat_ngram_size: int, end_at_sentence: bool, seed: int | None,
-                 stop: tuple[str, ...], as_json: bool, threads: int | None, kv_budget: str, no_repack: bool,
+                 stop: tuple[str, ...], as_json: bool, json_schema: str | None, json_object: bool,
+                 regex: str | None, threads: int | None, kv_budget: str, no_repack: bool,
                  prompt_lookup: bool, draft: str | None) -> None:
     """Generate text from PROMPT with MODEL (a known name or a .gguf path)."""
     from pydantic import ValidationError
@@ -220,7 +251,8 @@ def generate_cmd(model: str, prompt: str, chat: bool, system: str | None, max_to
                                 frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
                                 no_repeat_ngram_size=no_repeat_ngram_size, end_at_sentence=end_at_sentence,
                                 seed=seed, stop=list(stop),
-                                speculative=speculation_mode(prompt_lookup, draft))
+                                speculative=speculation_mode(prompt_lookup, draft),
+                                response_format=response_format_option(json_schema, json_object, regex))
     except ValidationError as exc:
         raise click.ClickException(_pydantic_message(exc)) from None
     eng = _load_engine(model, threads, kv_budget, no_repack, draft)

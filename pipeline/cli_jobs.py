@@ -106,6 +106,9 @@ def _gather_jobs(inputs: tuple[str, ...], *, model: str | None, literal: bool, r
 @click.option("--top-p", type=float, default=None)
 @click.option("--seed", type=int, default=None)
 @click.option("--stop", multiple=True, help="Stop string (repeatable).")
+@click.option("--json-schema", "json_schema", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="Constrain every output to JSON valid for the JSON schema in this file.")
+@click.option("--json-object", is_flag=True, help="Constrain every output to a JSON object (any).")
 @click.option("--raw", is_flag=True, help="Prompts are raw completions (no chat template).")
 @click.option("--system", default=None, help="System message for prompt arguments / text files.")
 @click.option("--literal", is_flag=True, help="Treat every argument as prompt text, even if a file exists.")
@@ -122,7 +125,8 @@ def _gather_jobs(inputs: tuple[str, ...], *, model: str | None, literal: bool, r
 def submit_command(inputs: tuple[str, ...], model: str | None, priority: str, timeout: int | None, retries: int,
                    recompute: bool, wait: bool, output: str | None, max_tokens: int | None,
                    temperature: float | None, top_p: float | None, seed: int | None, stop: tuple[str, ...],
-                   raw: bool, system: str | None, literal: bool, workers: int, threads: int | None,
+                   json_schema: str | None, json_object: bool, raw: bool, system: str | None, literal: bool,
+                   workers: int, threads: int | None,
                    kv_budget: str | None, redis_url: str | None, no_progress: bool, no_repack: bool) -> None:
     """Submit prompts (arguments), text files (one job each) or OpenAI Batch .jsonl files; print the batch id.
 
@@ -130,6 +134,7 @@ def submit_command(inputs: tuple[str, ...], model: str | None, priority: str, ti
     as an error line with its custom_id (what `rqllm collect` writes); the rest is submitted, and the
     command then exits 1, saying how many lines were refused."""
     from jobs.schemas import InvalidJob, model_key
+    from pipeline.cli_engine import response_format_option
     from pipeline.client import Client
     from pipeline.model_check import ModelCheck
     from pipeline.collector import collect
@@ -140,6 +145,9 @@ def submit_command(inputs: tuple[str, ...], model: str | None, priority: str, ti
             params[k] = v
     if stop:
         params["stop"] = list(stop)
+    response_format = response_format_option(json_schema, json_object, None)
+    if response_format is not None:
+        params["response_format"] = response_format
     # a model no live worker of REDIS_URL holds, that the registry does not know and that is no .gguf file
     # here is refused now: its jobs would wait on a queue nobody serves
     remote = _client(redis_url) if redis_url else None

@@ -1,0 +1,62 @@
+"""CLI command for bulk extraction: extract."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from engine.defaults import DEFAULT_MODEL
+from pipeline.extract import DEFAULT_MAX_TOKENS
+from pipeline.summarize import DEFAULT_MAX_BYTES, SummarizeError
+
+
+@click.command("extract")
+@click.argument("paths", nargs=-1, required=True)
+@click.option("--schema", "schema_file", type=click.Path(exists=True, dir_okay=False), required=True,
+              help="JSON schema file: each document gives one object valid for it.")
+@click.option("--instructions", default=None, help="More instructions for the model (what to look for).")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, allow_dash=True), default="-", show_default=True,
+              help="Where to write: a .csv file gets CSV (top-level fields as columns), anything else JSONL.")
+@click.option("--model", "-m", default=DEFAULT_MODEL, show_default=True, help="Model name or .gguf path.")
+@click.option("--workers", "-w", type=click.IntRange(1, 64), default=None,
+              help="Worker processes to start when running embedded (no REDIS_URL).")
+@click.option("--threads", type=click.IntRange(1, 1024), default=None, help="Engine threads per embedded worker.")
+@click.option("--kv-budget", default=None, help="Workers' KV cache budget (256MiB, or tokens: 2048tok).")
+@click.option("--max-tokens", type=click.IntRange(8, 8192), default=DEFAULT_MAX_TOKENS, show_default=True,
+              help="Longest object, in tokens.")
+@click.option("--max-bytes", type=click.IntRange(1), default=DEFAULT_MAX_BYTES, show_default=True,
+              help="Skip files larger than this.")
+@click.option("--redis-url", envvar="REDIS_URL", default=None,
+              help="Submit to this Redis and wait (default $REDIS_URL); unset = embedded cluster.")
+@click.option("--no-repack", is_flag=True, help="Embedded workers compute on the GGUF's own layout.")
+def extract_command(paths: tuple[str, ...], schema_file: str, instructions: str | None, output: str, model: str,
+                    workers: int | None, threads: int | None, kv_budget: str | None, max_tokens: int,
+                    max_bytes: int, redis_url: str | None, no_repack: bool) -> None:
+    """Extract the fields of a JSON schema from every document: PATHS are files, folders (recursive) or
+    globs. One job per document, decoded under the schema's grammar: each object parses and is valid."""
+    from pipeline.extract import extract
+
+    try:
+        schema = json.loads(Path(schema_file).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise click.ClickException(f"--schema {schema_file}: not a JSON file ({exc})") from None
+    if not isinstance(schema, dict):
+        raise click.ClickException(f"--schema {schema_file}: a schema is a JSON object")
+    fmt = "csv" if output.lower().endswith(".csv") else "jsonl"
+    stream = sys.stdout if output == "-" else open(output, "w", encoding="utf-8", newline="")  # noqa: SIM115
+    try:
+        report = extract(list(paths), schema=schema, output=stream, fmt=fmt, instructions=instructions, model=model,
+                         workers=workers, threads=threads, kv_budget=kv_budget, max_tokens=max_tokens,
+                         max_bytes=max_bytes, redis_url=redis_url or None, repack=not no_repack)
+    except SummarizeError as e:
+        raise click.ClickException(str(e)) from None
+    finally:
+        if stream is not sys.stdout:
+            stream.close()
+    if not report.extractions or report.failed:
+        raise SystemExit(1)
+
+
+COMMANDS: list[click.Command] = [extract_command]
