@@ -25,8 +25,8 @@ def main() -> None:
 def _register() -> None:
     # Engine-side commands: models, generate, tokenize.
     from pipeline import cli_engine
-    # Queue-side commands: submit, collect, watch, status, jobs, cancel.
-    from pipeline import cli_jobs
+    # Queue-side commands: submit, collect, watch, status; a batch's jobs, cancel.
+    from pipeline import cli_batch, cli_jobs
     # The worker: worker.
     from pipeline import cli_worker
     # The OpenAI-compatible HTTP API: serve.
@@ -36,7 +36,7 @@ def _register() -> None:
     # Bulk extraction under a JSON schema: extract.
     from pipeline import cli_extract
 
-    for module in (cli_engine, cli_jobs, cli_worker, cli_summarize, cli_extract, cli_serve):
+    for module in (cli_engine, cli_jobs, cli_batch, cli_worker, cli_summarize, cli_extract, cli_serve):
         for command in module.COMMANDS:
             main.add_command(command)
 
