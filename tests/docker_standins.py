@@ -74,6 +74,8 @@ class Daemon:
                 self.proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
+        if self.log is not None:
+            shutil.rmtree(self.log.parent, ignore_errors=True)
 
 
 def docker_daemon() -> Daemon:
@@ -97,8 +99,8 @@ def docker_daemon() -> Daemon:
         if _daemon_answers():
             return Daemon(proc, log)
         time.sleep(0.5)
-    Daemon(proc, log).stop()
     tail = " | ".join(log.read_text().strip().splitlines()[-3:])
+    Daemon(proc, log).stop()
     raise Unavailable(f"dockerd --storage-driver vfs did not start: {tail}")
 
 
