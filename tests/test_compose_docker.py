@@ -116,7 +116,7 @@ def wait_healthy(project: Project, service: str, count: int, timeout: float) -> 
         time.sleep(2)
 
 
-def test_compose_runs_two_workers_that_share_a_batch(compose_cmd, tmp_path):
+def test_compose_runs_two_workers_that_share_a_batch(docker, compose_cmd, tmp_path):
     from engine import registry
 
     if not port_free(6379):
@@ -139,6 +139,12 @@ def test_compose_runs_two_workers_that_share_a_batch(compose_cmd, tmp_path):
     t0 = time.monotonic()
     project.run("build", timeout=3600)
     t_build = time.monotonic() - t0
+    if docker.proc is not None:
+        # On the daemon started here: vfs keeps a full copy of the root per layer and cached step, so each
+        # source change would leave GBs behind: the image it replaced, and build cache beyond the newest
+        # (what the next unchanged run reuses).
+        docker_standins.run(["docker", "image", "prune", "-f"], timeout=600, check=False)
+        docker_standins.run(["docker", "builder", "prune", "-f", "--keep-storage", "3GB"], timeout=600, check=False)
     try:
         # Volumes and containers exist (labelled as compose's own) before anything starts: the model goes
         # into the `models` volume where `rqllm models pull` will find it.
