@@ -1,9 +1,10 @@
 """docker-compose.yml and deploy/Dockerfile, checked without Docker.
 
-Docker does not run where the tests run, so these check what can drift silently: the compose file
-parses, every service command is a real `rqllm` command line (introspected from the click CLI),
-the Redis password reaches every client URL, persistence is on, volumes are declared, each worker has
-a CPU limit its thread count follows, and the image installs the project the way the README tells people to.
+These run everywhere, Docker or not (tests/test_compose_docker.py, slow, really runs the file), and
+check what can drift silently: the compose file parses, every service command is a real `rqllm` command
+line (introspected from the click CLI), the Redis password reaches every client URL, persistence is on,
+volumes are declared, each worker has a CPU limit its thread count follows, and the image installs the
+project the way the README tells people to.
 """
 from __future__ import annotations
 
