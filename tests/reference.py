@@ -680,11 +680,10 @@ def qwen2_layer(x, L, cfg: Config, il: int, pos, cache, ggml_numerics=False):
     return swiglu_ffn_block(x, L, cfg)
 
 
-def qwen3_layer(x, L, cfg: Config, il: int, pos, cache, ggml_numerics=False):
-    """One qwen3 block (src/models/qwen3.cpp): a llama block with head_dim from key_length, per-head
-    RMSNorm of q and k before RoPE (attn_q_norm / attn_k_norm), NEOX RoPE, no biases."""
+def qwen3_attention(x, L, cfg: Config, il: int, pos, cache, ggml_numerics=False):
+    """qwen3's attention with its residual (src/models/qwen3.cpp, qwen3moe.cpp): head_dim from key_length,
+    per-head RMSNorm of q and k before RoPE (attn_q_norm / attn_k_norm), NEOX RoPE, no biases."""
     n = x.shape[0]
-    # attention
     h = rms_norm(x, L["attn_norm"], cfg.eps)
     q = L["attn_q"](h).reshape(n, cfg.n_head, cfg.head_dim)
     k = L["attn_k"](h).reshape(n, cfg.n_head_kv, cfg.head_dim)
@@ -695,8 +694,12 @@ def qwen3_layer(x, L, cfg: Config, il: int, pos, cache, ggml_numerics=False):
     scaling = rope_scaling(cfg, cfg.rope_base)
     q = rope(q, pos, cfg.rope_base, cfg.n_rot, cfg.rope_neox, **scaling)
     k = rope(k, pos, cfg.rope_base, cfg.n_rot, cfg.rope_neox, **scaling)
-    x = causal_attention_block(x, q, k, v, L, cfg, il, pos, cache, ggml_numerics)
-    return swiglu_ffn_block(x, L, cfg)
+    return causal_attention_block(x, q, k, v, L, cfg, il, pos, cache, ggml_numerics)
+
+
+def qwen3_layer(x, L, cfg: Config, il: int, pos, cache, ggml_numerics=False):
+    """One qwen3 block (src/models/qwen3.cpp): qwen3's attention, the llama feed-forward."""
+    return swiglu_ffn_block(qwen3_attention(x, L, cfg, il, pos, cache, ggml_numerics), L, cfg)
 
 
 def gemma2_layer(x, L, cfg: Config, il: int, pos, cache, ggml_numerics=False):
@@ -756,16 +759,7 @@ def phi3_layer(x, L, cfg: Config, il: int, pos, cache, ggml_numerics=False):
 
 def qwen3moe_layer(x, L, cfg: Config, il: int, pos, cache, ggml_numerics=False):
     """One qwen3moe block (src/models/qwen3moe.cpp): qwen3's attention, a mixture-of-experts FFN."""
-    n = x.shape[0]
-    h = rms_norm(x, L["attn_norm"], cfg.eps)
-    q = rms_norm(L["attn_q"](h).reshape(n, cfg.n_head, cfg.head_dim), L["attn_q_norm"], cfg.eps)
-    k = rms_norm(L["attn_k"](h).reshape(n, cfg.n_head_kv, cfg.head_dim), L["attn_k_norm"], cfg.eps)
-    v = L["attn_v"](h).reshape(n, cfg.n_head_kv, cfg.head_dim)
-    scaling = rope_scaling(cfg, cfg.rope_base)
-    q = rope(q, pos, cfg.rope_base, cfg.n_rot, cfg.rope_neox, **scaling)
-    k = rope(k, pos, cfg.rope_base, cfg.n_rot, cfg.rope_neox, **scaling)
-    x = causal_attention_block(x, q, k, v, L, cfg, il, pos, cache, ggml_numerics)
-    return moe_ffn_block(x, L, cfg)
+    return moe_ffn_block(qwen3_attention(x, L, cfg, il, pos, cache, ggml_numerics), L, cfg)
 
 
 def olmoe_layer(x, L, cfg: Config, il: int, pos, cache, ggml_numerics=False):
