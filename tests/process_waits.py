@@ -1,6 +1,7 @@
 """Waiting for processes to end, in tests of process lifetimes (psutil)."""
 from __future__ import annotations
 
+import subprocess
 import time
 
 import psutil
@@ -24,3 +25,13 @@ def wait_gone(procs: list[psutil.Process], timeout: float) -> list[psutil.Proces
         if not alive or time.monotonic() >= deadline:
             return alive
         time.sleep(0.1)
+
+
+def stop(proc: subprocess.Popen, grace: float = 30) -> None:
+    """SIGTERM, then SIGKILL if it is still running after `grace` seconds; reaped either way."""
+    proc.terminate()
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()

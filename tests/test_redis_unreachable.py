@@ -19,6 +19,7 @@ import pytest
 
 from jobs.redis_conn import RedisUnreachable, connect, probe, reachable, wait_for_redis
 from pipeline.embedded_redis import free_port, redis_server_executable
+from tests.process_waits import stop
 
 ROOT = Path(__file__).resolve().parent.parent
 CLI = [sys.executable, "-c", "from pipeline.cli import main; main()"]
@@ -145,12 +146,7 @@ def test_a_worker_waits_for_redis_and_starts_when_it_comes(smollm2_path, tmp_pat
             assert worker.poll() is None, "the worker exited"
             time.sleep(0.2)
     finally:
-        worker.terminate()
-        try:
-            worker.wait(30)
-        except subprocess.TimeoutExpired:
-            worker.kill()
-            worker.wait()
+        stop(worker)
         if server is not None:
             server.terminate()
             server.wait(10)

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.process_waits import stop
+
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 MODEL = "smollm2-135m"
@@ -125,12 +127,7 @@ def redis_and_worker(engine_ready, tmp_path):
     try:
         yield server.url
     finally:
-        worker.terminate()
-        try:
-            worker.wait(30)
-        except subprocess.TimeoutExpired:
-            worker.kill()
-            worker.wait()
+        stop(worker)
         log.close()
         server.stop()
 
