@@ -2,7 +2,10 @@
 arrays, enums, numbers with bounds, required and optional fields, strings with patterns."""
 from __future__ import annotations
 
+import json
 from typing import Any
+
+import jsonschema
 
 SCHEMAS: dict[str, dict[str, Any]] = {
     "nested": {
@@ -63,3 +66,12 @@ def messages(schema_name: str) -> list[dict[str, str]]:
 def response_format(schema_name: str) -> dict[str, Any]:
     return {"type": "json_schema", "json_schema": {"name": schema_name, "schema": SCHEMAS[schema_name],
                                                    "strict": True}}
+
+
+def check_output(text: str, finish: str, schema: dict) -> bool:
+    """True when the output is a complete valid object; a cut one must say "length"."""
+    if finish == "length":
+        return False
+    assert finish == "stop"
+    jsonschema.validate(json.loads(text), schema)
+    return True

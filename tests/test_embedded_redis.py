@@ -8,7 +8,6 @@ given a password on its command line moves it out of there.
 from __future__ import annotations
 
 import os
-import signal
 import stat
 import subprocess
 import sys
@@ -22,6 +21,7 @@ from redis.exceptions import AuthenticationError, ResponseError
 
 from pipeline.embedded import DISABLED_COMMANDS, RedisServer
 from tests.model_available import needs_model
+from tests.process_waits import stop
 
 M = "smollm2-135m"
 ROOT = Path(__file__).resolve().parent.parent
@@ -162,11 +162,7 @@ def test_no_child_of_submit_wait_has_the_password_on_its_command_line(tmp_path):
             assert password not in line and "--redis-url" not in line, line
         assert password not in err.read_text()  # nor in what the command prints
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop(proc)
 
 
 @needs_model(M)
@@ -197,10 +193,6 @@ def test_a_worker_given_a_password_in_argv_moves_it_out_of_ps(tmp_path):
                 time.sleep(0.1)
             assert client.result(jid).status == "done"
         finally:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            stop(proc)
             log.close()
         assert server.password not in (tmp_path / "w.log").read_text(errors="replace")

@@ -24,6 +24,7 @@ from redis import Redis
 from jobs import keys
 from pipeline.collector import collect
 from pipeline.embedded import free_port, redis_server_executable
+from tests.process_waits import stop
 from tests.conftest_redis import (  # noqa: F401
     assert_no_pickle,
     client,
@@ -275,13 +276,7 @@ class _Server:
         raise RuntimeError("redis-server did not answer")
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop(self.proc, 5)
         shutil.rmtree(self.dir, ignore_errors=True)
 
 

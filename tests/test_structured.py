@@ -7,14 +7,13 @@ from __future__ import annotations
 import json
 import re
 
-import jsonschema
 import pytest
 from pydantic import ValidationError
 
 from engine.engine import Engine
 from engine.params import SamplingParams
 from tests.model_available import needs_model, why_model_missing
-from tests.structured_cases import SCHEMAS, messages, response_format
+from tests.structured_cases import SCHEMAS, check_output, messages, response_format
 
 pytestmark = needs_model("smollm2-135m")
 DEFAULT_MODEL = "qwen2.5-coder-0.5b-instruct"
@@ -23,15 +22,6 @@ DEFAULT_MODEL = "qwen2.5-coder-0.5b-instruct"
 @pytest.fixture(scope="module")
 def eng(smollm2_path) -> Engine:
     return Engine(str(smollm2_path), threads=2, kv_budget="32MiB")
-
-
-def check_output(text: str, finish: str, schema: dict) -> bool:
-    """True when the output is a complete valid object; a cut one must say "length"."""
-    if finish == "length":
-        return False
-    assert finish == "stop"
-    jsonschema.validate(json.loads(text), schema)
-    return True
 
 
 @pytest.mark.parametrize("speculative", ["off", "prompt_lookup"])

@@ -8,7 +8,6 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
-import jsonschema
 import pytest
 from pydantic import BaseModel, Field
 from redis import Redis
@@ -18,7 +17,7 @@ from tests.api_server import ServeProcess
 from tests.conftest_redis import wait_for_workers
 from tests.model_available import needs_model
 from tests.redis_server import redis_server  # noqa: F401  (session fixture)
-from tests.structured_cases import SCHEMAS, messages, response_format
+from tests.structured_cases import SCHEMAS, check_output, messages, response_format
 from tests.test_api_integration import file_lines, wait_batch, write_jsonl
 
 openai = pytest.importorskip("openai", reason="the openai client is in the test extras: pip install -e '.[test]'")
@@ -44,20 +43,12 @@ def client(redis_server: str, tmp_path_factory) -> Iterator:  # noqa: F811
         stop_workers([worker])
 
 
-def valid_or_length(text: str, finish: str, schema: dict) -> bool:
-    if finish == "length":
-        return False
-    assert finish == "stop"
-    jsonschema.validate(json.loads(text), schema)
-    return True
-
-
 def test_chat_completion_with_a_json_schema(client):
     complete = 0
     for name in ("nested", "enum", "bounded_numbers"):
         r = client.chat.completions.create(model=M, messages=messages(name), max_tokens=100,
                                            response_format=response_format(name))
-        complete += valid_or_length(r.choices[0].message.content, r.choices[0].finish_reason, SCHEMAS[name])
+        complete += check_output(r.choices[0].message.content, r.choices[0].finish_reason, SCHEMAS[name])
     assert complete >= 2
 
 
@@ -84,7 +75,7 @@ def test_completion_with_a_regex_and_streaming(client):
     pieces = [ch.choices[0].delta.content or "" for ch in client.chat.completions.create(
         model=M, messages=messages("pattern"), max_tokens=60, response_format=response_format("pattern"),
         stream=True) if ch.choices]
-    valid_or_length("".join(pieces), "stop", SCHEMAS["pattern"])
+    check_output("".join(pieces), "stop", SCHEMAS["pattern"])
 
 
 def test_bad_schema_refused_at_submission(client):
@@ -111,5 +102,5 @@ def test_batch_lines_with_response_format(client, tmp_path: Path):
     assert set(refused) == {5} and refused[5].param == "response_format" and "integr" in refused[5].message
     out = {x["custom_id"]: x["response"]["body"]["choices"][0] for x in file_lines(client, b.output_file_id)}
     assert set(out) == set(names)
-    complete = sum(valid_or_length(c["message"]["content"], c["finish_reason"], SCHEMAS[n]) for n, c in out.items())
+    complete = sum(check_output(c["message"]["content"], c["finish_reason"], SCHEMAS[n]) for n, c in out.items())
     assert complete >= 3
