@@ -15,7 +15,7 @@ from tests.conftest import SIMDE_PATH
 
 q = pytest.importorskip("engine.kernels._quants", reason="build the kernels: python setup.py build_ext --inplace")
 
-R16_TYPES = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q6_K, T.IQ4_NL, T.IQ4_XS]
+R16_TYPES = [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_NL, T.IQ4_XS]
 
 
 def _n_for(t) -> int:
@@ -37,8 +37,8 @@ def test_types_and_sizes():
     for t in R16_TYPES:
         n = _n_for(t)
         gguf = 16 * q.row_bytes(int(t), n)
-        # Q4_K keeps scales and mins as bytes, IQ4_XS its scales
-        extra = {T.Q4_K: 64, T.IQ4_XS: 32}.get(t, 0) * (n // 256)
+        # Q4_K and Q5_K keep scales and mins as bytes, IQ4_XS its scales
+        extra = {T.Q4_K: 64, T.Q5_K: 64, T.IQ4_XS: 32}.get(t, 0) * (n // 256)
         assert q.r16_bytes(int(t), 16, n) == gguf + extra, T(t).name
         assert q.r16_bytes(int(t), 17, n) == 2 * (gguf + extra)   # rows padded to whole groups
     assert q.r16_bytes(int(T.Q2_K), 16, 256) == 0

@@ -415,6 +415,25 @@ A256 AINL void v16_unpack_q8_0(const uint8_t *row, int nb, uint8_t *ur) {
 
 /* --- R16 (see r16.c) -------------------------------------------------------------------------- */
 
+/* The fifth bits of a block's 16 rows (HB: one u32 per row, bit 8i + 4h + g for element 16h + 4g + i)
+ * into the v16 U vectors W[4h + g] as 0x10 of byte i (Q5_0, Q5_1 and Q5_K). */
+A512 AINL void r16_hb5_512(const uint8_t *hb_at, __m512i *W) {
+    const __m512i hb = _mm512_loadu_si512(hb_at), b5 = _mm512_set1_epi8(0x10);
+    for (int k = 0; k < 8; k++) {   /* bit 8i + k -> 0x10 of byte i */
+        const __m512i hk = k <= 4 ? _mm512_slli_epi32(hb, 4 - k) : _mm512_srli_epi32(hb, k - 4);
+        W[k] = _mm512_or_si512(W[k], _mm512_and_si512(hk, b5));
+    }
+}
+
+/* The same for 8 rows (hb_at: their 32 bytes), AVX2. */
+A256 AINL void r16_hb5_256(const uint8_t *hb_at, __m256i *W) {
+    const __m256i hb = _mm256_loadu_si256((const __m256i *)hb_at), b5 = _mm256_set1_epi8(0x10);
+    for (int k = 0; k < 8; k++) {
+        const __m256i hk = k <= 4 ? _mm256_slli_epi32(hb, 4 - k) : _mm256_srli_epi32(hb, k - 4);
+        W[k] = _mm256_or_si256(W[k], _mm256_and_si256(hk, b5));
+    }
+}
+
 /* Block b (j within its unit u) of a legacy or IQ4_NL group: the v16 U vectors W[4h + g], the half
  * scales (d twice) and the mins (see r16_block). */
 A512 AINL void r16_block_legacy(const int t, const r16_ptrs *p, const uint8_t *u, size_t j, __m512i *W, __m512 *wd0,
@@ -424,13 +443,7 @@ A512 AINL void r16_block_legacy(const int t, const r16_ptrs *p, const uint8_t *u
     } else {
         r16_nib_512(p, u, j, W);
         if (t == RQ_IQ4_NL) iq4_lookup8_512(W);
-        if (t == RQ_Q5_0 || t == RQ_Q5_1) {
-            const __m512i hb = _mm512_loadu_si512(u + p->hb), b5 = _mm512_set1_epi8(0x10);
-            for (int k = 0; k < 8; k++) {   /* bit 8i + k -> 0x10 of byte i */
-                const __m512i hk = k <= 4 ? _mm512_slli_epi32(hb, 4 - k) : _mm512_srli_epi32(hb, k - 4);
-                W[k] = _mm512_or_si512(W[k], _mm512_and_si512(hk, b5));
-            }
-        }
+        if (t == RQ_Q5_0 || t == RQ_Q5_1) r16_hb5_512(u + p->hb, W);
     }
     *wd0 = *wd1 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(u + p->d)));
     *mn = p->m ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(u + p->m))) : _mm512_setzero_ps();
@@ -446,13 +459,7 @@ A256 AINL void r16_block_legacy_256(const int t, const r16_ptrs *p, const uint8_
     } else {
         r16_nib_256(p, u, j, o, W);
         if (t == RQ_IQ4_NL) iq4_lookup8_256(W, 0);
-        if (t == RQ_Q5_0 || t == RQ_Q5_1) {
-            const __m256i hb = _mm256_loadu_si256((const __m256i *)(u + p->hb + o)), b5 = _mm256_set1_epi8(0x10);
-            for (int k = 0; k < 8; k++) {
-                const __m256i hk = k <= 4 ? _mm256_slli_epi32(hb, 4 - k) : _mm256_srli_epi32(hb, k - 4);
-                W[k] = _mm256_or_si256(W[k], _mm256_and_si256(hk, b5));
-            }
-        }
+        if (t == RQ_Q5_0 || t == RQ_Q5_1) r16_hb5_256(u + p->hb + o, W);
     }
     const size_t o16 = 16 * (size_t)q;
     *wd0 = *wd1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(u + p->d + o16)));

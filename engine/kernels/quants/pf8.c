@@ -137,6 +137,7 @@ A256 AINL void pf8_unpack_256(const int t, const uint8_t *W, size_t rb, int r0, 
         const uint8_t *row = W + (size_t)r * rb;
         uint8_t *ur = buf + (size_t)(r - r0) * us;
         if (t == RQ_Q4_K) pf8_unpack_q4k(row, nb, ur);
+        else if (t == RQ_Q5_K) pf8_unpack_q5k(row, nb, ur);
         else if (t == RQ_Q6_K) pf8_unpack_q6k(row, nb, ur);
         else pf8_unpack_legacy(t, row, nb, ur);
     }
@@ -180,6 +181,7 @@ PF8_256(q4_1, RQ_Q4_1)
 PF8_256(q5_0, RQ_Q5_0)
 PF8_256(q5_1, RQ_Q5_1)
 PF8_256(q4_K, RQ_Q4_K)
+PF8_256(q5_K, RQ_Q5_K)
 PF8_256(q6_K, RQ_Q6_K)
 
 #endif /* x86 */

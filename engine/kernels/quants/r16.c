@@ -13,6 +13,7 @@ static r16_ptrs r16_group_ptrs(int t, const uint8_t *g, int nb) {
     p.bpu = 1;
     switch (t) {
     case RQ_Q4_K: r16_layout_q4k(&p); break;
+    case RQ_Q5_K: r16_layout_q5k(&p); break;
     case RQ_Q6_K: r16_layout_q6k(&p); break;
     case RQ_IQ4_XS: r16_layout_iq4xs(&p); break;
     default: r16_layout_legacy(t, &p); break;
@@ -32,6 +33,7 @@ static void r16_repack_row(int t, const uint8_t *row, int nb, const r16_ptrs *p,
     if (t == RQ_Q4_0 || t == RQ_Q4_1 || t == RQ_Q5_0 || t == RQ_Q5_1 || t == RQ_IQ4_NL) r16_repack_row_legacy(t, row, nb, p, r);
     else if (t == RQ_Q8_0) r16_repack_row_q8_0(row, nb, p, r);
     else if (t == RQ_Q4_K) r16_repack_row_q4k(row, nb, p, r);
+    else if (t == RQ_Q5_K) r16_repack_row_q5k(row, nb, p, r);
     else if (t == RQ_Q6_K) r16_repack_row_q6k(row, nb, p, r);
     else if (t == RQ_IQ4_XS) r16_repack_row_iq4xs(row, nb, p, r);
 }
@@ -82,6 +84,7 @@ A512 AINL void r16_block(const int t, const r16_ptrs *p, size_t b, __m512i *W, _
     const uint8_t *u = r16_unit(p, b);
     const size_t j = r16_j(p, b);
     if (t == RQ_Q4_K) r16_block_q4k(p, u, j, W, wd0, wd1, mn);
+    else if (t == RQ_Q5_K) r16_block_q5k(p, u, j, W, wd0, wd1, mn);
     else if (t == RQ_Q6_K) r16_block_q6k(p, u, j, W, wd0, wd1, mn);
     else if (t == RQ_IQ4_XS) r16_block_iq4xs(p, u, j, W, wd0, wd1, mn);
     else r16_block_legacy(t, p, u, j, W, wd0, wd1, mn);
@@ -256,6 +259,7 @@ R16_GROUPS(q5_0, RQ_Q5_0)
 R16_GROUPS(q5_1, RQ_Q5_1)
 R16_GROUPS(q8_0, RQ_Q8_0)
 R16_GROUPS(q4_K, RQ_Q4_K)
+R16_GROUPS(q5_K, RQ_Q5_K)
 R16_GROUPS(q6_K, RQ_Q6_K)
 R16_GROUPS(iq4_nl, RQ_IQ4_NL)
 R16_GROUPS(iq4_xs, RQ_IQ4_XS)
@@ -275,6 +279,7 @@ A256 AINL void r16_block_256(const int t, const r16_ptrs *p, size_t b, const int
     const uint8_t *u = r16_unit(p, b);
     const size_t j = r16_j(p, b);
     if (t == RQ_Q4_K) r16_block_q4k_256(p, u, j, q, W, wd0, wd1, mn);
+    else if (t == RQ_Q5_K) r16_block_q5k_256(p, u, j, q, W, wd0, wd1, mn);
     else if (t == RQ_Q6_K) r16_block_q6k_256(p, u, j, q, W, wd0, wd1, mn);
     else if (t == RQ_IQ4_XS) r16_block_iq4xs_256(p, u, j, q, W, wd0, wd1, mn);
     else r16_block_legacy_256(t, p, u, j, q, W, wd0, wd1, mn);
@@ -738,6 +743,7 @@ R16_GROUPS_256(q5_0, RQ_Q5_0)
 R16_GROUPS_256(q5_1, RQ_Q5_1)
 R16_GROUPS_256(q8_0, RQ_Q8_0)
 R16_GROUPS_256(q4_K, RQ_Q4_K)
+R16_GROUPS_256(q5_K, RQ_Q5_K)
 R16_GROUPS_256(q6_K, RQ_Q6_K)
 R16_GROUPS_256(iq4_nl, RQ_IQ4_NL)
 R16_GROUPS_256(iq4_xs, RQ_IQ4_XS)

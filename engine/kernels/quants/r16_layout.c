@@ -18,7 +18,7 @@
  * 8i + 4h + g = the 5th bit of elem 16h+4g+i; HB (Q6_K) bits 8i + 2g, +1 = the 2 high bits of
  * elem 16h+4g+i: one shift and one mask put them under the nibbles.
  */
-#define R16_V 2   /* layout version; bump when the layout (above or a type's r16_layout_*) changes */
+#define R16_V 3   /* layout version; bump when the layout (above or a type's r16_layout_*) changes */
 
 static inline int r16_type(int t) { return traits(t)->packed; }
 

@@ -81,6 +81,7 @@ A512 static void v16_unpack(const int t, const uint8_t *W, size_t rb, int r0, in
         if (r >= nr) { memset(ur, 0, us); continue; }
         const uint8_t *row = W + (size_t)(r0 + r) * rb;
         if (t == RQ_Q4_K) pf8_unpack_q4k(row, nb, ur);
+        else if (t == RQ_Q5_K) pf8_unpack_q5k(row, nb, ur);
         else if (t == RQ_Q6_K) pf8_unpack_q6k(row, nb, ur);
         else if (t == RQ_Q8_0) v16_unpack_q8_0(row, nb, ur);
         else if (t == RQ_IQ4_NL) v16_unpack_iq4nl(row, nb, ur);
@@ -277,6 +278,7 @@ V16_ROWS(q5_0, RQ_Q5_0)
 V16_ROWS(q5_1, RQ_Q5_1)
 V16_ROWS(q8_0, RQ_Q8_0)
 V16_ROWS(q4_K, RQ_Q4_K)
+V16_ROWS(q5_K, RQ_Q5_K)
 V16_ROWS(q6_K, RQ_Q6_K)
 V16_ROWS(iq4_nl, RQ_IQ4_NL)
 V16_ROWS(iq4_xs, RQ_IQ4_XS)
