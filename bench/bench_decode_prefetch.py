@@ -1,4 +1,4 @@
-"""One-token matmuls streamed from DRAM under each decode prefetch setting (engine/decode_prefetch.py).
+"""One-token matmuls streamed from DRAM under each decode candidate, kernels and prefetch (engine/decode_tuning.py).
 
     python bench/bench_decode_prefetch.py [--types Q4_K,Q6_K,Q8_0] [--threads 1] [--kernel avx512] [--reps 3]
 
@@ -25,14 +25,14 @@ import numpy as np
 def main(types: str, threads: int, kernel: str, reps: int, rows: int, cols: int) -> None:
     from gguf import GGMLQuantizationType as T
 
-    from engine import decode_prefetch
+    from engine import decode_tuning
     from engine.kernels import _quants as q
 
     if not q.cpu_supports(kernel):
         raise click.UsageError(f"this CPU cannot run the {kernel} path")
     rng = np.random.default_rng(0)
     x = rng.standard_normal((1, cols)).astype(np.float32)
-    before = q.r16_set_prefetch(0)
+    before, mode = q.r16_set_prefetch(0), q.set_decode_mode("r16")
     try:
         for name in types.split(","):
             t = int(T[name])
@@ -45,14 +45,16 @@ def main(types: str, threads: int, kernel: str, reps: int, rows: int, cols: int)
             q.r16_repack(t, w, rows, cols, r, 0, (rows + 15) // 16, 2)
             rates: dict[str, list[float]] = {}
             for _ in range(reps):
-                for c in decode_prefetch.CANDIDATES:
+                for c in decode_tuning.candidates(kernel):
                     c.apply()
-                    rates.setdefault(str(c), []).append(nbytes / q.matmul_r16(t, w, r, rows, cols, x, threads, kernel, 2))
-                rates.setdefault("GGUF layout", []).append(nbytes / q.bench_matmul(t, w, rows, cols, x, threads, 2, kernel))
+                    s = (q.bench_matmul(t, w, rows, cols, x, threads, 2, kernel) if c.kernels == "gguf"
+                         else q.matmul_r16(t, w, r, rows, cols, x, threads, kernel, 2))
+                    rates.setdefault(str(c), []).append(nbytes / s)
             cells = ", ".join(f"{k}: {statistics.median(v) / 1e9:.1f}" for k, v in rates.items())
             click.echo(f"{name} {nbytes / 1e6:.0f} MB, {threads} thread(s), {kernel}, GB/s: {cells}")
     finally:
         q.r16_set_prefetch(*before)
+        q.set_decode_mode(mode)
 
 
 if __name__ == "__main__":

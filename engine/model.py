@@ -16,7 +16,7 @@ import numpy as np
 from engine.cpus import choose_threads
 from engine.gguf_constants import GGMLQuantizationType
 from engine.gguf_file import GGUFError, GGUFFile
-from engine import decode_prefetch
+from engine import decode_tuning
 from engine import repack as repack_cache
 from engine.kv_cache import KVCache, parse_bytes
 from engine.repack import RepackedWeights
@@ -489,11 +489,11 @@ def _repacked_weights(gguf: GGUFFile, weights: Weights, repack: bool | None, thr
     gguf.advise_random_reads(except_tensors=set(weights.matmul_names()) - set(repacked.addresses))
     largest = max(repacked.plan.tensors, key=lambda t: t.nbytes)
     try:
-        prefetch = decode_prefetch.choose((largest.type, gguf.tensor_data(largest.name),
-                                           repacked.tensor_bytes(largest.name), largest.rows, largest.cols), threads)
-    except ValueError as exc:  # a bad RQLLM_DECODE_PREFETCH
+        decode = decode_tuning.choose((largest.type, gguf.tensor_data(largest.name),
+                                       repacked.tensor_bytes(largest.name), largest.rows, largest.cols), threads)
+    except ValueError as exc:  # a bad RQLLM_DECODE_PREFETCH or RQLLM_DECODE_KERNELS
         raise ModelError(str(exc)) from None
-    return repacked, WeightLayout(repacked.path, f"{repacked.describe()}; {prefetch.describe()}")
+    return repacked, WeightLayout(repacked.path, f"{repacked.describe()}; {decode.describe()}")
 
 
 def _type_name(t: int) -> str:

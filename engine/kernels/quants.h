@@ -124,14 +124,19 @@ void rq_matmul_ref(int t, const void *W, int rows, int cols,
 /* Repacked weights ("R16"): a matrix's rows in groups of 16, the same bits rearranged so that one
  * 64-byte load holds the same 4 elements of 16 rows (quants/r16_layout.c). Made once per model
  * file (engine/repack.py keeps them in a shared cache file) and used by the AVX-512 path; results
- * equal the GGUF layout's bit for bit. Types: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K, IQ4_NL,
- * IQ4_XS. */
+ * equal the GGUF layout's bit for bit. Types: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K,
+ * IQ4_NL, IQ4_XS. */
 int rq_r16_supported(int t);
 /* Changes whenever the R16 layout does: caches of an older layout must be rebuilt. */
 int rq_r16_layout_version(void);
 /* The distance (bytes) at which one-token passes prefetch a repacked group's units, into L2 when
  * to_l2 (else L1); returns the old distance (and the old to_l2 in *was_to_l2 unless NULL). */
 size_t rq_r16_set_prefetch(size_t bytes, int to_l2, int *was_to_l2);
+/* How decode-sized calls (ntok <= 8) with R16 copies compute: with the kernel path's R16 kernels,
+ * with the AVX2 R16 kernels on the avx512 path, or on the GGUF layout (W). Results are the same bit
+ * for bit. rq_set_decode_mode returns the previous mode, or -1 for an unknown one. */
+enum { RQ_DECODE_R16 = 0, RQ_DECODE_R16_256 = 1, RQ_DECODE_GGUF = 2 };
+int rq_set_decode_mode(int mode);
 /* 1 if the current kernel path computes with R16 copies (else rq_matmul_r16 uses W). */
 int rq_r16_usable(void);
 /* Bytes of the R16 copy of a rows x cols matrix of type t (rows padded to 16); 0 if unsupported. */

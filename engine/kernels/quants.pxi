@@ -52,6 +52,7 @@ cdef extern from "quants.h":
     int rq_r16_supported(int t) nogil
     int rq_r16_layout_version() nogil
     size_t rq_r16_set_prefetch(size_t nbytes, int to_l2, int *was_to_l2) nogil
+    int rq_set_decode_mode(int mode) nogil
     int rq_r16_usable() nogil
     size_t rq_r16_bytes(int t, int rows, int cols) nogil
     int rq_r16_multi_share(size_t lo, size_t hi, size_t base, size_t gb, int ng, int *g0, int *g1) nogil
@@ -280,7 +281,7 @@ def _mm_prep(int t, W, int rows, int cols, X, path=None):
 def matmul(int t, W, int rows, int cols, X, int nthreads=1, path=None):
     """out[k, r] = dot(W row r, X[k]) via rq_matmul; returns float32 (ntok x rows)."""
     wb, act = _mm_prep(t, W, rows, cols, X, path)
-    cdef cnp.uint8_t[::1] wv = wb
+    cdef const cnp.uint8_t[::1] wv = wb
     cdef Act a = act
     out = np.empty((a.ntok, rows), dtype=np.float32)
     cdef float[:, ::1] ov = out
@@ -351,7 +352,7 @@ def matmul_multi(list specs, int cols, X, int nthreads=2, path=None):
 def matmul_team(int t, W, int rows, int cols, X, int nthreads=2, path=None):
     """rq_matmul_team called by every thread of an OpenMP parallel region of nthreads."""
     wb, act = _mm_prep(t, W, rows, cols, X, path)
-    cdef cnp.uint8_t[::1] wv = wb
+    cdef const cnp.uint8_t[::1] wv = wb
     cdef Act a = act
     out = np.full((a.ntok, rows), np.nan, dtype=np.float32)
     cdef float[:, ::1] ov = out
@@ -370,7 +371,7 @@ def matmul_rows(int t, W, int rows, int cols, X, int r0, int r1, path=None):
     wb, act = _mm_prep(t, W, rows, cols, X, path)
     if not (0 <= r0 <= r1 <= rows):
         raise ValueError("bad row range")
-    cdef cnp.uint8_t[::1] wv = wb
+    cdef const cnp.uint8_t[::1] wv = wb
     cdef Act a = act
     out = np.full((a.ntok, rows), np.nan, dtype=np.float32)
     cdef float[:, ::1] ov = out
@@ -387,7 +388,7 @@ def matmul_rows(int t, W, int rows, int cols, X, int r0, int r1, path=None):
 def matmul_ref(int t, W, int rows, int cols, X):
     """Reference: dequantized rows x float X (f64 accumulation)."""
     wb, act = _mm_prep(t, W, rows, cols, X)
-    cdef cnp.uint8_t[::1] wv = wb
+    cdef const cnp.uint8_t[::1] wv = wb
     cdef Act a = act
     out = np.empty((a.ntok, rows), dtype=np.float32)
     cdef float[:, ::1] ov = out
@@ -420,7 +421,7 @@ def bench_matmul(int t, W, int rows, int cols, X, int nthreads=1, int reps=10, p
     """Time rq_matmul (activations quantized once, outside the timing); returns seconds per call."""
     import time
     wb, act = _mm_prep(t, W, rows, cols, X, path)
-    cdef cnp.uint8_t[::1] wv = wb
+    cdef const cnp.uint8_t[::1] wv = wb
     cdef Act a = act
     out = np.empty((a.ntok, rows), dtype=np.float32)
     cdef float[:, ::1] ov = out
@@ -454,6 +455,18 @@ def r16_set_prefetch(size_t nbytes, bint to_l2=False):
     cdef int was = 0
     cdef size_t before = rq_r16_set_prefetch(nbytes, to_l2, &was)
     return before, bool(was)
+
+
+DECODE_MODES = ("r16", "r16-256", "gguf")   # quants.h's RQ_DECODE_R16, RQ_DECODE_R16_256, RQ_DECODE_GGUF
+
+
+def set_decode_mode(mode):
+    """How decode-sized calls (<= 8 tokens) with R16 copies compute: "r16" (the kernel path's R16
+    kernels), "r16-256" (the AVX2 R16 kernels on the avx512 path) or "gguf" (the GGUF layout);
+    returns the previous mode. Results do not depend on it."""
+    if mode not in DECODE_MODES:
+        raise ValueError(f"decode mode must be one of {', '.join(DECODE_MODES)}, not {mode!r}")
+    return DECODE_MODES[rq_set_decode_mode(DECODE_MODES.index(mode))]
 
 
 def r16_layout_version():

@@ -388,6 +388,22 @@ size_t rq_r16_set_prefetch(size_t bytes, int to_l2, int *was_to_l2) {
 #endif
 }
 
+/* How decode-sized calls (one token tile: ntok <= 8) with R16 copies compute: chosen by timing at
+ * load (engine/decode_tuning.py), since which is fastest depends on the CPU (a core that splits
+ * 512-bit operations can stream faster with the AVX2 kernels) and on the thread count. Every mode
+ * gives the same results bit for bit. */
+static int decode_mode = RQ_DECODE_R16;
+
+int rq_set_decode_mode(int mode) {
+    if (mode != RQ_DECODE_R16 && mode != RQ_DECODE_R16_256 && mode != RQ_DECODE_GGUF) return -1;
+    const int before = decode_mode;
+    decode_mode = mode;
+    return before;
+}
+
+/* Does a call of ntok tokens skip its R16 copies (RQ_DECODE_GGUF)? */
+static inline int decode_on_gguf(int ntok) { return ntok <= 8 && decode_mode == RQ_DECODE_GGUF; }
+
 int rq_r16_usable(void) {
 #ifdef RQ_HAVE_X86
     const int path = rq_kernel_path();
@@ -416,6 +432,14 @@ void rq_r16_repack(int t, const void *W, int rows, int cols, void *R, int g0, in
 }
 
 #ifdef RQ_HAVE_X86
+/* The R16 kernels for a call of ntok tokens of type t: the kernel path's, or for decode-sized calls
+ * on the avx512 path in RQ_DECODE_R16_256 the AVX2 ones (same tiles, same results). */
+static r16_groups_fn r16_kernel_for(int t, int ntok) {
+    int path = rq_kernel_path();
+    if (ntok <= 8 && decode_mode == RQ_DECODE_R16_256 && path == RQ_PATH_AVX512) path = RQ_PATH_AVX2;
+    return r16_path_kernel(path, t);
+}
+
 static void r16_matmul(int t, const uint8_t *R, int rows, int cols, const rq_act *acts, int ntok, float *out,
                        int ldo, int nthreads) {
     const int nb = cols / QK, ng = (rows + 15) / 16;
@@ -432,7 +456,7 @@ static void r16_matmul(int t, const uint8_t *R, int rows, int cols, const rq_act
     int gmax = (int)(V16_L2_BYTES / vb);
     gmax = gmax < 1 ? 1 : gmax > 8 ? 8 : gmax;
     uint8_t *grp = expand ? aligned_alloc(64, vb * (size_t)gmax * (size_t)nt) : NULL;
-    r16_groups_fn fn = r16_path_kernel(rq_kernel_path(), t);
+    r16_groups_fn fn = r16_kernel_for(t, ntok);
     if (!tk.mem || (expand && !grp)) {   /* out of memory: NaN, as for an unsupported type */
         free(tk.mem);
         free(grp);
@@ -473,7 +497,7 @@ void rq_matmul_r16(int t, const void *W, const void *R, int rows, int cols, cons
                    float *out, int ldo, int nthreads) {
     rq_kernels_init();
 #ifdef RQ_HAVE_X86
-    if (R && rows > 0 && ntok > 0 && r16_type(t) && rq_r16_usable()) {
+    if (R && rows > 0 && ntok > 0 && r16_type(t) && rq_r16_usable() && !decode_on_gguf(ntok)) {
         r16_matmul(t, R, rows, cols, acts, ntok, out, ldo, nthreads);
         return;
     }
@@ -555,8 +579,8 @@ static int r16_matmul_multi(const rq_matmul_op *ops, int nops, int cols, const r
             const size_t gb = r16_group_bytes_t(ops[i].type, nb), end = base + gb * (size_t)ng;
             int g0, g1;
             if (end > lo && base < hi && rq_r16_multi_share(lo, hi, base, gb, ng, &g0, &g1))
-                r16_path_kernel(rq_kernel_path(), ops[i].type)(ops[i].r16, ops[i].rows, g0, g1, nb, op_ntok(&ops[i], ntok), &tk[i],
-                                                             ops[i].out, ops[i].ldo, NULL, 1);
+                r16_kernel_for(ops[i].type, op_ntok(&ops[i], ntok))(ops[i].r16, ops[i].rows, g0, g1, nb, op_ntok(&ops[i], ntok),
+                                                                    &tk[i], ops[i].out, ops[i].ldo, NULL, 1);
             base = end;
         }
     }
@@ -568,7 +592,9 @@ static int r16_matmul_multi(const rq_matmul_op *ops, int nops, int cols, const r
 
 void rq_matmul_multi(const rq_matmul_op *ops, int nops, int cols, const rq_act *acts, int ntok, int nthreads) {
     rq_kernels_init();
-    if (rq_r16_usable()) {
+    int most = 0;   /* the most tokens of any op */
+    for (int i = 0; i < nops; i++) most = op_ntok(&ops[i], ntok) > most ? op_ntok(&ops[i], ntok) : most;
+    if (rq_r16_usable() && !decode_on_gguf(most)) {
         int any = 0;
         for (int i = 0; i < nops; i++) any |= ops[i].r16 != NULL;
         if (any) {

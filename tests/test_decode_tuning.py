@@ -1,0 +1,127 @@
+"""How decode runs over repacked weights (engine/decode_tuning.py): the kernels (the path's R16
+kernels, the AVX2 R16 kernels on the avx512 path, or the GGUF layout) and the prefetch, chosen by
+timing at load or fixed by RQLLM_DECODE_KERNELS / RQLLM_DECODE_PREFETCH; the logits are the same bit
+for bit whatever they are, on both SIMD paths."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from engine import decode_tuning
+from engine.kernels import _quants as q
+from engine.model import Model
+from tests import quant_pack as qp
+
+
+@pytest.fixture(autouse=True)
+def _restore():
+    before = q.r16_set_prefetch(0)
+    mode = q.set_decode_mode("r16")
+    q.set_decode_mode(mode)
+    q.r16_set_prefetch(*before)
+    yield
+    q.set_decode_mode(mode)
+    q.r16_set_prefetch(*before)
+
+
+@pytest.mark.parametrize("path", ["avx2", "avx512"])
+def test_results_do_not_depend_on_the_kernels_or_the_distance(smollm2_path, path, monkeypatch):
+    from engine.kernels import _forward
+
+    if not q.cpu_supports(path):
+        pytest.skip(f"this CPU cannot run the {path} path")
+    before = _forward.kernel_path()
+    _forward.set_kernel_path(path)
+    ids = [1, 504, 3000, 17, 9000, 42, 7, 256]
+    got = []
+    settings = [("r16", "off", (0, False)), ("r16", "64", (64, False)), ("r16", "6144:l2", (6144, True)),
+                ("r16-256", "65536", (65536, False)), ("gguf", None, None)]
+    try:
+        for kernels, prefetch, want in settings:
+            monkeypatch.setenv(decode_tuning.ENV_KERNELS, kernels)
+            if prefetch is None:
+                monkeypatch.delenv(decode_tuning.ENV, raising=False)
+            else:
+                monkeypatch.setenv(decode_tuning.ENV, prefetch)
+            model = Model.load(str(smollm2_path), threads=2, kv_budget="4MiB")
+            text = model.layout.describe()
+            assert decode_tuning.ENV_KERNELS in text
+            effective = "r16" if kernels == "r16-256" and path == "avx2" else kernels
+            assert q.set_decode_mode(effective) == effective  # the load set it
+            if want is not None:
+                assert q.r16_set_prefetch(*want) == want
+                assert decode_tuning.ENV in text
+            model.forward(ids[:4], 0)
+            got.append(np.stack([model.forward([t], 4 + i).copy() for i, t in enumerate(ids[4:])]))
+    finally:
+        _forward.set_kernel_path(before)
+    for other in got[1:]:
+        np.testing.assert_array_equal(other, got[0])
+
+
+@pytest.mark.parametrize("t", [qp.T.Q4_K, qp.T.Q6_K, qp.T.IQ4_XS, qp.T.Q8_0])
+def test_every_decode_mode_gives_the_same_bits(t):
+    """rq_matmul_r16 and rq_matmul_multi for 1 and 3 tokens, in each mode, against the "r16" mode."""
+    rng = np.random.default_rng(5 + int(t))
+    rows, cols = 80, 512
+    W = qp.random_rows(t, rows, cols, rng)
+    R = np.zeros(q.r16_bytes(int(t), rows, cols), dtype=np.uint8)
+    q.r16_repack(int(t), W, rows, cols, R, 0, (rows + 15) // 16)
+    X = rng.standard_normal((3, cols)).astype(np.float32)
+    results = {}
+    for mode in decode_tuning.KERNELS:
+        q.set_decode_mode(mode)
+        one = q.matmul_r16(int(t), W, R, rows, cols, X[:1], 2)
+        three = q.matmul_r16(int(t), W, R, rows, cols, X, 2)
+        multi = q.matmul_multi([(int(t), W, rows, R), (int(t), W, 48, R)], cols, X[:1], 2)
+        results[mode] = (one, three, multi[0], multi[1])
+    for mode, got in results.items():
+        for a, b in zip(got, results["r16"]):
+            np.testing.assert_array_equal(a, b, err_msg=mode)
+    # and the R16 result is the GGUF layout's plain matmul
+    np.testing.assert_array_equal(results["r16"][0], q.matmul(int(t), W, rows, cols, X[:1]))
+
+
+def test_measured_choice_is_one_of_the_candidates_and_says_why(smollm2_path, monkeypatch):
+    monkeypatch.delenv(decode_tuning.ENV, raising=False)
+    monkeypatch.delenv(decode_tuning.ENV_KERNELS, raising=False)
+    model = Model.load(str(smollm2_path), threads=1, kv_budget="4MiB")
+    if model.repacked is None:
+        pytest.skip("no repacked layout on this kernel path")
+    text = model.layout.describe()
+    assert "decode " in text and "measured on a" in text and "GB/s" in text
+    distance, to_l2 = q.r16_set_prefetch(0)
+    mode = q.set_decode_mode("r16")
+    chosen = decode_tuning.Decode(mode, decode_tuning.Prefetch(distance, to_l2))
+    cands = decode_tuning.candidates(q.kernel_path())
+    assert chosen in cands
+    assert f"decode {chosen} (" in text
+    for candidate in cands:  # each was timed
+        assert f"{candidate}: " in text
+    kinds = {c.kernels for c in cands}
+    assert kinds == ({"r16", "r16-256", "gguf"} if q.kernel_path() == "avx512" else {"r16", "gguf"})
+
+
+def test_environment_narrows_the_candidates():
+    def left(env, path="avx512"):
+        return decode_tuning._narrowed(path, env)
+
+    cands, used = left({"RQLLM_DECODE_KERNELS": "gguf"})
+    assert cands == [decode_tuning.Decode("gguf", decode_tuning.OFF)] and used == ["RQLLM_DECODE_KERNELS"]
+    cands, used = left({"RQLLM_DECODE_PREFETCH": "off"})
+    assert cands == [decode_tuning.Decode("r16", decode_tuning.OFF), decode_tuning.Decode("r16-256", decode_tuning.OFF)]
+    cands, _ = left({"RQLLM_DECODE_PREFETCH": "off"}, path="avx2")
+    assert cands == [decode_tuning.Decode("r16", decode_tuning.OFF)]
+    cands, _ = left({"RQLLM_DECODE_KERNELS": "r16-256", "RQLLM_DECODE_PREFETCH": "128:l2"}, path="avx2")
+    assert cands == [decode_tuning.Decode("r16", decode_tuning.Prefetch(128, True))]
+    assert len(left({})[0]) == 9
+
+
+@pytest.mark.parametrize("var, value, message", [
+    ("RQLLM_DECODE_PREFETCH", "lots", "RQLLM_DECODE_PREFETCH must be off, <bytes> or <bytes>:l2, not 'lots'"),
+    ("RQLLM_DECODE_KERNELS", "fast", "RQLLM_DECODE_KERNELS must be one of r16, r16-256, gguf, not 'fast'"),
+])
+def test_a_bad_setting_is_refused(smollm2_path, monkeypatch, var, value, message):
+    monkeypatch.setenv(var, value)
+    with pytest.raises(ValueError, match=message):
+        Model.load(str(smollm2_path), threads=1, kv_budget="4MiB")
