@@ -25,13 +25,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from engine.params import FinishReason, Generation, SamplingParams, TokenLogprob
 from jobs import keys
+from jobs.defaults import DEFAULT_PRIORITY, PRIORITIES, RESULT_TTL, STREAM_TTL
 
 ID_VERSION = "v1"
 ENDPOINT_CHAT = "/v1/chat/completions"
 ENDPOINT_COMPLETIONS = "/v1/completions"
 Endpoint = Literal["/v1/chat/completions", "/v1/completions"]
-Priority = Literal["high", "default", "low"]
-PRIORITIES: tuple[str, ...] = ("high", "default", "low")
 
 _MODEL_KEY_RE = re.compile(r"[^a-z0-9._-]+")
 # A model is named by a registry-style name or by a path to a .gguf file (keyed by the file's stem);
@@ -243,17 +242,13 @@ class JobError(BaseModel):
     message: str
 
 
-DEFAULT_RESULT_TTL = 7 * 24 * 3600
-DEFAULT_STREAM_TTL = 24 * 3600
-
-
 class TaskOptions(BaseModel):
     """Per-submission options carried next to the job (not part of its content id)."""
 
     model_config = ConfigDict(extra="forbid")
 
-    result_ttl: int = Field(DEFAULT_RESULT_TTL, ge=1)
-    stream_ttl: int = Field(DEFAULT_STREAM_TTL, ge=1)
+    result_ttl: int = Field(RESULT_TTL, ge=1)
+    stream_ttl: int = Field(STREAM_TTL, ge=1)
 
 
 class JobResult(BaseModel):
@@ -367,7 +362,7 @@ def model_key(model: str) -> str:
     return key
 
 
-def queue_name(model: str, priority: str = "default") -> str:
+def queue_name(model: str, priority: str = DEFAULT_PRIORITY) -> str:
     """rq queue name for a model and priority: rqllm:<model>:<priority> (rq key rq:queue:<name>)."""
     if priority not in PRIORITIES:
         raise InvalidJob(f"priority must be one of {', '.join(PRIORITIES)}, not {priority!r}")

@@ -16,6 +16,7 @@ from typing import Any
 import click
 
 from engine.defaults import DEFAULT_MODEL
+from jobs.defaults import DEFAULT_PRIORITY, JOB_TIMEOUT, PRIORITIES
 
 
 def _echo_err(msg: str) -> None:
@@ -95,8 +96,8 @@ def _gather_jobs(inputs: tuple[str, ...], *, model: str | None, literal: bool, r
 @click.command("submit")
 @click.argument("inputs", nargs=-1, required=True)
 @click.option("--model", "-m", default=None, help=f"Model for every job (default: body.model, else {DEFAULT_MODEL}).")
-@click.option("--priority", type=click.Choice(["high", "default", "low"]), default="default", show_default=True)
-@click.option("--timeout", type=int, default=None, help="Per-job timeout in seconds (default 1800).")
+@click.option("--priority", type=click.Choice(PRIORITIES), default=DEFAULT_PRIORITY, show_default=True)
+@click.option("--timeout", type=int, default=None, help=f"Per-job timeout in seconds (default {JOB_TIMEOUT}).")
 @click.option("--retries", type=int, default=0, show_default=True, help="Retries for jobs that fail in a worker.")
 @click.option("--recompute", is_flag=True, help="Generate again even when a finished result exists.")
 @click.option("--wait", "wait", is_flag=True, help="Collect the results in this command.")

@@ -6,6 +6,8 @@ import sys
 import click
 
 from engine.defaults import DEFAULT_MODEL
+from engine.params import SPECULATIVE_MODES
+from pipeline.defaults import REPORT_FORMATS
 from pipeline.summarize import (
     DEFAULT_CHUNK_TOKENS,
     DEFAULT_MAX_BYTES,
@@ -22,7 +24,7 @@ from pipeline.summarize import (
 @click.argument("paths", nargs=-1, required=True)
 @click.option("-o", "--output", type=click.Path(dir_okay=False, allow_dash=True), default="-", show_default=True,
               help="Where to write the summaries ('-' = stdout).")
-@click.option("--format", "fmt", type=click.Choice(["jsonl", "md", "html"]), default="jsonl", show_default=True,
+@click.option("--format", "fmt", type=click.Choice(REPORT_FORMATS), default="jsonl", show_default=True,
               help="jsonl: one line per document as it finishes; md or html: a report at the end (each "
                    "document's title, summary and sections, time and tokens, the settings used).")
 @click.option("--style", type=click.Choice(list(STYLES)), default=DEFAULT_STYLE, show_default=True,
@@ -53,7 +55,7 @@ from pipeline.summarize import (
               help="Submit to this Redis and follow (default $REDIS_URL); unset = embedded cluster.")
 @click.option("--no-repack", is_flag=True,
               help="Embedded workers compute on the GGUF's own layout (no repacked weight cache).")
-@click.option("--speculative", type=click.Choice(["prompt_lookup", "draft", "off"]), default=DEFAULT_SPECULATIVE,
+@click.option("--speculative", type=click.Choice(SPECULATIVE_MODES), default=DEFAULT_SPECULATIVE,
               show_default=True, help="How map and reduce jobs guess tokens ahead (the summaries are the same; "
                                       "draft: the workers' --draft model).")
 def summarize_command(paths: tuple[str, ...], output: str, fmt: str, model: str, workers: int | None, threads: int | None,

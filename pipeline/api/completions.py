@@ -38,12 +38,12 @@ from pipeline.batch_file import request_to_job
 from pipeline.batch_responses import chat_logprobs, completion_logprobs, response_body
 from pipeline.cancel import cancel_unwanted_job
 from pipeline.client import Client
+from jobs.defaults import ACTIVE_STATUSES
 from jobs.streams import decode_entries
 
 log = logging.getLogger("rqllm.api.completions")
 
 IDLE_BLOCK_MS = 1000
-ACTIVE_STATUSES = ("queued", "started", "deferred", "scheduled")
 ENDED_TICKS = 2  # idle ticks (1 s each) a job must look ended without an outcome before it is submitted again
 MAX_RESUBMITS = 2
 KEEPALIVE_SECONDS = 15.0

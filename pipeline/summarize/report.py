@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import IO, Any
 
+from pipeline.defaults import REPORT_FORMATS
 from pipeline.summarize.documents import Skipped
 
 
@@ -66,7 +67,7 @@ class Progress:
         self._last = None
 
 
-FORMATS = ("jsonl", "md", "html")
+FORMATS = REPORT_FORMATS
 
 
 class Output:
