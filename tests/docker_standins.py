@@ -22,6 +22,8 @@ import time
 import zipfile
 from pathlib import Path
 
+from engine import files
+
 # Labels the stand-ins carry, so `docker image inspect` tells them from real images.
 STANDIN_LABEL = "org.rqllm.standin"
 DEBIAN_SUITE = "bookworm"
@@ -38,9 +40,7 @@ class Unavailable(Exception):
 
 
 def cache_dir() -> Path:
-    base = os.environ.get("RQLLM_CACHE") or str(Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-                                                 / "rqllm")
-    return Path(base).expanduser() / "docker"
+    return files.cache_dir() / "docker"
 
 
 def run(argv: list[str], *, timeout: float, check: bool = True, **kw) -> subprocess.CompletedProcess:
