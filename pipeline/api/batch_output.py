@@ -19,7 +19,7 @@ from typing import Any
 
 from engine.files import atomic_write
 from pipeline.batch_file import LineError
-from pipeline.batch_responses import dump_line, output_line
+from pipeline.openai_format import dump_line, output_line
 
 
 # The rqllm fields of a response body an API client sees. The others (worker, attempt, prefill and
