@@ -93,8 +93,10 @@ class InvalidJob(ValueError):
         self.param = param
 
 
-class ChatMessage(BaseModel):
-    """One chat turn. OpenAI-style content parts ([{"type": "text", "text": ...}]) are joined to text."""
+class RequestMessage(BaseModel):
+    """One chat turn as a request carries it: OpenAI-style content parts ([{"type": "text", "text": ...}])
+    are joined to text, and a `name` is allowed. The engine renders its own form of it
+    (engine.chat.ChatMessage: role and text only)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -131,7 +133,7 @@ class GenerationJob(BaseModel):
     id: str | None = Field(None, description="content-derived; computed when absent")
     model: str = Field(..., min_length=1, max_length=512)
     prompt: str | None = None
-    messages: list[ChatMessage] | None = Field(None, min_length=1)
+    messages: list[RequestMessage] | None = Field(None, min_length=1)
     params: SamplingParams = Field(default_factory=SamplingParams)
     custom_id: str | None = Field(None, max_length=512)
     batch_id: str | None = None
@@ -169,7 +171,7 @@ class GenerationJob(BaseModel):
 
     @field_validator("messages")
     @classmethod
-    def _messages_size(cls, v: list[ChatMessage] | None) -> list[ChatMessage] | None:
+    def _messages_size(cls, v: list[RequestMessage] | None) -> list[RequestMessage] | None:
         if v is not None:
             limit = max_prompt_bytes()
             _check_size("the chat messages together are", sum(_text_bytes(m.content, limit) for m in v), limit)

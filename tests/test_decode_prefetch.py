@@ -34,7 +34,7 @@ def test_results_do_not_depend_on_the_distance(smollm2_path, path, monkeypatch):
             monkeypatch.setenv(decode_prefetch.ENV, setting)
             model = Model.load(str(smollm2_path), threads=2, kv_budget="4MiB")
             assert q.r16_set_prefetch(*want) == want  # the load set it
-            assert f"{decode_prefetch.ENV}" in model.layout.describe()
+            assert f"{decode_prefetch.ENV}" in model.layout.reason
             model.forward(ids[:4], 0)
             got.append(np.stack([model.forward([t], 4 + i).copy() for i, t in enumerate(ids[4:])]))
     finally:
@@ -48,7 +48,7 @@ def test_measured_choice_is_one_of_the_candidates_and_says_why(smollm2_path, mon
     model = Model.load(str(smollm2_path), threads=1, kv_budget="4MiB")
     if model.repacked is None:
         pytest.skip("no repacked layout on this kernel path")
-    text = model.layout.describe()
+    text = model.layout.reason
     assert "decode prefetch" in text and "measured on a" in text and "GB/s" in text
     distance, to_l2 = q.r16_set_prefetch(0)
     chosen = decode_prefetch.Prefetch(distance, to_l2)

@@ -190,7 +190,8 @@ def summarize(paths: Sequence[str], *, output: IO[str], fmt: str = "jsonl", mode
             if s.error:
                 progress.message(f"failed {s.plan.doc.path}: {s.error}")
 
-        def no_workers() -> bool:
+        def warn_if_no_workers() -> bool:
+            """Say once that no worker serves the model yet; True: follow need not ask again."""
             if not remote:
                 return True
             n = sum(1 for w in client.workers() if w["model"] and model_key(w["model"]) == model_key(model))
@@ -201,7 +202,7 @@ def summarize(paths: Sequence[str], *, output: IO[str], fmt: str = "jsonl", mode
 
         try:
             follow(client, batch_id, states, models=[model], reduce_labels=part_label_pattern(templates.part),
-                   on_done=on_done, progress=progress, health=health, no_worker_warning=no_workers)
+                   on_done=on_done, progress=progress, health=health, no_worker_warning=warn_if_no_workers)
         except KeyboardInterrupt:
             # Do not leave work behind in a shared Redis: cancel what has not ended.
             pending = [s for s in states if not s.done]
