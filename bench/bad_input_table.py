@@ -1,4 +1,4 @@
-"""Every bad input of issue 6 against the real components, as a table for the note.
+"""Every kind of bad input against the real components, as a table for the note.
 
     python bench/bad_input_table.py            # prints a Markdown table (about 30 s; SmolLM2, private Redis)
     python bench/bad_input_table.py --json     # the rows as JSON

@@ -18,7 +18,7 @@ Per token: decode time / forwards, for engine and worker from Generation/JobResu
 engine/worker run also times its own forward calls (a wrapper around Model.forward, ~0.2 us per
 call) and reports the rest of its decode time: the Python time per token, measured in-run. Runs are interleaved (forward, engine, worker, ...) on a noisy shared machine;
 medians and min-max are printed. --profile adds a cProfile of the worker path's decode, by own time.
-Target (issue 5): Python overhead per token < 5 %.
+Target: Python overhead per token < 5 %.
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Decoding settings for summarise map jobs, compared on the same chunks (issue 17): the pipeline's
+"""Decoding settings for summarise map jobs, compared on the same chunks: the pipeline's
 own chunking and map prompts, generated in-process with each setting, figures per setting.
 
     python bench/bench_map_decoding.py                          # smollm2-135m, 4 corpus documents

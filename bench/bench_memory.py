@@ -15,7 +15,7 @@ The issue's target for 8b-shape with a 4,096-token KV budget: our peak RSS <= 6 
 repacked weight cache as workers run by default (`--no-repack`: on the GGUF layout).
 `--repack-report` writes the repacked weight cache (engine.repack) of --model (8b-shape) again, in a
 fresh process on --threads threads, and reports its time, its size on disk and the builder's peak
-RSS (issue 13: < 60 s for a 4.6 GB file on 2 cores); `--cold` first evicts the GGUF from the page
+RSS (the target: < 60 s for a 4.6 GB file on 2 cores, so a first start is not a long wait); `--cold` first evicts the GGUF from the page
 cache (posix_fadvise DONTNEED), so the time includes reading it from disk.
 Our engine runs as it does by default: on the repacked cache when the kernel path reads R16 (the
 result line says which; `--no-repack` for the GGUF layout).

@@ -19,7 +19,7 @@ Children run with bytecode caching on (PYTHONDONTWRITEBYTECODE removed from thei
 an installed Python normally does, so the warm-up run leaves .pyc files for the project's modules;
 --no-bytecode keeps the caller's setting (then every start compiles the project's modules: ~50 ms).
 
-Targets (issue 5): ready in < 0.5 s for SmolLM2, < 1 s for Gemma 3. Medians; min and max show the noise.
+Targets: ready in < 0.5 s for SmolLM2, < 1 s for Gemma 3. Medians; min and max show the noise.
 Where the time goes: `python -X importtime -c "import pipeline.worker"` and cProfile of Engine().
 """
 from __future__ import annotations

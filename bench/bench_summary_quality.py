@@ -1,5 +1,5 @@
 """How good are `rqllm summarize`'s summaries? Reference-free figures per model and prompt template
-on a corpus of 16 documents of mixed kinds (bench/quality_corpus.toml), in one table (issue 17).
+on a corpus of 16 documents of mixed kinds (bench/quality_corpus.toml), in one table.
 
     python bench/bench_summary_quality.py                                   # smollm2-135m, all documents
     python bench/bench_summary_quality.py --models smollm2-135m gemma3-270m /path/other.gguf \\
@@ -18,7 +18,7 @@ better), repeat = share of word 4-grams occurring more than once (lower), cut = 
 mid-sentence, unsup = share of the summaries' names, numbers and capitalised terms that are not in
 the document (0 is the goal), framed = summaries about the text rather than of it, echo = summaries
 repeating the prompt's instructions (a model that cannot chat), words = mean
-summary length, wall = seconds for the whole run. Goals (issue 17): recall >= 0.55, repeat <= 0.05,
+summary length, wall = seconds for the whole run. Goals: recall >= 0.55, repeat <= 0.05,
 cut 0, unsup 0.
 """
 from __future__ import annotations

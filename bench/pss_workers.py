@@ -14,7 +14,7 @@ memory is listed.
 
 What is assumed: the KV cache is zero-filled anonymous memory, so only the pages a job has written
 are resident; a worker that has served a prompt as long as its budget holds has all of them. The
-target (issue 5: a second worker adds at most its KV budget + 50 MB) is therefore checked as
+target (a second worker adds at most its KV budget + 50 MB) is therefore checked as
 "added minus the KV pages this run touched <= 50 MB": the KV budget is the allowance for the KV,
 the 50 MB for everything else.
 

@@ -1,4 +1,4 @@
-"""Every bad input of issue 6, end to end (bench/bad_input_table.py builds the rows; python
+"""Every kind of bad input, end to end (bench/bad_input_table.py builds the rows; python
 bench/bad_input_table.py prints them as the note's table).
 
 Real components: a private redis-server, an `rqllm worker` process running SmolLM2 with a 364-token
