@@ -1,6 +1,6 @@
 """Peak RSS of our engine, and of llama.cpp for comparison, each alone in a fresh process.
 
-    python bench/bench_memory.py [--model 8b-shape] [--kv-tokens 4096] [--prefill 64] [--decode 16] [--threads 2]
+    python -m bench.bench_memory [--model 8b-shape] [--kv-tokens 4096] [--prefill 64] [--decode 16] [--threads 2]
 
 Each engine runs in its own subprocess (so nothing else is counted): load the model with a KV
 cache of --kv-tokens tokens (ours: a byte budget worth exactly that many f32 K+V rows and
@@ -32,13 +32,11 @@ from pathlib import Path
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # as bench_engine: keep numpy's pool off the cores
 
-import click  # noqa: E402
+import click
+
+from bench.bench_engine import bench_ours, model_file, peer_run, prompt_tokens
 
 BENCH = Path(__file__).resolve().parent
-sys.path.insert(0, str(BENCH.parent))
-sys.path.insert(0, str(BENCH))
-
-from bench_engine import bench_ours, model_file, peer_run, prompt_tokens  # noqa: E402
 
 GB = 1e9
 GIB = 1024**3
@@ -123,11 +121,12 @@ def child(engine: str, path: Path, threads: int, kv_tokens: int, n_prefill: int,
 
 def measure(engine: str, path: Path, threads: int, kv_tokens: int, n_prefill: int, n_decode: int,
             repack: bool = True) -> dict:
-    cmd = [sys.executable, __file__, "--child", engine, "--path", str(path), "--threads", str(threads),
-           "--kv-tokens", str(kv_tokens), "--prefill", str(n_prefill), "--decode", str(n_decode)]
+    cmd = [sys.executable, "-m", "bench.bench_memory", "--child", engine, "--path", str(path),
+           "--threads", str(threads), "--kv-tokens", str(kv_tokens), "--prefill", str(n_prefill),
+           "--decode", str(n_decode)]
     if not repack:
         cmd.append("--no-repack")
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=BENCH.parent)
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
             return json.loads(line[len("RESULT "):])
@@ -175,8 +174,9 @@ def repack_child_run(path: Path, threads: int, cold: bool) -> None:
 
 def run_repack_report(model: str, threads: int, cold: bool) -> None:
     path = model_file(model)
-    cmd = [sys.executable, __file__, "--repack-child", "--path", str(path), "--threads", str(threads)]
-    proc = subprocess.run(cmd + (["--cold"] if cold else []), stdout=subprocess.PIPE, text=True)  # progress: stderr
+    cmd = [sys.executable, "-m", "bench.bench_memory", "--repack-child", "--path", str(path), "--threads", str(threads)]
+    proc = subprocess.run(cmd + (["--cold"] if cold else []), stdout=subprocess.PIPE, text=True,  # progress: stderr
+                          cwd=BENCH.parent)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     if proc.returncode != 0 or not lines:
         raise SystemExit(f"the repack failed (exit {proc.returncode})")
@@ -219,7 +219,7 @@ def main(model, threads, kv_tokens, n_prefill, n_decode, no_peer, child_engine, 
         run_repack_report(model, threads, cold)
         return
     if pss:
-        from pss_workers import measure_pss
+        from bench.pss_workers import measure_pss
 
         measure_pss(str(model_file(pss_model)), kv_budget, threads, max_tokens, repack=not no_repack)
         return

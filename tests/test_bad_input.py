@@ -10,15 +10,11 @@ test_pipeline_batch_file, test_memory_guard, test_gguf_file, test_worker_integra
 """
 from __future__ import annotations
 
-
 import pytest
 
-from tests.bench_module import load_bench_module
+from bench import bad_input_table as table
 
 pytestmark = pytest.mark.slow
-
-
-table = load_bench_module("bad_input_table")
 
 SUBMISSION = "submission"
 WORKER = "worker"

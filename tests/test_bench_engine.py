@@ -15,10 +15,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from tests.bench_module import load_bench_module
-
-shapes = load_bench_module("shapes")
-bench_engine = load_bench_module("bench_engine")
+from bench import bench_engine, shapes
 
 
 def _test(n_prompt: int, n_gen: int, ts: float) -> dict:
