@@ -1,7 +1,7 @@
-"""Every bad input of issue 6 against the real components, as a table for the note.
+"""Every kind of bad input against the real components, as a table for the note.
 
-    python bench/bad_input_table.py            # prints a Markdown table (about 30 s; SmolLM2, private Redis)
-    python bench/bad_input_table.py --json     # the rows as JSON
+    python -m bench.bad_input_table            # prints a Markdown table (about 30 s; SmolLM2, private Redis)
+    python -m bench.bad_input_table --json     # the rows as JSON
 
 Real everything: a private redis-server, one `rqllm worker` process (SmolLM2-135M, --kv-budget 8MiB,
 so 364 tokens of KV), `rqllm submit` on one OpenAI Batch JSONL file holding every bad request line
@@ -19,7 +19,6 @@ tests/test_bad_input.py runs this and checks every row against hand-written expe
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -32,8 +31,9 @@ import zlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import click
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 M = "smollm2-135m"
 KV_BUDGET = "8MiB"  # 364 tokens of SmolLM2 in the default f16 cache
@@ -281,15 +281,14 @@ def markdown(rows: list[Row]) -> str:
     return "\n".join(out)
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--json", action="store_true", help="print the rows as JSON")
-    args = ap.parse_args()
+@click.command(help=__doc__)
+@click.option("--json", "as_json", is_flag=True, help="Print the rows as JSON.")
+def main(as_json: bool) -> None:
     with tempfile.TemporaryDirectory(prefix="rqllm-bad-input-") as tmp:
         rows = run(Path(tmp))
-    print(json.dumps([asdict(r) for r in rows], indent=1) if args.json else markdown(rows))
-    return 0 if all(r.went_on and not r.where.startswith(("NOT", "exit")) for r in rows) else 1
+    print(json.dumps([asdict(r) for r in rows], indent=1) if as_json else markdown(rows))
+    sys.exit(0 if all(r.went_on and not r.where.startswith(("NOT", "exit")) for r in rows) else 1)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -2,7 +2,7 @@
 C requests in flight) against the same jobs through `rqllm submit --wait` (one batch, the CLI as a user
 runs it), on the same Redis and workers.
 
-    python bench/bench_api.py [--requests 200] [--max-tokens 8] [--runs 3] [--workers 2] [--threads 1]
+    python -m bench.bench_api [--requests 200] [--max-tokens 8] [--runs 3] [--workers 2] [--threads 1]
                               [--concurrency 16] [--sequential 20]
 
 Both sides queue the same prompts with the same params; every run gets its own seed (greedy decoding
@@ -16,7 +16,6 @@ claim and enqueue, waking the worker, following the token stream, the response).
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -27,13 +26,14 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+import click
 
-from jobs import keys  # noqa: E402
-from pipeline.embedded import RedisServer, WorkerProcess, stop_workers, worker_argv  # noqa: E402
-from tests.api_server import ServeProcess  # noqa: E402
-from tests.conftest_redis import wait_for_workers  # noqa: E402
+from jobs import keys
+from pipeline.embedded import RedisServer, WorkerProcess, stop_workers, worker_argv
+from tests.api_server import ServeProcess
+from tests.conftest_redis import wait_for_workers
+
+ROOT = Path(__file__).resolve().parent.parent
 
 MODEL = "smollm2-135m"
 KEY = "bench-key"
@@ -89,23 +89,24 @@ def sequential_overhead(client, redis, n: int, max_tokens: int, seed: int) -> li
     return out
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--requests", type=int, default=200)
-    ap.add_argument("--max-tokens", type=int, default=8)
-    ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--threads", type=int, default=1, help="engine threads per worker")
-    ap.add_argument("--concurrency", type=int, default=16, help="API requests in flight")
-    ap.add_argument("--sequential", type=int, default=20, help="single requests for the per-request overhead")
-    args = ap.parse_args()
+@click.command(help=__doc__.split("\n\n")[0])
+@click.option("--requests", type=int, default=200, show_default=True)
+@click.option("--max-tokens", type=int, default=8, show_default=True)
+@click.option("--runs", type=int, default=3, show_default=True)
+@click.option("--workers", "n_workers", type=int, default=2, show_default=True)
+@click.option("--threads", type=int, default=1, show_default=True, help="Engine threads per worker.")
+@click.option("--concurrency", type=int, default=16, show_default=True, help="API requests in flight.")
+@click.option("--sequential", type=int, default=20, show_default=True,
+              help="Single requests for the per-request overhead.")
+def main(requests: int, max_tokens: int, runs: int, n_workers: int, threads: int, concurrency: int,
+         sequential: int) -> None:
 
     from redis import Redis
 
     workdir = Path(tempfile.mkdtemp(prefix="bench-api-"))
     server = RedisServer().start()
-    names = [f"bench-api-w{i}" for i in range(args.workers)]
-    workers = [WorkerProcess(worker_argv(server.url, MODEL, threads=args.threads, name=name),
+    names = [f"bench-api-w{i}" for i in range(n_workers)]
+    workers = [WorkerProcess(worker_argv(server.url, MODEL, threads=threads, name=name),
                              str(workdir / f"{name}.log")) for name in names]
     serve = ServeProcess(workdir / "data", redis_url=server.url, keys=[KEY]).start()
     try:
@@ -113,31 +114,31 @@ def main() -> None:
         wait_for_workers(redis, names)
         serve.wait_ready(KEY, models=True)
         client = serve.openai(KEY)
-        run_api(client, 8, args.max_tokens, seed=1, concurrency=4)  # warm-up: first requests, connections
+        run_api(client, 8, max_tokens, seed=1, concurrency=4)  # warm-up: first requests, connections
         api, sub = [], []
-        for r in range(args.runs):
+        for r in range(runs):
             seeds = (100 + 2 * r, 101 + 2 * r)
             order = ("api", "submit") if r % 2 == 0 else ("submit", "api")
             for side, seed in zip(order, seeds):
                 if side == "api":
-                    api.append(run_api(client, args.requests, args.max_tokens, seed, args.concurrency))
+                    api.append(run_api(client, requests, max_tokens, seed, concurrency))
                 else:
-                    sub.append(run_submit(server.url, args.requests, args.max_tokens, seed, workdir))
+                    sub.append(run_submit(server.url, requests, max_tokens, seed, workdir))
                 print(f"run {r + 1} {side:6s} {(api if side == 'api' else sub)[-1]:7.2f} s", file=sys.stderr)
         # The submit side's fixed cost: the same file again, every result already stored (no generation).
-        fixed = statistics.median(run_submit(server.url, args.requests, args.max_tokens, 101, workdir, f"-again{i}")
+        fixed = statistics.median(run_submit(server.url, requests, max_tokens, 101, workdir, f"-again{i}")
                                   for i in range(3))
-        per_request = sequential_overhead(client, redis, args.sequential, args.max_tokens, seed=999)
+        per_request = sequential_overhead(client, redis, sequential, max_tokens, seed=999)
     finally:
         serve.stop()
         stop_workers(workers)
         server.stop()
 
     a, s = statistics.median(api), statistics.median(sub)
-    n = args.requests
-    print(f"{n} chat completions, max_tokens {args.max_tokens}, {args.workers} worker(s) x {args.threads} thread(s), "
-          f"medians of {args.runs} runs")
-    print(f"  API (openai client, {args.concurrency} in flight)   {a:7.2f} s   {n / a:6.1f} req/s")
+    n = requests
+    print(f"{n} chat completions, max_tokens {max_tokens}, {n_workers} worker(s) x {threads} thread(s), "
+          f"medians of {runs} runs")
+    print(f"  API (openai client, {concurrency} in flight)   {a:7.2f} s   {n / a:6.1f} req/s")
     print(f"  rqllm submit --wait (one batch)     {s:7.2f} s   {n / s:6.1f} req/s"
           f"   (fixed cost: the same file with every result stored {fixed:.2f} s)")
     print(f"  API overhead vs submit: {a - s:+.2f} s ({(a / s - 1) * 100:+.1f} %), "

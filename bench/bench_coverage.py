@@ -1,6 +1,6 @@
 """Coverage table: every weight type and architecture, greedy agreement with llama.cpp and decode speed.
 
-    python bench/bench_coverage.py [--names Q4_K qwen2 ...] [--reps 3] [--threads 2] [--decode 64]
+    python -m bench.bench_coverage [--name Q4_K --name qwen2 ...] [--reps 3] [--threads 2] [--decode 64]
 
 For each test model of tests/quant_models.py (SmolLM2 requantized to each of the 13 weight types,
 the random-weight qwen2 model, SmolLM2 with an untied output.weight) it prints one Markdown row:
@@ -16,25 +16,20 @@ the random-weight qwen2 model, SmolLM2 with an untied output.weight) it prints o
 """
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
-import sys
 from pathlib import Path
 
+import click
 import numpy as np
 
+from bench.bench_engine import bench_ours, peer_run
+from engine import registry
+from engine.model import Model
+from tests import quant_models as QM
+from tests.tools import make_llamacpp_fixtures as fixtures
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests" / "tools"))
-sys.path.insert(0, str(ROOT / "bench"))
-
-import make_llamacpp_fixtures as fixtures  # noqa: E402
-from bench_engine import bench_ours, peer_run  # noqa: E402
-
-from engine import registry  # noqa: E402
-from engine.model import Model  # noqa: E402
-from tests import quant_models as QM  # noqa: E402
 
 N_GREEDY = 32
 
@@ -130,34 +125,34 @@ def run(name: str, smollm2: Path, llama_cpp, threads: int, greedy_threads: int, 
             "peer": statistics.median(peer_tps)}
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--names", nargs="+", default=QM.COVERAGE_NAMES)
-    ap.add_argument("--threads", type=int, default=2, help="for the decode speed")
-    ap.add_argument("--greedy-threads", type=int, default=1, help="for the greedy runs")
-    ap.add_argument("--reps", type=int, default=3)
-    ap.add_argument("--peer-greedy", choices=("live", "fixture", "skip"), default="live",
-                    help="llama.cpp's greedy runs: run now, or as recorded in tests/fixtures/llamacpp_coverage_*.json "
-                         "(same file bytes, checked by sha256), or skip them (speed only)")
-    ap.add_argument("--decode", type=int, default=64)
-    args = ap.parse_args(argv)
+@click.command(help=__doc__.split("\n\n")[0])
+@click.option("--name", "names", multiple=True, default=QM.COVERAGE_NAMES, show_default=True,
+              help="A weight type or architecture of tests/quant_models.py (repeatable).")
+@click.option("--threads", type=int, default=2, show_default=True, help="For the decode speed.")
+@click.option("--greedy-threads", type=int, default=1, show_default=True, help="For the greedy runs.")
+@click.option("--reps", type=int, default=3, show_default=True)
+@click.option("--peer-greedy", type=click.Choice(("live", "fixture", "skip")), default="live", show_default=True,
+              help="llama.cpp's greedy runs: run now, or as recorded in tests/fixtures/llamacpp_coverage_*.json "
+                   "(same file bytes, checked by sha256), or skip them (speed only).")
+@click.option("--decode", type=int, default=64, show_default=True)
+def main(names: tuple[str, ...], threads: int, greedy_threads: int, reps: int, peer_greedy: str,
+         decode: int) -> None:
     import llama_cpp
 
     fixtures.disable_extra_buffer_types(llama_cpp)  # plain ggml-cpu kernels, as the fixtures
     smollm2 = registry.resolve("smollm2-135m")
-    print(f"llama-cpp-python {llama_cpp.__version__}; decode: {args.threads} threads, {args.decode} tokens "
-          f"after 32, median of {args.reps}; greedy: {N_GREEDY} tokens x 8 prompts "
-          f"({args.greedy_threads} thread(s), llama.cpp's runs: {args.peer_greedy}); load average {os.getloadavg()[0]:.1f}\n")
+    print(f"llama-cpp-python {llama_cpp.__version__}; decode: {threads} threads, {decode} tokens "
+          f"after 32, median of {reps}; greedy: {N_GREEDY} tokens x 8 prompts "
+          f"({greedy_threads} thread(s), llama.cpp's runs: {peer_greedy}); load average {os.getloadavg()[0]:.1f}\n")
     print("| type / arch | test model | MB | greedy runs identical | tokens before first difference "
           "| ours decode tok/s | llama.cpp decode tok/s | ours / llama.cpp |")
     print("|---|---|---:|---:|---:|---:|---:|---:|")
-    for name in args.names:
-        r = run(name, smollm2, llama_cpp, args.threads, args.greedy_threads, args.reps, args.decode, args.peer_greedy)
+    for name in names:
+        r = run(name, smollm2, llama_cpp, threads, greedy_threads, reps, decode, peer_greedy)
         greedy = f"{r['runs']}/8 | {r['tokens']}/{r['total']}" if r["total"] else "- | -"
         print(f"| {r['name']} | {r['model']} | {r['size_mb']:.0f} | {greedy} "
               f"| {r['ours']:.1f} | {r['peer']:.1f} | {r['ours'] / r['peer']:.2f} |", flush=True)
-    return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    main()

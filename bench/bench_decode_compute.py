@@ -2,7 +2,7 @@
 thread, so memory cannot be what limits it. Ours on each kernel path and layout against llama.cpp's
 own kernels (ggml's mul_mat through ctypes, bench/ggml_matvec.py) on the same bytes, in one run.
 
-    python bench/bench_decode_compute.py [--type Q4_K ...] [--rows 1024 --cols 2048] [--rounds 7]
+    python -m bench.bench_decode_compute [--type Q4_K ...] [--rows 1024 --cols 2048] [--rounds 7]
                                          [--ggml-lib DIR]   (default: $LLAMA_CPP_LIB_PATH)
 
 Each figure is weight bytes read per second per core (GB/s) and per cycle (B/cycle, at the clock
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import statistics
-import sys
 from pathlib import Path
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
@@ -24,12 +23,8 @@ import click  # noqa: E402
 import numpy as np  # noqa: E402
 from gguf import GGMLQuantizationType as T  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
-
+from bench.ggml_matvec import REPACKED_ON_X86, Ggml, MatVec  # noqa: E402
 from engine.kernels import _quants as q  # noqa: E402
-from ggml_matvec import REPACKED_ON_X86, Ggml, MatVec  # noqa: E402
 from tests import quant_pack as qp  # noqa: E402
 
 TYPES = ("Q4_K", "Q5_K", "Q6_K", "Q4_0", "Q8_0", "IQ4_NL", "IQ4_XS")

@@ -1,6 +1,6 @@
 """Python overhead per decoded token: the compiled forward loop vs the engine's generate vs the worker path.
 
-    chrt -f 10 python bench/bench_decode_overhead.py [--model smollm2-135m] [--tokens 128] [--runs 7]
+    chrt -f 10 python -m bench.bench_decode_overhead [--model smollm2-135m] [--tokens 128] [--runs 7]
                                                     [--threads 2] [--profile]
 
 Three ways to decode the same greedy continuation (same prompt, same tokens, same positions):
@@ -18,7 +18,7 @@ Per token: decode time / forwards, for engine and worker from Generation/JobResu
 engine/worker run also times its own forward calls (a wrapper around Model.forward, ~0.2 us per
 call) and reports the rest of its decode time: the Python time per token, measured in-run. Runs are interleaved (forward, engine, worker, ...) on a noisy shared machine;
 medians and min-max are printed. --profile adds a cProfile of the worker path's decode, by own time.
-Target (issue 5): Python overhead per token < 5 %.
+Target: Python overhead per token < 5 %.
 """
 from __future__ import annotations
 
@@ -27,19 +27,17 @@ import io
 import os
 import pstats
 import statistics
-import sys
 import time
 from pathlib import Path
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # as the engine: keep numpy's pool off the cores
 
-import click  # noqa: E402
+import click
+
+from engine.engine import Engine
+from engine.params import SamplingParams
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from engine.engine import Engine  # noqa: E402
-from engine.params import SamplingParams  # noqa: E402
 
 PROMPT = [{"role": "user", "content": "Write a long story about a lighthouse keeper and the sea, in detail."}]
 

@@ -1,6 +1,6 @@
 """One-token matmuls streamed from DRAM under each decode candidate, kernels and prefetch (engine/decode_tuning.py).
 
-    python bench/bench_decode_prefetch.py [--types Q4_K,Q6_K,Q8_0] [--threads 1] [--kernel avx512] [--reps 3]
+    python -m bench.bench_decode_prefetch [--types Q4_K,Q6_K,Q8_0] [--threads 1] [--kernel avx512] [--reps 3]
 
 A 32768 x 4096 matrix of each type (random bytes; 75-140 MB, far past the L3) is repacked to R16 and
 multiplied by one token under every candidate setting, interleaved; GB/s of weights read (medians),

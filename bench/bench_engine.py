@@ -1,8 +1,8 @@
 """Prefill and decode speed of our engine against llama.cpp and ik_llama.cpp, measured side by side in one run.
 
-    python bench/bench_engine.py --model 1.5b-shape --threads 2 \\
+    python -m bench.bench_engine --model 1.5b-shape --threads 2 \\
         --llama-bench /path/to/llama.cpp/build/bin/llama-bench --ik-bench /path/to/ik_llama.cpp/build/bin/llama-bench
-    python bench/bench_engine.py [--model smollm2-135m --model 8b-shape ...] [--threads 1 --threads 2] [--reps 5]
+    python -m bench.bench_engine [--model smollm2-135m --model 8b-shape ...] [--threads 1 --threads 2] [--reps 5]
                                  [--prefill N] [--decode N] [--kernel avx2] [--peer-python] [--no-peer]
 
 Models: a known model name (engine.registry), or a named shape from bench/shapes.py (`8b-shape`,
@@ -57,14 +57,11 @@ from pathlib import Path
 # must be set before numpy loads.
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
-import click  # noqa: E402
-import numpy as np  # noqa: E402
+import click
+import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from engine import registry  # noqa: E402
-from engine.model import Model  # noqa: E402
+from engine import registry
+from engine.model import Model
 
 SHAPE_8B = "8b-shape"
 SHAPE_1_5B = "1.5b-shape"
@@ -76,7 +73,7 @@ PEER_TIMEOUT_S = 1800
 
 
 def model_file(name: str) -> Path:
-    from shapes import SHAPES, ensure  # bench/shapes.py
+    from bench.shapes import SHAPES, ensure  # bench/shapes.py
 
     if name in SHAPES:
         return ensure(name, log=lambda m: print(m, file=sys.stderr))

@@ -1,7 +1,7 @@
 """Aggregate throughput of one job set run by W worker processes x T engine threads each, on this
 machine's C usable CPUs: the splits 1xC and Cx1, the default split, and oversubscribed 2Cx1 and Cx2.
 
-    python bench/bench_load.py --model gemma3-270m [--jobs 8] [--prefill 256] [--decode 32] [--reps 3]
+    python -m bench.bench_load --model gemma3-270m [--jobs 8] [--prefill 256] [--decode 32] [--reps 3]
                                [--llama-bench /path/to/llama.cpp/build/bin/llama-bench]
 
 Each worker process loads the model once, waits until every worker has loaded, then runs its share of the
@@ -29,13 +29,12 @@ from pathlib import Path
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
-import click  # noqa: E402
+import click
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench.bench_engine import llama_bench_command, model_file, parse_llama_bench_json, prompt_tokens
+from engine.cpus import choose_split, usable_cpus
 
-from bench_engine import llama_bench_command, model_file, parse_llama_bench_json, prompt_tokens  # noqa: E402
-from engine.cpus import choose_split, usable_cpus  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @dataclass(frozen=True)
@@ -84,8 +83,9 @@ def worker_main(model: str, threads: int, jobs: int, prefill: int, decode: int) 
 def run_ours(model: str, split: Split, jobs: int, prefill: int, decode: int) -> dict:
     per = [jobs // split.workers + (1 if i < jobs % split.workers else 0) for i in range(split.workers)]
     env = dict(os.environ, RQLLM_ADAPTIVE_THREADS="1" if split.adaptive else "0")
-    procs = [subprocess.Popen([sys.executable, __file__, "--worker", model, str(split.threads), str(n), str(prefill),
-                               str(decode)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+    procs = [subprocess.Popen([sys.executable, "-m", "bench.bench_load", "--worker", model, str(split.threads), str(n),
+                               str(prefill), str(decode)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                              env=env, cwd=ROOT)
              for n in per if n > 0]
     for p in procs:  # every worker loaded before the clock starts
         if p.stdout.readline().strip() != "ready":

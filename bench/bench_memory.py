@@ -1,6 +1,6 @@
 """Peak RSS of our engine, and of llama.cpp for comparison, each alone in a fresh process.
 
-    python bench/bench_memory.py [--model 8b-shape] [--kv-tokens 4096] [--prefill 64] [--decode 16] [--threads 2]
+    python -m bench.bench_memory [--model 8b-shape] [--kv-tokens 4096] [--prefill 64] [--decode 16] [--threads 2]
 
 Each engine runs in its own subprocess (so nothing else is counted): load the model with a KV
 cache of --kv-tokens tokens (ours: a byte budget worth exactly that many f32 K+V rows and
@@ -15,7 +15,7 @@ The issue's target for 8b-shape with a 4,096-token KV budget: our peak RSS <= 6 
 repacked weight cache as workers run by default (`--no-repack`: on the GGUF layout).
 `--repack-report` writes the repacked weight cache (engine.repack) of --model (8b-shape) again, in a
 fresh process on --threads threads, and reports its time, its size on disk and the builder's peak
-RSS (issue 13: < 60 s for a 4.6 GB file on 2 cores); `--cold` first evicts the GGUF from the page
+RSS (the target: < 60 s for a 4.6 GB file on 2 cores, so a first start is not a long wait); `--cold` first evicts the GGUF from the page
 cache (posix_fadvise DONTNEED), so the time includes reading it from disk.
 Our engine runs as it does by default: on the repacked cache when the kernel path reads R16 (the
 result line says which; `--no-repack` for the GGUF layout).
@@ -32,13 +32,11 @@ from pathlib import Path
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # as bench_engine: keep numpy's pool off the cores
 
-import click  # noqa: E402
+import click
+
+from bench.bench_engine import bench_ours, model_file, peer_run, prompt_tokens
 
 BENCH = Path(__file__).resolve().parent
-sys.path.insert(0, str(BENCH.parent))
-sys.path.insert(0, str(BENCH))
-
-from bench_engine import bench_ours, model_file, peer_run, prompt_tokens  # noqa: E402
 
 GB = 1e9
 GIB = 1024**3
@@ -81,7 +79,7 @@ def run_ours(path: Path, threads: int, kv_tokens: int, n_prefill: int, n_decode:
     for a in (*model.kv.k, *model.kv.v):
         a.fill(0.0)  # writing faults in every page of the cache
     weights = sum(info.nbytes for info in model.gguf.tensors.values())
-    return {"engine": "ours", "layout": model.layout.describe(),
+    return {"engine": "ours", "layout": model.layout.reason,
             "kv_tokens": model.capacity, "kv_bytes": model.kv.nbytes, "weights_bytes": weights,
             "rss_after_load": after_load["VmRSS"], "rss_file_end": end["RssFile"], "rss_anon_end": end["RssAnon"],
             "peak_rss": peak, "peak_rss_kv_full": _peak_rss()}
@@ -123,11 +121,12 @@ def child(engine: str, path: Path, threads: int, kv_tokens: int, n_prefill: int,
 
 def measure(engine: str, path: Path, threads: int, kv_tokens: int, n_prefill: int, n_decode: int,
             repack: bool = True) -> dict:
-    cmd = [sys.executable, __file__, "--child", engine, "--path", str(path), "--threads", str(threads),
-           "--kv-tokens", str(kv_tokens), "--prefill", str(n_prefill), "--decode", str(n_decode)]
+    cmd = [sys.executable, "-m", "bench.bench_memory", "--child", engine, "--path", str(path),
+           "--threads", str(threads), "--kv-tokens", str(kv_tokens), "--prefill", str(n_prefill),
+           "--decode", str(n_decode)]
     if not repack:
         cmd.append("--no-repack")
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=BENCH.parent)
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
             return json.loads(line[len("RESULT "):])
@@ -175,8 +174,9 @@ def repack_child_run(path: Path, threads: int, cold: bool) -> None:
 
 def run_repack_report(model: str, threads: int, cold: bool) -> None:
     path = model_file(model)
-    cmd = [sys.executable, __file__, "--repack-child", "--path", str(path), "--threads", str(threads)]
-    proc = subprocess.run(cmd + (["--cold"] if cold else []), stdout=subprocess.PIPE, text=True)  # progress: stderr
+    cmd = [sys.executable, "-m", "bench.bench_memory", "--repack-child", "--path", str(path), "--threads", str(threads)]
+    proc = subprocess.run(cmd + (["--cold"] if cold else []), stdout=subprocess.PIPE, text=True,  # progress: stderr
+                          cwd=BENCH.parent)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     if proc.returncode != 0 or not lines:
         raise SystemExit(f"the repack failed (exit {proc.returncode})")
@@ -219,7 +219,7 @@ def main(model, threads, kv_tokens, n_prefill, n_decode, no_peer, child_engine, 
         run_repack_report(model, threads, cold)
         return
     if pss:
-        from pss_workers import measure_pss
+        from bench.pss_workers import measure_pss
 
         measure_pss(str(model_file(pss_model)), kv_budget, threads, max_tokens, repack=not no_repack)
         return

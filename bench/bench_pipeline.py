@@ -1,6 +1,6 @@
 """Pipeline overhead: N short jobs through Redis + one worker vs. the same jobs in a plain engine loop.
 
-    python bench/bench_pipeline.py [--jobs 200] [--max-tokens 8] [--runs 3] [--threads 2]
+    python -m bench.bench_pipeline [--jobs 200] [--max-tokens 8] [--runs 3] [--threads 2]
 
 Both sides run the same prompts in the same order with the same engine settings. The pipeline side
 is the whole path: submit_batch (validation, claims, enqueue), a worker process (`python -m
@@ -13,7 +13,6 @@ jobs) relative to the engine's own prefill+decode time -- less sensitive to othe
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -22,14 +21,15 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+import click
 
-from engine.engine import Engine  # noqa: E402
-from engine.params import SamplingParams  # noqa: E402
-from pipeline.client import Client  # noqa: E402
-from pipeline.collector import collect  # noqa: E402
-from pipeline.embedded import RedisServer, WorkerProcess, stop_workers, worker_argv  # noqa: E402
+from engine.engine import Engine
+from engine.params import SamplingParams
+from pipeline.client import Client
+from pipeline.collector import collect
+from pipeline.embedded import RedisServer, WorkerProcess, stop_workers, worker_argv
+
+ROOT = Path(__file__).resolve().parent.parent
 
 TOPICS = ["a colour", "a fruit", "an animal", "a planet", "a country", "a tree", "a river", "a metal",
           "a sport", "an ocean", "a vegetable", "an instrument", "a month", "a bird", "a city", "a tool"]
@@ -73,31 +73,31 @@ def run_pipeline(client: Client, model: str, msgs: list[list[dict]], params: Sam
     return wall, t_submit, s.generated_tokens, worker_side(client, bid)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", default="smollm2-135m")
-    ap.add_argument("--jobs", type=int, default=200)
-    ap.add_argument("--max-tokens", type=int, default=8)
-    ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
-    ap.add_argument("--kv-budget", default=None)
-    ap.add_argument("--json", action="store_true", help="print one JSON summary line only")
-    a = ap.parse_args()
+@click.command(help=__doc__)
+@click.option("--model", default="smollm2-135m", show_default=True)
+@click.option("--jobs", "n_jobs", type=int, default=200, show_default=True)
+@click.option("--max-tokens", type=int, default=8, show_default=True)
+@click.option("--runs", type=int, default=3, show_default=True)
+@click.option("--threads", type=int, default=os.cpu_count() or 1, show_default=True)
+@click.option("--kv-budget", default=None)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON summary line only.")
+def main(model: str, n_jobs: int, max_tokens: int, runs: int, threads: int, kv_budget: str | None,
+         as_json: bool) -> None:
     import signal
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the cleanup below on kill
 
-    params = SamplingParams(max_tokens=a.max_tokens, temperature=0.0)
-    msgs = prompts(a.jobs)
-    kw = {"threads": a.threads}
-    if a.kv_budget:
-        kw["kv_budget"] = a.kv_budget
-    eng = Engine(a.model, **kw)
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0)
+    msgs = prompts(n_jobs)
+    kw = {"threads": threads}
+    if kv_budget:
+        kw["kv_budget"] = kv_budget
+    eng = Engine(model, **kw)
     eng.generate(messages=msgs[0], params=params)  # warm-up
 
     server = RedisServer().start()
     tmp = Path(tempfile.mkdtemp(prefix="rqllm-bench-"))
-    worker = WorkerProcess(worker_argv(server.url, a.model, threads=a.threads, kv_budget=a.kv_budget,
+    worker = WorkerProcess(worker_argv(server.url, model, threads=threads, kv_budget=kv_budget,
                                           name="bench-worker", extra=["--log-level", "WARNING"]),
                            str(tmp / "worker.log"))
     client = Client(server.url)
@@ -108,44 +108,44 @@ def main() -> None:
             if not worker.alive() or time.monotonic() > deadline:
                 raise SystemExit("worker did not start:\n" + worker.tail())
             time.sleep(0.1)
-        run_pipeline(client, a.model, msgs[:2], params, tmp / "warm.jsonl")  # warm-up
-        for r in range(a.runs):
+        run_pipeline(client, model, msgs[:2], params, tmp / "warm.jsonl")  # warm-up
+        for r in range(runs):
             # alternate which side goes first so drifting load on the machine hits both alike
             if r % 2 == 0:
                 p, toks_p = run_plain(eng, msgs, params)
-                q, sub, toks_q, side = run_pipeline(client, a.model, msgs, params, tmp / "out.jsonl")
+                q, sub, toks_q, side = run_pipeline(client, model, msgs, params, tmp / "out.jsonl")
             else:
-                q, sub, toks_q, side = run_pipeline(client, a.model, msgs, params, tmp / "out.jsonl")
+                q, sub, toks_q, side = run_pipeline(client, model, msgs, params, tmp / "out.jsonl")
                 p, toks_p = run_plain(eng, msgs, params)
             plain.append(p)
             pipe.append(q)
             submit.append(sub)
             sides.append(side)
-            if not a.json:
+            if not as_json:
                 print(f"run {r + 1}: plain {p:.3f} s ({toks_p} tok), pipeline {q:.3f} s ({toks_q} tok, "
                       f"submit {sub * 1000:.0f} ms), overhead {100 * (q / p - 1):+.1f} %; worker: engine "
-                      f"{side['engine']:.3f} s, in-job {1000 * side['in_job'] / a.jobs:.2f} ms/job, between "
-                      f"jobs {1000 * side['between'] / a.jobs:.2f} ms/job", flush=True)
+                      f"{side['engine']:.3f} s, in-job {1000 * side['in_job'] / n_jobs:.2f} ms/job, between "
+                      f"jobs {1000 * side['between'] / n_jobs:.2f} ms/job", flush=True)
     finally:
         stop_workers([worker])
         server.stop()
     mp, mq = statistics.median(plain), statistics.median(pipe)
     summary = {
-        "jobs": a.jobs, "max_tokens": a.max_tokens, "runs": a.runs, "threads": a.threads,
+        "jobs": n_jobs, "max_tokens": max_tokens, "runs": runs, "threads": threads,
         "plain_median_s": round(mp, 4), "pipeline_median_s": round(mq, 4),
         "submit_median_ms": round(1000 * statistics.median(submit), 1),
         "overhead_ratio": round(mq / mp - 1, 4),
-        "overhead_ms_per_job": round(1000 * (mq - mp) / a.jobs, 3),
+        "overhead_ms_per_job": round(1000 * (mq - mp) / n_jobs, 3),
         "worker_engine_median_s": round(statistics.median(x["engine"] for x in sides), 4),
-        "worker_in_job_ms_per_job": round(1000 * statistics.median(x["in_job"] for x in sides) / a.jobs, 3),
-        "worker_between_jobs_ms_per_job": round(1000 * statistics.median(x["between"] for x in sides) / a.jobs, 3),
+        "worker_in_job_ms_per_job": round(1000 * statistics.median(x["in_job"] for x in sides) / n_jobs, 3),
+        "worker_between_jobs_ms_per_job": round(1000 * statistics.median(x["between"] for x in sides) / n_jobs, 3),
         "worker_overhead_ratio": round(statistics.median((x["in_job"] + x["between"]) / x["engine"] for x in sides), 4),
     }
-    if a.json:
+    if as_json:
         print(json.dumps(summary))
     else:
-        print(f"median plain {mp:.3f} s, median pipeline {mq:.3f} s over {a.runs} runs of {a.jobs} jobs "
-              f"(max_tokens {a.max_tokens}, {a.threads} threads)")
+        print(f"median plain {mp:.3f} s, median pipeline {mq:.3f} s over {runs} runs of {n_jobs} jobs "
+              f"(max_tokens {max_tokens}, {threads} threads)")
         print(f"overhead ratio {100 * summary['overhead_ratio']:+.2f} % "
               f"({summary['overhead_ms_per_job']:.2f} ms/job; target <= 5 %)")
         print(f"worker-side overhead {100 * summary['worker_overhead_ratio']:.2f} % of engine time "

@@ -1,7 +1,7 @@
 """Prefill matmul kernels alone: GMAC/s of rq_matmul on the weight shapes of SmolLM2-135M and
 Gemma 3 270M, random weights, 128 tokens, one thread by default.
 
-    python bench/bench_prefill_kernels.py [--model smollm2|gemma3] [--tokens 128] [--threads 1]
+    python -m bench.bench_prefill_kernels [--model smollm2|gemma3] [--tokens 128] [--threads 1]
                                           [--rounds 5] [--path avx2]
 
 This machine is shared: each figure is the best of --rounds timings (each the mean of --reps
@@ -10,20 +10,18 @@ calls), which tracks the kernel rather than the neighbours' load.
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
-import click  # noqa: E402
-import numpy as np  # noqa: E402
-from gguf import GGMLQuantizationType as T  # noqa: E402
+import click
+import numpy as np
+from gguf import GGMLQuantizationType as T
+
+from engine.kernels import _quants as q
+from tests import quant_pack as qp
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from engine.kernels import _quants as q  # noqa: E402
-from tests import quant_pack as qp  # noqa: E402
 
 # (type, rows, cols) of the matmuls of one layer
 SHAPES = {

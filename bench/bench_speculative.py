@@ -1,9 +1,9 @@
 """Speculative decoding: decode tok/s with and without, acceptance rates, and the summarise wall time.
 
-    python bench/bench_speculative.py                                  # default model, SmolLM2, Gemma 3; 3 runs
-    python bench/bench_speculative.py --models smollm2-135m --runs 5 --draft smollm2-135m=/path/draft.gguf
-    python bench/bench_speculative.py --fixed-costs                    # DEFAULT_PASS_COSTS, not timed ones
-    python bench/bench_speculative.py --summarize-runs 0 --json out.json
+    python -m bench.bench_speculative                                  # default model, SmolLM2, Gemma 3; 3 runs
+    python -m bench.bench_speculative --model smollm2-135m --runs 5 --draft smollm2-135m=/path/draft.gguf
+    python -m bench.bench_speculative --fixed-costs                    # DEFAULT_PASS_COSTS, not timed ones
+    python -m bench.bench_speculative --summarize-runs 0 --json out.json
 
 Prompt sets (greedy, as the pipeline runs them):
 * summary: the map prompts `rqllm summarize` builds for the document chunks of examples/ (its own
@@ -23,7 +23,6 @@ low ceiling, however good the guessing; verification cost lowers it too.
 """
 from __future__ import annotations
 
-import argparse
 import io
 import json
 import os
@@ -34,13 +33,14 @@ from collections import defaultdict
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+import click
 
-from engine.defaults import DEFAULT_MODEL  # noqa: E402
-from engine.engine import Engine  # noqa: E402
-from engine.params import SamplingParams  # noqa: E402
-from engine.speculative import DEFAULT_PASS_COSTS, MAX_DRAFT  # noqa: E402
+from engine.defaults import DEFAULT_MODEL
+from engine.engine import Engine
+from engine.params import SamplingParams
+from engine.speculative import DEFAULT_PASS_COSTS, MAX_DRAFT
+
+ROOT = Path(__file__).resolve().parent.parent
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -197,39 +197,41 @@ def summarize_wall(model: str, runs: int) -> dict:
             "draft_tokens": draft, "accepted_tokens": accepted, "tokens_out": tokens_out}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--models", nargs="+", default=[DEFAULT_MODEL, "smollm2-135m", "gemma3-270m"])
-    ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--draft", action="append", default=[], metavar="MODEL=DRAFT",
-                    help="also run speculative='draft' for MODEL with this draft model (repeatable)")
-    ap.add_argument("--fixed-costs", action="store_true",
-                    help="choose draft lengths with DEFAULT_PASS_COSTS instead of the engine's timed pass costs")
-    ap.add_argument("--summarize-runs", type=int, default=3, help="summarise wall-time runs per mode (0: skip)")
-    ap.add_argument("--json", help="also write the results here")
-    args = ap.parse_args()
+@click.command(help=__doc__)
+@click.option("--model", "models", multiple=True, default=(DEFAULT_MODEL, "smollm2-135m", "gemma3-270m"),
+              show_default=True, help="A model to run (repeatable).")
+@click.option("--runs", type=int, default=3, show_default=True)
+@click.option("--threads", type=int, default=2, show_default=True)
+@click.option("--draft", "draft_pairs", multiple=True, metavar="MODEL=DRAFT",
+              help="Also run speculative='draft' for MODEL with this draft model (repeatable).")
+@click.option("--fixed-costs", is_flag=True,
+              help="Choose draft lengths with DEFAULT_PASS_COSTS instead of the engine's timed pass costs.")
+@click.option("--summarize-runs", type=int, default=3, show_default=True,
+              help="Summarise wall-time runs per mode (0: skip).")
+@click.option("--json", "json_path", default=None, help="Also write the results here.")
+def main(models: tuple[str, ...], runs: int, threads: int, draft_pairs: tuple[str, ...], fixed_costs: bool,
+         summarize_runs: int, json_path: str | None) -> None:
     os.environ.pop("REDIS_URL", None)
-    drafts = dict(d.split("=", 1) for d in args.draft)
+    drafts = dict(d.split("=", 1) for d in draft_pairs)
 
-    results: dict = {"threads": args.threads, "cpus": os.cpu_count(), "runs": args.runs, "models": {}}
-    for model in args.models:
+    results: dict = {"threads": threads, "cpus": os.cpu_count(), "runs": runs, "models": {}}
+    for model in models:
         print(f"{model} ...", file=sys.stderr, flush=True)
-        eng = Engine(model, threads=args.threads, kv_budget="256MiB", draft=drafts.get(model))
+        eng = Engine(model, threads=threads, kv_budget="256MiB", draft=drafts.get(model))
         modes = ["off", "prompt_lookup"] + (["draft"] if model in drafts else [])
         res: dict = {}
-        if args.fixed_costs:
+        if fixed_costs:
             eng.set_speculation_costs(DEFAULT_PASS_COSTS)
-        res["summary"] = run_set(eng, summary_requests(model, eng.kv_capacity), modes, args.runs, "summary")
-        res["open"] = run_set(eng, open_requests(), modes, args.runs, "open")
+        res["summary"] = run_set(eng, summary_requests(model, eng.kv_capacity), modes, runs, "summary")
+        res["open"] = run_set(eng, open_requests(), modes, runs, "open")
         res["pass_costs"] = [round(c, 3) for c in eng.pass_costs]
         res["draft_step_cost"] = round(eng.draft.cost_per_guess, 3) if eng.draft is not None else None
-        if args.summarize_runs:
-            res["summarize"] = summarize_wall(model, args.summarize_runs)
+        if summarize_runs:
+            res["summarize"] = summarize_wall(model, summarize_runs)
         results["models"][model] = res
         del eng
 
-    print(f"\n{args.threads} threads, {os.cpu_count()} cores (shared machine), medians of {args.runs} runs; "
+    print(f"\n{threads} threads, {os.cpu_count()} cores (shared machine), medians of {runs} runs; "
           f"decode tok/s over each prompt set, greedy, identical output in every mode")
     print("speedup: median over runs of the set's tok/s over plain's in the same run; paired: median over "
           "prompts x runs of one generation's tok/s over plain's, generated right before it; ceiling: the "
@@ -244,15 +246,15 @@ def main() -> None:
                 print(f"{model:<28} {kind:<8} {mode:<14} {r['decode_tps_median']:>7.1f} {r['speedup_median']:>7.2f}x "
                       f"{r['paired_speedup_median']:>6.2f}x "
                       f"{r['accepted_tokens']:>6}/{r['draft_tokens']:<7} {rate:>5} {r['output_from_guesses']:>11.0%} {ceiling:>8}")
-        print(f"{model}: pass cost of n = 1..{MAX_DRAFT + 1} tokens over 1 ({'fixed' if args.fixed_costs else 'timed'})"
+        print(f"{model}: pass cost of n = 1..{MAX_DRAFT + 1} tokens over 1 ({'fixed' if fixed_costs else 'timed'})"
               f": {res['pass_costs'][1:]}" + (f"; draft step {res['draft_step_cost']}" if res["draft_step_cost"] else ""))
         if "summarize" in res:
             s = res["summarize"]
             print(f"{model}: rqllm summarize examples/ (1 worker): off {s['wall_off_median']:.1f} s, prompt lookup "
                   f"{s['wall_prompt_lookup_median']:.1f} s ({s['speedup_median']:.2f}x; kept "
                   f"{s['accepted_tokens']}/{s['draft_tokens']} guesses, {s['tokens_out']} tokens out)")
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=2))
+    if json_path:
+        Path(json_path).write_text(json.dumps(results, indent=2))
 
 
 if __name__ == "__main__":

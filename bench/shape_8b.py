@@ -1,18 +1,16 @@
 """The 8B-shape benchmark model; the recipe now lives in bench/shapes.py (named shapes), this
 module keeps the old entry point and names.
 
-    python bench/shape_8b.py            # = python bench/shapes.py 8b-shape
-    python bench/shape_8b.py --tiny -o /tmp/tiny.gguf   # = python bench/shapes.py 8b-shape --tiny -o ...
+    python -m bench.shape_8b            # = python -m bench.shapes 8b-shape
+    python -m bench.shape_8b --tiny -o /tmp/tiny.gguf   # = python -m bench.shapes 8b-shape --tiny -o ...
 """
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import shapes  # noqa: E402
-from shapes import LLAMA3_8B, TINY, Shape, TensorPlan, generate, tensor_bytes, tensor_plan  # noqa: E402,F401
+from bench import shapes
+from bench.shapes import LLAMA3_8B, TINY, Shape, TensorPlan, generate, tensor_bytes, tensor_plan  # noqa: F401
 
 RECIPE = shapes.SHAPES["8b-shape"]
 FILENAME = RECIPE.filename

@@ -1,9 +1,9 @@
 """Benchmark models with real models' shapes: random weights, Q4_K_M-style types, generated on demand.
 
-    python bench/shapes.py 8b-shape           # make (or find) ~/.cache/rqllm/bench-models/8b-shape-q4_k_m.gguf, print its path
-    python bench/shapes.py 1.5b-shape         # the same for 1.5b-shape-q4_k_m.gguf
-    python bench/shapes.py 1.5b-shape --tiny -o /tmp/tiny.gguf   # that recipe at toy size (tests)
-    python bench/shapes.py --list             # the names
+    python -m bench.shapes 8b-shape           # make (or find) ~/.cache/rqllm/bench-models/8b-shape-q4_k_m.gguf, print its path
+    python -m bench.shapes 1.5b-shape         # the same for 1.5b-shape-q4_k_m.gguf
+    python -m bench.shapes 1.5b-shape --tiny -o /tmp/tiny.gguf   # that recipe at toy size (tests)
+    python -m bench.shapes --list             # the names
 
 `8b-shape` (Llama 3 8B, ~4.5 GB): arch llama, 32 layers, hidden 4096, FFN 14336, 32 heads / 8 KV
 heads (head dim 128), rope base 500000, RMS eps 1e-5, context 8192, untied output.  Types: Q4_K
@@ -49,7 +49,6 @@ written under a temporary name and renamed when complete, so a present file is a
 from __future__ import annotations
 
 import os
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -60,10 +59,9 @@ from gguf import GGMLQuantizationType as T
 from gguf import GGUFValueType, GGUFWriter, LlamaFileType
 from gguf.constants import GGML_QUANT_SIZES
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from engine import registry  # noqa: E402
-from engine.gguf_file import GGUFError, GGUFFile  # noqa: E402
+from engine import registry
+from engine.files import atomic_path, cache_dir
+from engine.gguf_file import GGUFError, GGUFFile
 
 # f16 super-block scales d: small and positive, so no NaN/Inf can appear.  Q4_K's dmin is 7.5 d
 # (its 4-bit values average 7.5), so weights average about zero and activations stay moderate.
@@ -175,7 +173,7 @@ class Recipe:
     approx_gb: float
 
     def default_path(self) -> Path:
-        return registry.cache_dir() / "bench-models" / self.filename
+        return cache_dir() / "bench-models" / self.filename
 
     def is_complete(self, path: Path, shape: Shape | None = None) -> bool:
         """The file parses, comes from this recipe (and shape) and holds every tensor's bytes."""
@@ -377,54 +375,49 @@ def generate(dst: str | os.PathLike[str], shape: Shape = LLAMA3_8B, *, recipe: R
         n_vocab = shape.n_vocab
     plan = tensor_plan(shape, n_vocab)
 
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dst.with_name(f"{dst.name}.partial-{os.getpid()}")
-    writer = GGUFWriter(tmp, shape.arch)
-    try:
-        writer.add_name(recipe.title)
-        writer.add_file_type(LlamaFileType.MOSTLY_Q4_K_M)
-        writer.add_quantization_version(2)
-        writer.add_uint32(recipe.recipe_key, recipe.recipe_version)
-        writer.add_context_length(shape.n_ctx)
-        writer.add_embedding_length(shape.n_embd)
-        writer.add_block_count(shape.n_layer)
-        writer.add_feed_forward_length(shape.n_ff)
-        writer.add_head_count(shape.n_head)
-        writer.add_head_count_kv(shape.n_head_kv)
-        if shape.arch == "llama":  # real Qwen2 files leave it out (it defaults to the head dim)
-            writer.add_rope_dimension_count(shape.head_dim)
-        if shape.key_length:
-            writer.add_key_length(shape.key_length)
-            writer.add_value_length(shape.key_length)
-        if shape.n_expert:
-            writer.add_expert_count(shape.n_expert)
-            writer.add_expert_used_count(shape.n_expert_used)
-            writer.add_expert_feed_forward_length(shape.n_ff_exp)
-        writer.add_rope_freq_base(shape.rope_base)
-        writer.add_layer_norm_rms_eps(shape.norm_eps)
-        writer.add_vocab_size(n_vocab)
-        for key, value, vtype, itype in writer_keys:
-            writer.add_key_value(key, value, vtype, sub_type=itype)
-        for t in plan:
-            # Sizes only: the data follows tensor by tensor below.
-            if t.type == T.F32:
-                writer.add_tensor_info(t.name, t.shape[::-1], np.dtype(np.float32), t.nbytes)
-            else:  # given as bytes [rows, row bytes], as the quantized data is written
-                rows = int(np.prod(t.shape[1:]))
-                writer.add_tensor_info(t.name, (*t.shape[:0:-1], t.nbytes // rows), np.dtype(np.uint8), t.nbytes,
-                                       raw_dtype=t.type)
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_ti_data_to_file()
-        rng = np.random.default_rng(seed)
-        for t in plan:
-            writer.write_tensor_data(tensor_bytes(t, rng, shape.d_scale, shape))
-        writer.close()
-        os.replace(tmp, dst)
-    except BaseException:
-        writer.close()
-        tmp.unlink(missing_ok=True)
-        raise
+    with atomic_path(dst, tmp=dst.with_name(f"{dst.name}.partial-{os.getpid()}")) as tmp:
+        writer = GGUFWriter(tmp, shape.arch)
+        try:
+            writer.add_name(recipe.title)
+            writer.add_file_type(LlamaFileType.MOSTLY_Q4_K_M)
+            writer.add_quantization_version(2)
+            writer.add_uint32(recipe.recipe_key, recipe.recipe_version)
+            writer.add_context_length(shape.n_ctx)
+            writer.add_embedding_length(shape.n_embd)
+            writer.add_block_count(shape.n_layer)
+            writer.add_feed_forward_length(shape.n_ff)
+            writer.add_head_count(shape.n_head)
+            writer.add_head_count_kv(shape.n_head_kv)
+            if shape.arch == "llama":  # real Qwen2 files leave it out (it defaults to the head dim)
+                writer.add_rope_dimension_count(shape.head_dim)
+            if shape.key_length:
+                writer.add_key_length(shape.key_length)
+                writer.add_value_length(shape.key_length)
+            if shape.n_expert:
+                writer.add_expert_count(shape.n_expert)
+                writer.add_expert_used_count(shape.n_expert_used)
+                writer.add_expert_feed_forward_length(shape.n_ff_exp)
+            writer.add_rope_freq_base(shape.rope_base)
+            writer.add_layer_norm_rms_eps(shape.norm_eps)
+            writer.add_vocab_size(n_vocab)
+            for key, value, vtype, itype in writer_keys:
+                writer.add_key_value(key, value, vtype, sub_type=itype)
+            for t in plan:
+                # Sizes only: the data follows tensor by tensor below.
+                if t.type == T.F32:
+                    writer.add_tensor_info(t.name, t.shape[::-1], np.dtype(np.float32), t.nbytes)
+                else:  # given as bytes [rows, row bytes], as the quantized data is written
+                    rows = int(np.prod(t.shape[1:]))
+                    writer.add_tensor_info(t.name, (*t.shape[:0:-1], t.nbytes // rows), np.dtype(np.uint8), t.nbytes,
+                                           raw_dtype=t.type)
+            writer.write_header_to_file()
+            writer.write_kv_data_to_file()
+            writer.write_ti_data_to_file()
+            rng = np.random.default_rng(seed)
+            for t in plan:
+                writer.write_tensor_data(tensor_bytes(t, rng, shape.d_scale, shape))
+        finally:
+            writer.close()
     return dst
 
 

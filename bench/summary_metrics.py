@@ -1,4 +1,4 @@
-"""Reference-free figures for summaries of a corpus (bench/bench_summary_quality.py; issue 17).
+"""Reference-free figures for summaries of a corpus (bench/bench_summary_quality.py).
 
 * key-term recall: the share of each document's KEY_TERMS most distinctive words (tf-idf over the
   corpus) that its summary uses; words compared by a crude stem (plural and -ing/-ed endings off);

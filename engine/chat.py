@@ -85,6 +85,9 @@ WATCH_INTERVAL = 0.02  # seconds between the watchdog's looks at the renders in 
 
 
 class ChatMessage(BaseModel):
+    """One turn as the chat template renders it: role and text only (a request's own message form, with
+    content parts and a name, is reduced to this)."""
+
     model_config = ConfigDict(extra="ignore", frozen=True)
     role: Literal["system", "user", "assistant"]
     content: StrictStr

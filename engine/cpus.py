@@ -3,7 +3,7 @@
 os.cpu_count() is the host's count. A process pinned to some cores (taskset, a cpuset: its affinity
 mask) or a container given `cpus: 1.5` (a cgroup CPU quota) gets fewer, and an OpenMP team larger than
 the CPUs it gets stalls at every barrier: two 2-thread workers on 2 cores ran 35x slower at prefill
-than one (issue 14). So the thread count comes from
+than one. So the thread count comes from
 
 * the affinity mask, os.sched_getaffinity(0) (it already reflects a cpuset);
 * the tightest CPU quota along the process's own cgroup path (/proc/self/cgroup under /sys/fs/cgroup):

@@ -24,7 +24,6 @@ import hashlib
 import mmap
 import os
 import struct
-import tempfile
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -411,7 +410,7 @@ class GGUFFile:
 
     # ------------------------------------------------------------------ index cache
     def _index_path(self, starts_at: int) -> Path:
-        from engine.registry import cache_dir  # stdlib only; imported here to keep this module standalone
+        from engine.files import cache_dir  # imported here to keep this module standalone
 
         return cache_dir() / "gguf-index" / f"{self._index_key}-{starts_at}.npy"
 
@@ -443,16 +442,10 @@ class GGUFFile:
     def _store_index(self, starts: np.ndarray, end: int) -> None:
         path = self._index_path(int(starts[0]))
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".idx-", suffix=".npy")
-            try:
-                with os.fdopen(fd, "wb") as f:
-                    np.save(f, np.append(starts, np.int64(end)))
-                os.chmod(tmp, 0o644)  # other users' workers may share the cache
-                os.replace(tmp, path)  # atomic: readers never see half a file
-            except OSError:
-                os.unlink(tmp)
-                raise
+            from engine.files import atomic_write
+
+            with atomic_write(path, permissions=0o644) as f:  # other users' workers may share the cache
+                np.save(f, np.append(starts, np.int64(end)))
             ident = self._index_key.split("-", 1)[0]
             for old in path.parent.glob(f"{ident}-*.npy"):  # entries of older versions of this file
                 if not old.name.startswith(self._index_key):

@@ -533,10 +533,7 @@ class WeightLayout:
     """Which layout the matmuls run on: a repacked cache (its path) or the GGUF's own, and why."""
 
     repacked: Path | None
-    reason: str
-
-    def describe(self) -> str:
-        return self.reason
+    reason: str  # the layout in words, with why (and how decode reads it, chosen at load)
 
 
 class Model:

@@ -1,7 +1,7 @@
 """What a caller asks of one generation, and what it gets back."""
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -10,6 +10,7 @@ MAX_TOKENS_LIMIT = 1 << 20
 # "prompt_lookup" continues a match of the last tokens in the prompt and text so far, "draft" asks
 # the engine's draft model, "off" decodes one token per pass. None: the engine's default.
 SpeculativeMode = Literal["off", "prompt_lookup", "draft"]
+SPECULATIVE_MODES: tuple[str, ...] = get_args(SpeculativeMode)
 
 
 class JsonSchemaFormat(BaseModel):

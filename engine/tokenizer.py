@@ -35,7 +35,6 @@ import heapq
 import json
 import os
 import re
-import tempfile
 from array import array
 from collections.abc import Iterable
 from functools import cached_property, lru_cache
@@ -45,6 +44,7 @@ import numpy as np
 import tokenizers
 from tokenizers import Tokenizer as HFTokenizer
 
+from engine.files import atomic_write, cache_dir
 from engine.gguf_file import GGUFError, GGUFFile
 
 __all__ = ["Tokenizer", "StreamDecoder", "TokenizerError", "SUPPORTED_PRE"]
@@ -236,27 +236,17 @@ def _gpt2_json(g: GGUFFile, tokens: list[str], pre: str) -> str:
 def _cache_paths(path: Path) -> list[Path]:
     st = path.stat()
     name = f"{path.name}.tokenizer-v{CACHE_VERSION}-hf{tokenizers.__version__}-{st.st_size}-{st.st_mtime_ns}.json"
-    home = Path(os.environ.get("RQLLM_TOKENIZER_CACHE", Path.home() / ".cache" / "rqllm" / "tokenizers"))
+    home = Path(os.environ.get("RQLLM_TOKENIZER_CACHE") or cache_dir() / "tokenizers")
     return [path.parent / name, home / name]
 
 
 def _write_atomic(p: Path, text: str) -> bool:
+    """Whether the cache entry was written (a cache that cannot be written is only slower)."""
     try:
-        p.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=".tok-", suffix=".json")
-    except OSError:
-        return False
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
+        with atomic_write(p, "w", permissions=0o644) as f:  # other users' workers may share the cache
             f.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, p)
         return True
     except OSError:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
         return False
 
 

@@ -175,7 +175,7 @@ def _run_generation(job: GenerationJob, options: TaskOptions, *, attempt: int, t
     ctx.ledger.finish(result, result_ttl=options.result_ttl, stream_ttl=options.stream_ttl,
                       last_text=writer.take(), stream_maxlen=ctx.stream_maxlen)
     # The worker's one line per job (rq's own lines per job are at DEBUG: pipeline.worker). For operators:
-    # API clients no longer see these (they would describe other tenants' work).
+    # API clients do not see these (they would describe other tenants' work).
     log.info("job %s done on %s: %d tokens in (%d from the prefix cache), %d out; prefill %.3f s (%.0f tok/s), "
              "decode %.3f s (%.1f tok/s)%s", job_id, ctx.worker_name, gen.prompt_tokens, gen.prefix_hit_tokens,
              gen.completion_tokens, gen.prefill_seconds, gen.prefill_tps, gen.decode_seconds, gen.decode_tps,

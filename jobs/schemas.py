@@ -25,13 +25,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from engine.params import FinishReason, Generation, SamplingParams, TokenLogprob
 from jobs import keys
+from jobs.defaults import DEFAULT_PRIORITY, PRIORITIES, RESULT_TTL, STREAM_TTL
 
 ID_VERSION = "v1"
 ENDPOINT_CHAT = "/v1/chat/completions"
 ENDPOINT_COMPLETIONS = "/v1/completions"
 Endpoint = Literal["/v1/chat/completions", "/v1/completions"]
-Priority = Literal["high", "default", "low"]
-PRIORITIES: tuple[str, ...] = ("high", "default", "low")
 
 _MODEL_KEY_RE = re.compile(r"[^a-z0-9._-]+")
 # A model is named by a registry-style name or by a path to a .gguf file (keyed by the file's stem);
@@ -94,8 +93,10 @@ class InvalidJob(ValueError):
         self.param = param
 
 
-class ChatMessage(BaseModel):
-    """One chat turn. OpenAI-style content parts ([{"type": "text", "text": ...}]) are joined to text."""
+class RequestMessage(BaseModel):
+    """One chat turn as a request carries it: OpenAI-style content parts ([{"type": "text", "text": ...}])
+    are joined to text, and a `name` is allowed. The engine renders its own form of it
+    (engine.chat.ChatMessage: role and text only)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -132,7 +133,7 @@ class GenerationJob(BaseModel):
     id: str | None = Field(None, description="content-derived; computed when absent")
     model: str = Field(..., min_length=1, max_length=512)
     prompt: str | None = None
-    messages: list[ChatMessage] | None = Field(None, min_length=1)
+    messages: list[RequestMessage] | None = Field(None, min_length=1)
     params: SamplingParams = Field(default_factory=SamplingParams)
     custom_id: str | None = Field(None, max_length=512)
     batch_id: str | None = None
@@ -170,7 +171,7 @@ class GenerationJob(BaseModel):
 
     @field_validator("messages")
     @classmethod
-    def _messages_size(cls, v: list[ChatMessage] | None) -> list[ChatMessage] | None:
+    def _messages_size(cls, v: list[RequestMessage] | None) -> list[RequestMessage] | None:
         if v is not None:
             limit = max_prompt_bytes()
             _check_size("the chat messages together are", sum(_text_bytes(m.content, limit) for m in v), limit)
@@ -243,17 +244,13 @@ class JobError(BaseModel):
     message: str
 
 
-DEFAULT_RESULT_TTL = 7 * 24 * 3600
-DEFAULT_STREAM_TTL = 24 * 3600
-
-
 class TaskOptions(BaseModel):
     """Per-submission options carried next to the job (not part of its content id)."""
 
     model_config = ConfigDict(extra="forbid")
 
-    result_ttl: int = Field(DEFAULT_RESULT_TTL, ge=1)
-    stream_ttl: int = Field(DEFAULT_STREAM_TTL, ge=1)
+    result_ttl: int = Field(RESULT_TTL, ge=1)
+    stream_ttl: int = Field(STREAM_TTL, ge=1)
 
 
 class JobResult(BaseModel):
@@ -367,7 +364,7 @@ def model_key(model: str) -> str:
     return key
 
 
-def queue_name(model: str, priority: str = "default") -> str:
+def queue_name(model: str, priority: str = DEFAULT_PRIORITY) -> str:
     """rq queue name for a model and priority: rqllm:<model>:<priority> (rq key rq:queue:<name>)."""
     if priority not in PRIORITIES:
         raise InvalidJob(f"priority must be one of {', '.join(PRIORITIES)}, not {priority!r}")

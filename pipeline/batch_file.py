@@ -1,4 +1,4 @@
-"""OpenAI Batch files: input lines -> GenerationJob (results -> output lines: pipeline/batch_responses.py).
+"""OpenAI Batch files: input lines -> GenerationJob (results -> output lines: pipeline/openai_format.py).
 
 Input line: {"custom_id": "...", "method": "POST", "url": "/v1/chat/completions" | "/v1/completions",
              "body": {"model": ..., "messages": [...] | "prompt": ..., "max_tokens": ..., "temperature": ...,

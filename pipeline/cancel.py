@@ -25,11 +25,11 @@ from rq.job import Job
 from jobs import keys
 from jobs.ledger import Ledger
 from jobs.outcomes import record_failure
-from jobs.schemas import DEFAULT_RESULT_TTL, DEFAULT_STREAM_TTL, TaskOptions
+from jobs.defaults import ACTIVE_STATUSES, RESULT_TTL, STREAM_TTL, WAITING_STATUSES
+from jobs.schemas import TaskOptions
 from jobs.redis_conn import SERIALIZER
 
 CancelOutcome = Literal["cancelled", "stopping", "shared", "ended", "gone"]
-_WAITING = ("queued", "deferred", "scheduled")
 
 
 def _text(raw: Any) -> str | None:
@@ -44,7 +44,7 @@ def _payload(connection: Redis, job_id: str) -> Any:
 
 
 def cancel_unwanted_job(connection: Redis, job_id: str, *, code: str, message: str, batch_id: str = "",
-                        result_ttl: int = DEFAULT_RESULT_TTL, stream_ttl: int = DEFAULT_STREAM_TTL) -> CancelOutcome:
+                        result_ttl: int = RESULT_TTL, stream_ttl: int = STREAM_TTL) -> CancelOutcome:
     """Cancel `job_id` on behalf of `batch_id` ('' = an HTTP request that has already left the job's
     waiters set), unless someone else still waits for it.
 
@@ -65,10 +65,11 @@ def cancel_unwanted_job(connection: Redis, job_id: str, *, code: str, message: s
                 if others or pipe.scard(waiters_key):
                     return "shared"
                 status = _text(pipe.hget(job_key, "status"))
-                if status not in _WAITING and status != "started":
+                if status not in ACTIVE_STATUSES:
                     return "gone" if status is None else "ended"
                 payload = _payload(connection, job_id)
-                rq_job = Job.fetch(job_id, connection=connection, serializer=SERIALIZER) if status in _WAITING else None
+                waiting = status in WAITING_STATUSES
+                rq_job = Job.fetch(job_id, connection=connection, serializer=SERIALIZER) if waiting else None
                 pipe.multi()
                 if rq_job is not None:
                     rq_job.cancel(pipeline=pipe)
@@ -80,7 +81,7 @@ def cancel_unwanted_job(connection: Redis, job_id: str, *, code: str, message: s
             except NoSuchJobError:
                 return "gone"
             break
-    if status in _WAITING:
+    if status in WAITING_STATUSES:
         return "cancelled"
     try:
         send_stop_job_command(connection, job_id, serializer=SERIALIZER)

@@ -4,11 +4,12 @@ from __future__ import annotations
 import click
 
 from pipeline.cli_jobs import _client, _echo_err
+from pipeline.cli_options import redis_url_option
 
 
 @click.command("jobs")
 @click.argument("batch_id")
-@click.option("--redis-url", envvar="REDIS_URL", default=None)
+@redis_url_option()
 @click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
 def jobs_command(batch_id: str, redis_url: str | None, as_json: bool) -> None:
     """List BATCH_ID's lines: job id, state and custom_id (for `rqllm watch JOB_ID` while a job runs).
@@ -39,7 +40,7 @@ def jobs_command(batch_id: str, redis_url: str | None, as_json: bool) -> None:
 
 @click.command("cancel")
 @click.argument("batch_id")
-@click.option("--redis-url", envvar="REDIS_URL", default=None)
+@redis_url_option()
 def cancel_command(batch_id: str, redis_url: str | None) -> None:
     """Cancel BATCH_ID: its queued jobs never run, its running ones stop between two tokens.
 

@@ -2,17 +2,15 @@
 from __future__ import annotations
 
 import json
-import os
-import re
 import sys
-from pathlib import Path
 
 import click
 
 from engine import registry
-from engine.kv_cache import DEFAULT_KV_TYPE, ENV_KV_TYPE, KV_TYPES
 from engine.params import SamplingParams
-from engine.defaults import DEFAULT_KV_BUDGET, DEFAULT_MODEL
+from engine.defaults import DEFAULT_MODEL
+from pipeline.cli_options import (engine_options, json_schema_options, no_repack_option, response_format_option,
+                                  sampling_options, speculation_mode, speculation_options, threads_option)
 
 COMMANDS: list[click.Command] = []
 
@@ -44,8 +42,7 @@ def models_pull(names: tuple[str, ...], force: bool) -> None:
 
 @models_group.command("repack")
 @click.argument("model")
-@click.option("--threads", type=click.IntRange(1, 1024), default=None,
-              help="Threads for the repack (default: as for the engine).")
+@threads_option(help="Threads for the repack (default: as for the engine).")
 @click.option("--force", is_flag=True,
               help="Rebuild even when a valid cache exists, and build even when this CPU's kernel path "
                    "does not read the R16 layout (to prepare a cache for other machines).")
@@ -104,28 +101,6 @@ class _ByteProgress:
             self.bar.close()
 
 
-def no_repack_option(fn):
-    """--no-repack: compute on the GGUF's own layout, without the repacked weight cache (engine.repack)."""
-    return click.option("--no-repack", "no_repack", is_flag=True,
-                        help="Compute on the GGUF's own weight layout: no repacked (R16) weight cache "
-                             "(also RQLLM_REPACK=0).")(fn)
-
-
-def _set_kv_type(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
-    # Through the environment, so that every KV sizing in this process and its children (the
-    # worker's engine, the memory check, summarise's chunk planner, embedded workers) agrees.
-    if value:
-        os.environ[ENV_KV_TYPE] = value
-
-
-def kv_type_option(fn):
-    """--kv-type f16|f32: the KV cache's entry type (sets RQLLM_KV_TYPE for this process and its children)."""
-    return click.option("--kv-type", type=click.Choice(sorted(KV_TYPES)), default=None, expose_value=False,
-                        callback=_set_kv_type, is_eager=True,
-                        help=f"KV cache entries (default {DEFAULT_KV_TYPE}, ${ENV_KV_TYPE}): f16 holds twice "
-                             "the tokens of f32 in the same --kv-budget.")(fn)
-
-
 @models_group.command("list")
 def models_list() -> None:
     """Show known models and which are cached."""
@@ -140,32 +115,6 @@ def models_list() -> None:
             click.echo(f"{name:<{width}} {'-':>12}  not cached ({known.description}); rqllm models pull {name}")
 
 
-def speculation_options(fn):
-    """--prompt-lookup and --draft MODEL: speculative decoding (engine.speculative)."""
-    fn = click.option("--draft", "draft", default=None, metavar="MODEL",
-                      help="Guess tokens with this smaller model (same vocabulary as the model; a known name "
-                           "or a .gguf path); the model checks the guesses, so greedy output is unchanged.")(fn)
-    fn = click.option("--prompt-lookup", "prompt_lookup", is_flag=True,
-                      help="Guess tokens by matching the last few against the prompt and the text so far; "
-                           "greedy output is unchanged.")(fn)
-    return fn
-
-
-def speculation_mode(prompt_lookup: bool, draft: str | None) -> str:
-    """The speculative mode the flags ask for: prompt lookup over a draft model when both are given
-    (the draft stays available to jobs that ask for it)."""
-    return "prompt_lookup" if prompt_lookup else "draft" if draft else "off"
-
-
-def engine_options(fn):
-    fn = click.option("--threads", type=click.IntRange(1, 1024), default=None,
-                      help="Compute threads (default: $RQLLM_THREADS, else the CPUs this process may use: "
-                           "affinity mask and cgroup CPU quota).")(fn)
-    fn = click.option("--kv-budget", default=DEFAULT_KV_BUDGET, show_default=True,
-                      help="Bytes for the KV cache, e.g. 64MiB, 1GiB; capacity in tokens follows.")(fn)
-    return kv_type_option(fn)
-
-
 def _load_engine(model: str, threads: int | None, kv_budget: str, no_repack: bool = False,
                  draft: str | None = None):
     from engine.engine import Engine, EngineError
@@ -178,66 +127,24 @@ def _load_engine(model: str, threads: int | None, kv_budget: str, no_repack: boo
         raise click.ClickException(str(exc)) from None
 
 
-def response_format_option(schema_file: str | None, json_object: bool, regex: str | None) -> dict | None:
-    """SamplingParams.response_format from --json-schema FILE / --json-object / --regex (at most one).
-    FILE holds a JSON schema, or OpenAI's {"name", "schema", "strict"} around one."""
-    if sum((schema_file is not None, json_object, regex is not None)) > 1:
-        raise click.UsageError("give one of --json-schema, --json-object and --regex")
-    if json_object:
-        return {"type": "json_object"}
-    if regex is not None:
-        return {"type": "regex", "regex": regex}
-    if schema_file is None:
-        return None
-    path = Path(schema_file)
-    try:
-        schema = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise click.ClickException(f"--json-schema {path}: not a JSON file ({exc})") from None
-    if not isinstance(schema, dict):
-        raise click.ClickException(f"--json-schema {path}: a schema is a JSON object")
-    if isinstance(schema.get("schema"), dict) and "name" in schema:
-        return {"type": "json_schema", "json_schema": schema}
-    name = re.sub(r"[^A-Za-z0-9_-]+", "_", path.stem)[:64] or "schema"
-    return {"type": "json_schema", "json_schema": {"name": name, "schema": schema}}
-
-
 @_command
 @click.command("generate")
 @click.argument("model")
 @click.argument("prompt")
 @click.option("--chat", is_flag=True, help="Wrap PROMPT as a user message in the model's chat template.")
 @click.option("--system", default=None, help="System message (with --chat).")
-@click.option("--max-tokens", type=int, default=256, show_default=True)
-@click.option("--temperature", type=float, default=0.0, show_default=True, help="0 = greedy.")
-@click.option("--top-k", type=int, default=0, show_default=True)
-@click.option("--top-p", type=float, default=1.0, show_default=True)
-@click.option("--min-p", type=float, default=0.0, show_default=True)
-@click.option("--repetition-penalty", type=float, default=1.0, show_default=True)
-@click.option("--frequency-penalty", type=float, default=0.0, show_default=True,
-              help="OpenAI's: minus this per earlier use of a token in the generated text.")
-@click.option("--presence-penalty", type=float, default=0.0, show_default=True,
-              help="OpenAI's: minus this for a token already in the generated text.")
-@click.option("--no-repeat-ngram", "no_repeat_ngram_size", type=int, default=0, show_default=True,
-              help="Never repeat an n-gram of this many tokens of the generated text (0: off).")
-@click.option("--end-at-sentence", is_flag=True,
-              help="When --max-tokens cuts the text, end it after its last complete sentence.")
-@click.option("--seed", type=int, default=None)
-@click.option("--stop", multiple=True, help="Stop string (repeatable).")
+@sampling_options("max_tokens", "temperature", "top_k", "top_p", "min_p", "repetition_penalty",
+                  "frequency_penalty", "presence_penalty", "no_repeat_ngram_size", "end_at_sentence", "seed",
+                  "stop", defaults=True)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of streaming text.")
-@click.option("--json-schema", "json_schema", type=click.Path(exists=True, dir_okay=False), default=None,
-              help="Constrain the output to JSON valid for the JSON schema in this file.")
-@click.option("--json-object", is_flag=True, help="Constrain the output to a JSON object (any).")
+@json_schema_options("the output")
 @click.option("--regex", default=None, help="Constrain the output to match this regex.")
 @engine_options
 @no_repack_option
 @speculation_options
-def generate_cmd(model: str, prompt: str, chat: bool, system: str | None, max_tokens: int, temperature: float,
-                 top_k: int, top_p: float, min_p: float, repetition_penalty: float, frequency_penalty: float,
-                 presence_penalty: float, no_repeat_ngram_size: int, end_at_sentence: bool, seed: int | None,
-                 stop: tuple[str, ...], as_json: bool, json_schema: str | None, json_object: bool,
-                 regex: str | None, threads: int | None, kv_budget: str, no_repack: bool,
-                 prompt_lookup: bool, draft: str | None) -> None:
+def generate_cmd(model: str, prompt: str, chat: bool, system: str | None, sampling: dict, as_json: bool,
+                 json_schema: str | None, json_object: bool, regex: str | None, threads: int | None, kv_budget: str,
+                 no_repack: bool, prompt_lookup: bool, draft: str | None) -> None:
     """Generate text from PROMPT with MODEL (a known name or a .gguf path)."""
     from pydantic import ValidationError
 
@@ -246,12 +153,7 @@ def generate_cmd(model: str, prompt: str, chat: bool, system: str | None, max_to
     if prompt_lookup and draft:
         raise click.UsageError("give --prompt-lookup or --draft MODEL, not both")
     try:
-        params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                                min_p=min_p, repetition_penalty=repetition_penalty,
-                                frequency_penalty=frequency_penalty, presence_penalty=presence_penalty,
-                                no_repeat_ngram_size=no_repeat_ngram_size, end_at_sentence=end_at_sentence,
-                                seed=seed, stop=list(stop),
-                                speculative=speculation_mode(prompt_lookup, draft),
+        params = SamplingParams(**sampling, speculative=speculation_mode(prompt_lookup, draft),
                                 response_format=response_format_option(json_schema, json_object, regex))
     except ValidationError as exc:
         raise click.ClickException(_pydantic_message(exc)) from None

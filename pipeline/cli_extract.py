@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from engine.defaults import DEFAULT_MODEL
+from pipeline.cli_options import kv_budget_option, no_repack_option, redis_url_option, threads_option, workers_option
 from pipeline.extract import DEFAULT_MAX_TOKENS
 from pipeline.summarize import DEFAULT_MAX_BYTES, SummarizeError
 
@@ -20,17 +21,15 @@ from pipeline.summarize import DEFAULT_MAX_BYTES, SummarizeError
 @click.option("-o", "--output", type=click.Path(dir_okay=False, allow_dash=True), default="-", show_default=True,
               help="Where to write: a .csv file gets CSV (top-level fields as columns), anything else JSONL.")
 @click.option("--model", "-m", default=DEFAULT_MODEL, show_default=True, help="Model name or .gguf path.")
-@click.option("--workers", "-w", type=click.IntRange(1, 64), default=None,
-              help="Worker processes to start when running embedded (no REDIS_URL).")
-@click.option("--threads", type=click.IntRange(1, 1024), default=None, help="Engine threads per embedded worker.")
-@click.option("--kv-budget", default=None, help="Workers' KV cache budget (256MiB, or tokens: 2048tok).")
+@workers_option(help="Worker processes to start when running embedded (no REDIS_URL).", short=True)
+@threads_option(help="Engine threads per embedded worker.")
+@kv_budget_option(help="Workers' KV cache budget (256MiB, or tokens: 2048tok).")
 @click.option("--max-tokens", type=click.IntRange(8, 8192), default=DEFAULT_MAX_TOKENS, show_default=True,
               help="Longest object, in tokens.")
 @click.option("--max-bytes", type=click.IntRange(1), default=DEFAULT_MAX_BYTES, show_default=True,
               help="Skip files larger than this.")
-@click.option("--redis-url", envvar="REDIS_URL", default=None,
-              help="Submit to this Redis and wait (default $REDIS_URL); unset = embedded cluster.")
-@click.option("--no-repack", is_flag=True, help="Embedded workers compute on the GGUF's own layout.")
+@redis_url_option(help="Submit to this Redis and wait (default $REDIS_URL); unset = embedded cluster.")
+@no_repack_option(help="Embedded workers compute on the GGUF's own layout.")
 def extract_command(paths: tuple[str, ...], schema_file: str, instructions: str | None, output: str, model: str,
                     workers: int | None, threads: int | None, kv_budget: str | None, max_tokens: int,
                     max_bytes: int, redis_url: str | None, no_repack: bool) -> None:

@@ -16,6 +16,9 @@ from typing import Any
 import click
 
 from engine.defaults import DEFAULT_MODEL
+from jobs.defaults import DEFAULT_PRIORITY, JOB_TIMEOUT, PRIORITIES
+from pipeline.cli_options import (json_schema_options, kv_budget_option, no_repack_option, redis_url_option,
+                                  response_format_option, sampling_options, threads_option, workers_option)
 
 
 def _echo_err(msg: str) -> None:
@@ -95,36 +98,27 @@ def _gather_jobs(inputs: tuple[str, ...], *, model: str | None, literal: bool, r
 @click.command("submit")
 @click.argument("inputs", nargs=-1, required=True)
 @click.option("--model", "-m", default=None, help=f"Model for every job (default: body.model, else {DEFAULT_MODEL}).")
-@click.option("--priority", type=click.Choice(["high", "default", "low"]), default="default", show_default=True)
-@click.option("--timeout", type=int, default=None, help="Per-job timeout in seconds (default 1800).")
+@click.option("--priority", type=click.Choice(PRIORITIES), default=DEFAULT_PRIORITY, show_default=True)
+@click.option("--timeout", type=int, default=None, help=f"Per-job timeout in seconds (default {JOB_TIMEOUT}).")
 @click.option("--retries", type=int, default=0, show_default=True, help="Retries for jobs that fail in a worker.")
 @click.option("--recompute", is_flag=True, help="Generate again even when a finished result exists.")
 @click.option("--wait", "wait", is_flag=True, help="Collect the results in this command.")
 @click.option("-o", "--output", default=None, help="Write OpenAI Batch output JSONL here (implies --wait).")
-@click.option("--max-tokens", type=int, default=None)
-@click.option("--temperature", type=float, default=None)
-@click.option("--top-p", type=float, default=None)
-@click.option("--seed", type=int, default=None)
-@click.option("--stop", multiple=True, help="Stop string (repeatable).")
-@click.option("--json-schema", "json_schema", type=click.Path(exists=True, dir_okay=False), default=None,
-              help="Constrain every output to JSON valid for the JSON schema in this file.")
-@click.option("--json-object", is_flag=True, help="Constrain every output to a JSON object (any).")
+@sampling_options("max_tokens", "temperature", "top_p", "seed", "stop", defaults=False)
+@json_schema_options("every output")
 @click.option("--raw", is_flag=True, help="Prompts are raw completions (no chat template).")
 @click.option("--system", default=None, help="System message for prompt arguments / text files.")
 @click.option("--literal", is_flag=True, help="Treat every argument as prompt text, even if a file exists.")
-@click.option("--workers", type=click.IntRange(1, 64), default=None,
-              help="Embedded mode: worker processes (default: one per usable CPU, at most one per job and as many "
-                   "as memory holds; the rest of the CPUs become threads).")
-@click.option("--threads", type=click.IntRange(1, 1024), default=None,
-              help="Embedded mode: engine threads per worker (default: $RQLLM_THREADS, else usable CPUs / workers).")
-@click.option("--kv-budget", default=None, help="Embedded mode: KV budget per worker.")
-@click.option("--redis-url", envvar="REDIS_URL", default=None, help="Redis URL (default $REDIS_URL).")
+@workers_option(help="Embedded mode: worker processes (default: one per usable CPU, at most one per job and as "
+                    "many as memory holds; the rest of the CPUs become threads).")
+@threads_option(help="Embedded mode: engine threads per worker (default: $RQLLM_THREADS, else usable CPUs / "
+                     "workers).")
+@kv_budget_option(help="Embedded mode: KV budget per worker.")
+@redis_url_option()
 @click.option("--no-progress", is_flag=True, help="No progress bar.")
-@click.option("--no-repack", is_flag=True,
-              help="Embedded mode: workers compute on the GGUF's own layout (no repacked weight cache).")
+@no_repack_option(help="Embedded mode: workers compute on the GGUF's own layout (no repacked weight cache).")
 def submit_command(inputs: tuple[str, ...], model: str | None, priority: str, timeout: int | None, retries: int,
-                   recompute: bool, wait: bool, output: str | None, max_tokens: int | None,
-                   temperature: float | None, top_p: float | None, seed: int | None, stop: tuple[str, ...],
+                   recompute: bool, wait: bool, output: str | None, sampling: dict[str, Any],
                    json_schema: str | None, json_object: bool, raw: bool, system: str | None, literal: bool,
                    workers: int, threads: int | None,
                    kv_budget: str | None, redis_url: str | None, no_progress: bool, no_repack: bool) -> None:
@@ -134,17 +128,11 @@ def submit_command(inputs: tuple[str, ...], model: str | None, priority: str, ti
     as an error line with its custom_id (what `rqllm collect` writes); the rest is submitted, and the
     command then exits 1, saying how many lines were refused."""
     from jobs.schemas import InvalidJob, model_key
-    from pipeline.cli_engine import response_format_option
     from pipeline.client import Client
     from pipeline.model_check import ModelCheck
     from pipeline.collector import collect
 
-    params: dict[str, Any] = {}
-    for k, v in (("max_tokens", max_tokens), ("temperature", temperature), ("top_p", top_p), ("seed", seed)):
-        if v is not None:
-            params[k] = v
-    if stop:
-        params["stop"] = list(stop)
+    params: dict[str, Any] = dict(sampling)  # only the flags given: the rest stay as each batch line says
     response_format = response_format_option(json_schema, json_object, None)
     if response_format is not None:
         params["response_format"] = response_format
@@ -216,7 +204,7 @@ def submit_command(inputs: tuple[str, ...], model: str | None, priority: str, ti
 @click.argument("batch_id")
 @click.option("-o", "--output", default="-", show_default=True, help="Output JSONL (resumable); - for stdout.")
 @click.option("--timeout", type=float, default=None, help="Give up after this many seconds.")
-@click.option("--redis-url", envvar="REDIS_URL", default=None)
+@redis_url_option()
 @click.option("--no-progress", is_flag=True)
 def collect_command(batch_id: str, output: str, timeout: float | None, redis_url: str | None,
                     no_progress: bool) -> None:
@@ -237,7 +225,7 @@ def collect_command(batch_id: str, output: str, timeout: float | None, redis_url
 
 @click.command("watch")
 @click.argument("job_id")
-@click.option("--redis-url", envvar="REDIS_URL", default=None)
+@redis_url_option()
 @click.option("--timeout", type=float, default=None, help="Give up waiting after this many seconds.")
 def watch_command(job_id: str, redis_url: str | None, timeout: float | None) -> None:
     """Print a job's tokens live (waits if it has not started; replays if it has finished)."""
@@ -294,7 +282,7 @@ def watch_command(job_id: str, redis_url: str | None, timeout: float | None) -> 
 
 
 @click.command("status")
-@click.option("--redis-url", envvar="REDIS_URL", default=None)
+@redis_url_option()
 @click.option("--limit", type=int, default=10, show_default=True, help="Most recent batches to show.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def status_command(redis_url: str | None, limit: int, as_json: bool) -> None:

@@ -10,6 +10,8 @@ from pipeline.api.config import (
     KEYS_ENV,
 )
 from engine.defaults import DEFAULT_MODEL
+from pipeline.cli_options import (kv_budget_option, no_repack_option, redis_url_option, threads_option,
+                                  workers_option)
 
 
 @click.command("serve")
@@ -18,12 +20,10 @@ from engine.defaults import DEFAULT_MODEL
 @click.option("--model", "-m", "models", multiple=True,
               help=f"Model(s) for local workers (repeatable); the first is the default for requests naming none "
                    f"(default {DEFAULT_MODEL}).")
-@click.option("--workers", type=click.IntRange(0, 64), default=None,
-              help="Local worker processes per model (default: 1 without REDIS_URL, 0 with it).")
-@click.option("--threads", type=click.IntRange(1, 1024), default=None,
-              help="Engine threads per local worker (default: usable CPUs / workers).")
-@click.option("--kv-budget", default=None, help="Local workers' KV budget, e.g. 256MiB.")
-@click.option("--no-repack", is_flag=True, help="Local workers compute on the GGUF's own layout.")
+@workers_option(help="Local worker processes per model (default: 1 without REDIS_URL, 0 with it).", min_workers=0)
+@threads_option(help="Engine threads per local worker (default: usable CPUs / workers).")
+@kv_budget_option(help="Local workers' KV budget, e.g. 256MiB.")
+@no_repack_option(help="Local workers compute on the GGUF's own layout.")
 @click.option("--data-dir", type=click.Path(file_okay=False), default=None,
               help="Where files, batch working files and the embedded Redis live (default <cache>/api).")
 @click.option("--api-key", "api_keys", multiple=True,
@@ -37,8 +37,8 @@ from engine.defaults import DEFAULT_MODEL
 @click.option("--job-timeout", type=click.IntRange(1), default=None, help="Per-job timeout in seconds.")
 @click.option("--retries", type=click.IntRange(0), default=0, show_default=True,
               help="Retries for batch jobs that fail in a worker.")
-@click.option("--redis-url", envvar="REDIS_URL", default=None,
-              help="Serve this queue (default $REDIS_URL); unset = an embedded Redis keeping its data in --data-dir.")
+@redis_url_option(help="Serve this queue (default $REDIS_URL); unset = an embedded Redis keeping its data in "
+                      "--data-dir.")
 @click.option("--log-level", default="info", show_default=True)
 def serve_command(host: str, port: int, models: tuple[str, ...], workers: int | None, threads: int | None,
                   kv_budget: str | None, no_repack: bool, data_dir: str | None, api_keys: tuple[str, ...],

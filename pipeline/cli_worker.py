@@ -9,7 +9,8 @@ import click
 from engine.cpus import ThreadSettingError, choose_threads
 from engine.defaults import DEFAULT_MODEL
 from engine.registry import KNOWN_MODELS
-from pipeline.cli_engine import kv_type_option, no_repack_option, speculation_mode, speculation_options
+from pipeline.cli_options import (kv_budget_option, kv_type_option, no_repack_option, redis_url_option,
+                                  speculation_mode, speculation_options, threads_option)
 from pipeline.memory_guard import check_worker_start, no_memory_check_option
 from pipeline.recovery import DEFAULT_HEARTBEAT_GRACE, DEFAULT_HEARTBEAT_INTERVAL
 from pipeline.worker import DEFAULT_MAINTENANCE_INTERVAL, run_worker
@@ -19,16 +20,14 @@ from pipeline.worker import DEFAULT_MAINTENANCE_INTERVAL, run_worker
 @click.option("--model", "-m", required=True,
               help=f"A known model ({', '.join(sorted(KNOWN_MODELS))}; default for jobs that name none: "
                    f"{DEFAULT_MODEL}) or a .gguf path.")
-@click.option("--threads", type=click.IntRange(1, 1024), default=None,
-              help="Engine threads (default: $RQLLM_THREADS, else the CPUs this process may use: affinity mask "
-                   "and cgroup CPU quota).")
-@click.option("--kv-budget", default=None, help="KV cache budget, e.g. 256MiB.")
+@threads_option(help="Engine threads (default: $RQLLM_THREADS, else the CPUs this process may use: affinity mask "
+                    "and cgroup CPU quota).")
+@kv_budget_option(help="KV cache budget, e.g. 256MiB.")
 @click.option("--burst", is_flag=True, help="Exit when the queues are empty.")
 @click.option("--name", default=None, help="Worker name (default <model>.<host>.<pid>).")
-@click.option("--redis-url", envvar="REDIS_URL", default=None,
-              help="Redis URL (default $REDIS_URL, else redis://127.0.0.1:6379/0; $REDIS_URL is the better "
-                   "place for one with a password: a password given here is moved there at start, out of the "
-                   "command line that `ps` shows).")
+@redis_url_option(help="Redis URL (default $REDIS_URL, else redis://127.0.0.1:6379/0; $REDIS_URL is the better "
+                      "place for one with a password: a password given here is moved there at start, out of the "
+                      "command line that `ps` shows).")
 @click.option("--max-jobs", type=int, default=None, help="Exit after this many jobs.")
 @click.option("--heartbeat-interval", type=int, default=DEFAULT_HEARTBEAT_INTERVAL, show_default=True)
 @click.option("--heartbeat-grace", type=int, default=DEFAULT_HEARTBEAT_GRACE, show_default=True,

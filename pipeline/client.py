@@ -25,14 +25,14 @@ from jobs import keys
 from jobs.ledger import Ledger
 from jobs.outcomes import record_failure, record_rq_failure
 from jobs.redis_conn import SERIALIZER, connect
-from jobs.schemas import (DEFAULT_RESULT_TTL, DEFAULT_STREAM_TTL, PRIORITIES, GenerationJob, InvalidJob, JobResult,
+from jobs.defaults import ACTIVE_STATUSES, DEFAULT_PRIORITY, PRIORITIES, RESULT_TTL, STREAM_TTL
+from jobs.schemas import (GenerationJob, InvalidJob, JobResult,
                           TaskOptions, queue_name, validate_job)
 from jobs.streams import StreamEntry, read_stream
 from pipeline.batch_file import Refused
 from pipeline.enqueue import TaskCall, claim_and_enqueue, create_batch, extend_batch
 
 TASK_GENERATE = "jobs.tasks.generate"
-ACTIVE_STATUSES = {"queued", "started", "deferred", "scheduled"}
 _CHUNK = 1000
 
 
@@ -92,8 +92,8 @@ class Client:
         redis_url: str | None = None,
         *,
         connection: Redis | None = None,
-        result_ttl: int = DEFAULT_RESULT_TTL,
-        stream_ttl: int = DEFAULT_STREAM_TTL,
+        result_ttl: int = RESULT_TTL,
+        stream_ttl: int = STREAM_TTL,
     ):
         self.connection = connection if connection is not None else connect(redis_url)
         self.options = TaskOptions(result_ttl=result_ttl, stream_ttl=stream_ttl)
@@ -102,12 +102,12 @@ class Client:
         self._ttl = max(self.options.result_ttl, self.options.stream_ttl)  # of a batch's keys
 
     # ---------------------------------------------------------------- queues
-    def queue(self, model: str, priority: str = "default") -> Queue:
+    def queue(self, model: str, priority: str = DEFAULT_PRIORITY) -> Queue:
         return Queue(queue_name(model, priority), connection=self.connection, serializer=SERIALIZER)
 
     # ---------------------------------------------------------------- submit
-    def submit(self, job: GenerationJob | dict[str, Any], *, priority: str = "default", timeout: int | None = None,
-               retries: int = 0, recompute: bool = False) -> str:
+    def submit(self, job: GenerationJob | dict[str, Any], *, priority: str = DEFAULT_PRIORITY,
+               timeout: int | None = None, retries: int = 0, recompute: bool = False) -> str:
         """Submit one job outside any batch; returns its (content-derived) id. See wait()/result()."""
         gjob = validate_job(job)
         self._claim_and_enqueue("", [gjob], priority=priority, timeout=timeout, retries=retries,
@@ -118,7 +118,7 @@ class Client:
         self,
         jobs: Iterable[GenerationJob | dict[str, Any]],
         *,
-        priority: str = "default",
+        priority: str = DEFAULT_PRIORITY,
         timeout: int | None = None,
         retries: int = 0,
         recompute: bool = False,
@@ -191,13 +191,14 @@ class Client:
         report.requests = requests
         return report
 
-    def open_batch(self, batch_id: str, *, priority: str = "default", metadata: dict[str, Any] | None = None) -> str:
+    def open_batch(self, batch_id: str, *, priority: str = DEFAULT_PRIORITY,
+                   metadata: dict[str, Any] | None = None) -> str:
         """An empty batch that submit_calls(..., extend=True) fills (a producer that plans as it submits)."""
         create_batch(self.connection, batch_id, entries=[], total=0, models=[], priority=priority,
                      metadata=metadata, ttl=self._ttl)
         return batch_id
 
-    def submit_calls(self, batch_id: str, calls: Sequence[TaskCall], *, priority: str = "default",
+    def submit_calls(self, batch_id: str, calls: Sequence[TaskCall], *, priority: str = DEFAULT_PRIORITY,
                      timeout: int | None = None, retries: int = 0, recompute: bool = False,
                      extend: bool = False) -> SubmitReport:
         """Claim and enqueue rq jobs of any allowlisted task for a batch ('' = none); extend=True adds
@@ -225,7 +226,7 @@ class Client:
             batch_id=batch_id, created=float(d.get("created", 0)), total=int(d.get("total", 0)),
             requests=int(d.get("requests", 0)), done=int(d.get("done", 0)), failed=int(d.get("failed", 0)),
             cached=int(d.get("cached", 0)), models=list(d.get("models") or []),
-            priority=str(d.get("priority", "default")), metadata=d.get("metadata") or {},
+            priority=str(d.get("priority", DEFAULT_PRIORITY)), metadata=d.get("metadata") or {},
             refused=int(d.get("refused") or 0), cancelled=d.get("cancelled"),
         )
 

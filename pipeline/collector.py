@@ -24,7 +24,7 @@ from typing import IO, Any
 from jobs.schemas import JobResult
 from pipeline.batch_events import BatchFollower
 from pipeline.batch_file import refused_output_line
-from pipeline.batch_responses import dump_line, output_line
+from pipeline.openai_format import dump_line, output_line
 from pipeline.batch_view import refused_lines
 from pipeline.client import Client
 

@@ -20,6 +20,7 @@ from rq import Callback, Queue, Retry
 from rq.job import Dependency
 
 from jobs import keys
+from jobs.defaults import JOB_TIMEOUT
 from jobs.keys import dumps
 from jobs.ledger import Ledger
 from jobs.redis_conn import SERIALIZER
@@ -27,7 +28,6 @@ from jobs.schemas import TaskOptions, model_key, queue_name
 from jobs.streams import append_entry
 
 TASK_ON_FAILURE = "jobs.tasks.on_failure"
-DEFAULT_JOB_TIMEOUT = 1800
 DOORBELL_TOKENS = 64  # at most this many idle workers woken per submission
 _CHUNK = 1000
 
@@ -123,7 +123,7 @@ def claim_and_enqueue(connection: Redis, ledger: Ledger, options: TaskOptions, b
     opts = options.model_dump()
 
     def job_options(c: TaskCall) -> dict[str, Any]:
-        return dict(timeout=timeout or DEFAULT_JOB_TIMEOUT, result_ttl=options.result_ttl,
+        return dict(timeout=timeout or JOB_TIMEOUT, result_ttl=options.result_ttl,
                     failure_ttl=options.result_ttl, description=c.description, job_id=c.job_id,
                     meta={"batch_id": batch_id, "custom_id": c.custom_id},
                     retry=Retry(max=retries) if retries > 0 else None, on_failure=Callback(TASK_ON_FAILURE))

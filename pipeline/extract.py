@@ -20,9 +20,11 @@ from pydantic import ValidationError
 
 from engine.defaults import DEFAULT_KV_BUDGET, DEFAULT_MODEL
 from engine.params import SamplingParams
+from jobs.defaults import JOB_TIMEOUT
 from jobs.redis_conn import connect, reachable, redis_url_from_env
 from jobs.schemas import GenerationJob, JobResult, describe_errors
 from pipeline.client import TASK_GENERATE, Client
+from pipeline.defaults import RUN_RESULT_TTL, RUN_STREAM_TTL
 from pipeline.enqueue import TaskCall
 from pipeline.extract_merge import chunk_messages, join_arrays, reduce_messages
 from pipeline.summarize.documents import DEFAULT_MAX_BYTES, collect_documents
@@ -34,8 +36,6 @@ from pipeline.summarize.run import check_model, check_model_file, remote_plan
 DEFAULT_MAX_TOKENS = 512
 SYSTEM = ("You extract information from documents. Answer with one JSON object that follows this JSON schema; "
           "use only facts stated in the document.\nSchema: {schema}")
-JOB_TIMEOUT = 1800
-RESULT_TTL = 24 * 3600
 
 
 @dataclass
@@ -200,7 +200,7 @@ def extract(paths: Sequence[str], *, schema: dict[str, Any], output: IO[str], fm
               f"{model}\n")
 
     def run(connection: Any, health: Callable[[], None] | None) -> None:
-        client = Client(connection=connection, result_ttl=RESULT_TTL)
+        client = Client(connection=connection, result_ttl=RUN_RESULT_TTL, stream_ttl=RUN_STREAM_TTL)
         batch_id = client.open_batch(f"extract_{run_id}", metadata={"extract": len(docs)})
         submit(client, batch_id, [j for r in runs for j in r.maps])
         progress = Progress(len(runs), chunks, stream=err)

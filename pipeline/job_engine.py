@@ -49,6 +49,6 @@ def describe_engine(engine: Any) -> str:
     decoding (the jobs' default mode and the draft model)."""
     layout = getattr(getattr(engine, "model", None), "layout", None)
     draft = getattr(engine, "draft", None)
-    return (f"weights: {layout.describe() if layout is not None else 'weight layout unknown'}; speculative "
+    return (f"weights: {layout.reason if layout is not None else 'weight layout unknown'}; speculative "
             f"decoding: {getattr(engine, 'speculative', 'off')} by default"
             + (f", draft model {draft.name}" if draft is not None else ""))

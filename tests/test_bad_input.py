@@ -1,4 +1,4 @@
-"""Every bad input of issue 6, end to end (bench/bad_input_table.py builds the rows; python
+"""Every kind of bad input, end to end (bench/bad_input_table.py builds the rows; python
 bench/bad_input_table.py prints them as the note's table).
 
 Real components: a private redis-server, an `rqllm worker` process running SmolLM2 with a 364-token
@@ -10,15 +10,11 @@ test_pipeline_batch_file, test_memory_guard, test_gguf_file, test_worker_integra
 """
 from __future__ import annotations
 
-
 import pytest
 
-from tests.bench_module import load_bench_module
+from bench import bad_input_table as table
 
 pytestmark = pytest.mark.slow
-
-
-table = load_bench_module("bad_input_table")
 
 SUBMISSION = "submission"
 WORKER = "worker"

@@ -1,4 +1,4 @@
-"""The commands a batch user reaches for (issue 32): `rqllm cancel`, `rqllm jobs`, submit's refused lines
+"""The commands a batch user reaches for: `rqllm cancel`, `rqllm jobs`, submit's refused lines
 kept with the batch as error lines (and a non-zero exit with their count), and `status` / `collect`
 counting lines as the API does (refused lines included).
 

@@ -5,18 +5,17 @@ arguments."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import stat
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
-from tests.bench_module import load_bench_module
-
-shapes = load_bench_module("shapes")
-bench_engine = load_bench_module("bench_engine")
+from bench import bench_engine, shapes
 
 
 def _test(n_prompt: int, n_gen: int, ts: float) -> dict:
@@ -33,10 +32,47 @@ def test_parse_llama_bench_json_takes_prompt_and_generation_tests():
         bench_engine.parse_llama_bench_json("error: failed to load model")
 
 
-def test_llama_bench_command_has_the_documented_flags():
-    cmd = bench_engine.llama_bench_command("/x/llama-bench", Path("/m.gguf"), 2, 256, 32, ("-rtr", "1"))
-    assert cmd == ["/x/llama-bench", "-m", "/m.gguf", "-p", "256", "-n", "32", "-t", "2", "-r", "1", "-o", "json",
-                   "-ngl", "0", "-rtr", "1"]
+# llama-bench's usage lines (`llama-bench --help`) for the flags the bench needs, as llama.cpp and
+# ik_llama.cpp print them; a real binary's own help is read instead when $RQLLM_LLAMA_BENCH or
+# $RQLLM_IK_BENCH names one.
+LLAMA_BENCH_USAGE = """
+  -m, --model <filename>                            (default: models/7B/ggml-model-q4_0.gguf)
+  -p, --n-prompt <n>                                (default: 512)
+  -n, --n-gen <n>                                   (default: 128)
+  -t, --threads <n>                                 (default: 2)
+  -ngl, --n-gpu-layers <n>                          (default: -1)
+  -r, --repetitions <n>                             number of times to repeat each test (default: 5)
+  -o, --output <csv|json|jsonl|md|sql>              output format printed to stdout (default: md)
+"""
+IK_BENCH_USAGE = LLAMA_BENCH_USAGE + """
+  -rtr, --run-time-repack <0|1>       (default: 0)
+"""
+
+
+def _usage(env_var: str, excerpt: str) -> str:
+    exe = os.environ.get(env_var)
+    if not exe:
+        return excerpt
+    proc = subprocess.run([exe, "--help"], capture_output=True, text=True, timeout=60)
+    return proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("env_var, excerpt, extra, wanted", [
+    ("RQLLM_LLAMA_BENCH", LLAMA_BENCH_USAGE, (), {}),
+    ("RQLLM_IK_BENCH", IK_BENCH_USAGE, ("-rtr", "1"), {"--run-time-repack": "1"}),
+])
+def test_llama_bench_command_asks_llama_bench_for_what_the_bench_reads(env_var, excerpt, extra, wanted):
+    """Each flag, read through llama-bench's own usage, means what the bench relies on: the model and
+    sizes asked for, one repetition per process (the bench interleaves its repetitions), JSON on stdout
+    (parse_llama_bench_json), no GPU layers (a CPU comparison)."""
+    long_names = dict(re.findall(r"^\s+(-[\w-]+), (--[\w-]+)", _usage(env_var, excerpt), re.M))
+    cmd = bench_engine.llama_bench_command("/x/llama-bench", Path("/m.gguf"), 2, 256, 32, extra)
+    assert cmd[0] == "/x/llama-bench" and len(cmd) % 2 == 1
+    unknown = [f for f in cmd[1::2] if f not in long_names]
+    assert unknown == [], f"llama-bench has no flag {unknown}"
+    meant = {long_names[flag]: value for flag, value in zip(cmd[1::2], cmd[2::2])}
+    assert meant == {"--model": "/m.gguf", "--n-prompt": "256", "--n-gen": "32", "--threads": "2",
+                     "--repetitions": "1", "--output": "json", "--n-gpu-layers": "0", **wanted}
 
 
 FAKE = """#!{python}

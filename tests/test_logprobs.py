@@ -14,7 +14,7 @@ from engine.logprobs import token_text
 from engine.speculative import MAX_DRAFT
 from engine.params import SamplingParams
 from jobs.schemas import ENDPOINT_CHAT, ENDPOINT_COMPLETIONS, JobResult
-from pipeline.batch_responses import response_body
+from pipeline.openai_format import response_body
 from tests.model_available import needs_model
 
 pytestmark = needs_model("smollm2-135m")

@@ -13,9 +13,8 @@ import pytest
 from gguf import GGUFReader, GGUFValueType, GGUFWriter
 
 from engine.model import Model, ModelError
-from tests.bench_module import load_bench_module
 
-shapes = load_bench_module("shapes")
+from bench import shapes
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""No pickle anywhere (issue 29, hole 2): a pickled `meta` and a pickled job payload written into Redis
+"""No pickle anywhere: a pickled `meta` and a pickled job payload written into Redis
 are never unpickled by any process rqllm starts, and nothing rqllm ships would (the compose file has no
 rq-dashboard: tests/test_compose.py::test_no_rq_dashboard_nothing_that_unpickles).
 

@@ -1,4 +1,4 @@
-"""Isolation by owner (issue 29, hole 1): one API key learns nothing of another's work.
+"""Isolation by owner: one API key learns nothing of another's work.
 
 * the engine reuses a cached prompt prefix only for the owner whose request left it there;
 * a job's owner is part of its content id, so jobs, stored results and cancellation are per owner;

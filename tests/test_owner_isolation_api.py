@@ -1,4 +1,4 @@
-"""Isolation by owner end to end (issue 29, hole 1): a real `rqllm serve` with two keys, a real Redis and one
+"""Isolation by owner end to end: a real `rqllm serve` with two keys, a real Redis and one
 real SmolLM2 worker (so every request runs on the same worker, right after the one before it). No mocks.
 
 Key A's prompt holds a secret; key B sends a guess sharing its first tokens. B's answer must not depend

@@ -8,7 +8,7 @@ import pytest
 from engine.defaults import DEFAULT_MODEL
 from jobs.schemas import InvalidJob, JobResult, validate_job
 from pipeline.batch_file import parse_lines, request_to_job
-from pipeline.batch_responses import output_line
+from pipeline.openai_format import output_line
 
 M = "smollm2-135m"
 

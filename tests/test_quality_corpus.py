@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.bench_module import load_bench_module
-
-bench = load_bench_module("bench_summary_quality")
+from bench import bench_summary_quality as bench
 
 
 def test_the_corpus_is_collected_from_installed_packages(tmp_path):

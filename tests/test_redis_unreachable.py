@@ -1,4 +1,4 @@
-"""Redis unreachable (issue 32): one line naming the address and the reason, within seconds.
+"""Redis unreachable: one line naming the address and the reason, within seconds.
 
 Commands (`submit`, `status`, `collect`, `watch`, `jobs`, `cancel`, `summarize`) run as real processes
 against a TCP port where nothing listens and must fail at once with one line; before, they printed

@@ -44,7 +44,7 @@ NEAR_TIE = 0.5  # logits: below this margin llama.cpp's own batch-vs-single-toke
 @pytest.mark.skipif(not is_cached(QWEN_05B), reason=f"{QWEN_05B} is not in the cache (rqllm models pull {QWEN_05B})")
 def test_qwen_coder_0_5b_can_chat_and_continues_as_llama_cpp_does():
     """Greedy raw continuations, 32 tokens, against llama.cpp's llama-simple on the same file (measured
-    once; issue 17's notes in README's Models section): ours is llama.cpp's text, or follows it up to
+    once; the notes in README's Models section): ours is llama.cpp's text, or follows it up to
     a near-tie, a step where the token llama.cpp took is within NEAR_TIE of our top one (the criterion
     of tests/test_reference.py: below it, llama.cpp's own batch-vs-single-token noise flips tokens)."""
     import numpy as np

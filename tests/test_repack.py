@@ -224,7 +224,7 @@ def test_too_little_disk_space_is_a_clear_error_and_the_engine_falls_back(model_
         model = Model.load(model_copy, threads=1, kv_budget="4MiB")
     finally:
         repack.log.removeHandler(handler)
-    assert model.repacked is None and "not enough free disk space" in model.layout.describe()
+    assert model.repacked is None and "not enough free disk space" in model.layout.reason
     assert any("not enough free disk space" in r.getMessage() for r in records)
     assert all(len(spec) == 4 for layer in model.weights.layers for spec in layer.values())
 
@@ -278,7 +278,7 @@ def test_off_means_no_cache_and_gguf_specs(model_copy, tmp_path, monkeypatch):
     monkeypatch.setenv("RQLLM_CACHE", str(tmp_path / "c"))
     monkeypatch.setattr(repack, "r16_kernels", FakeR16().api)
     model = Model.load(model_copy, threads=1, kv_budget="4MiB", repack=False)
-    assert model.repacked is None and "--no-repack" in model.layout.describe()
+    assert model.repacked is None and "--no-repack" in model.layout.reason
     assert not (tmp_path / "c" / "repacked").exists()
     assert all(len(spec) == 4 for layer in model.weights.layers for spec in layer.values())
 
@@ -373,7 +373,7 @@ def test_logits_on_the_repacked_cache_equal_the_gguf_layout_bit_for_bit(which, s
     want_steps = [plain.forward([ids[i]], 70 + i).copy() for i in range(5)]
     del plain
     packed = Model.load(path, threads=2, kv_budget="16MiB")
-    assert packed.repacked is not None, packed.layout.describe()
+    assert packed.repacked is not None, packed.layout.reason
     used = sum(len(s) == 5 for layer in packed.weights.layers for s in layer.values())
     assert used >= len(packed.weights.layers), "the specs do not point at the repacked copies"
     got = packed.forward_all(ids)

@@ -1,7 +1,7 @@
 """bench/shapes.py at toy size: each named shape's file header says what its recipe promises
 (types, shapes, tokenizer copied from SmolLM2, padded vocabulary, small positive scales) and our
 engine runs it to finite logits that agree with the numpy reference.  (The full files are made
-by `python bench/shapes.py 8b-shape` / `1.5b-shape`.)"""
+by `python -m bench.shapes 8b-shape` / `1.5b-shape`.)"""
 from __future__ import annotations
 
 import copy
@@ -15,10 +15,8 @@ from gguf import GGMLQuantizationType as T
 from engine.gguf_file import GGUFFile
 from engine.model import Model
 
-from tests.bench_module import load_bench_module
-
-shapes = load_bench_module("shapes")
-shape_8b = load_bench_module("shape_8b")  # the old entry point, a wrapper over shapes
+from bench import shapes
+from bench import shape_8b  # the old entry point, a wrapper over shapes
 
 # What the tiny recipe must produce, written out here rather than taken from the generator:
 # hidden 256, FFN 512, 4 heads of 64 -> q 256 wide, 2 KV heads -> k/v 128 wide, vocab 49152.

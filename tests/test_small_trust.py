@@ -1,4 +1,4 @@
-"""The smaller holes of issue 29 (hole 8), each with its test: API keys normalised once and blank ones
+"""Smaller trust checks, each with its test: API keys normalised once and blank ones
 refused at start-up; a duplicate custom_id refused at validation; deeply nested JSON a 400 (and one such
 line failing alone); per-key limits on batches and their lines (429; requests in flight:
 tests/test_auth_before_body.py); the example .env's placeholder passwords refused at start-up; booleans

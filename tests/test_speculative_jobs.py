@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from jobs.schemas import InvalidJob, JobResult, validate_job
 from pipeline.batch_file import request_to_job
-from pipeline.batch_responses import output_line
+from pipeline.openai_format import output_line
 from tests.conftest_redis import client, redis_conn, redis_server, redis_url, spawn_worker, wait_for_workers  # noqa: F401
 from tests.quant_models import requantized
 

@@ -1,4 +1,4 @@
-"""Start-up paths (issue 5): the GGUF string-array index cache, the vectorised string decoding, the
+"""Start-up paths: the GGUF string-array index cache, the vectorised string decoding, the
 worker's "ready" line that bench/bench_startup.py times."""
 from __future__ import annotations
 

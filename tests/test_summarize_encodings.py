@@ -1,4 +1,4 @@
-"""Documents that are not UTF-8 (issue 32): Latin-1 / Windows-1252 and UTF-16 with a byte order mark
+"""Documents that are not UTF-8: Latin-1 / Windows-1252 and UTF-16 with a byte order mark
 are read, not skipped as "binary", and the run says which encoding it assumed (the JSONL record, the
 Markdown/HTML report, a note on stderr)."""
 from __future__ import annotations

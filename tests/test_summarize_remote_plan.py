@@ -1,6 +1,6 @@
-"""A producer-only `rqllm summarize` (REDIS_URL set, the workers elsewhere) plans by the live workers
-(issue 32): chunks are sized to the smallest KV capacity the workers of the model publish, not to the
-256 MiB default (before, a chunk larger than a small worker's budget failed there), and tokens are
+"""A producer-only `rqllm summarize` (REDIS_URL set, the workers elsewhere) plans by the live workers:
+chunks are sized to the smallest KV capacity the workers of the model publish, not to the
+256 MiB default (a chunk larger than a small worker's budget would fail there), and tokens are
 counted with the tokenizer and chat template the workers published, so the producer's host needs no
 model file: its cache stays without models/.
 

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.bench_module import load_bench_module
-
-m = load_bench_module("summary_metrics")
+from bench import summary_metrics as m
 
 
 def test_key_terms_are_the_distinctive_words_of_each_document():

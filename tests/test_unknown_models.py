@@ -1,4 +1,4 @@
-"""Unknown models fail fast (issue 29, hole 5).
+"""Unknown models fail fast.
 
 A line or request naming a model that no live worker holds and engine.registry does not know fails at
 validation with model_not_found: in the API (its line in the batch's error file), in `rqllm submit`

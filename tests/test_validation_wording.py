@@ -1,4 +1,4 @@
-"""A refused field reads the same everywhere (issue 32): "max_tokens: Input should be ... (got 0)".
+"""A refused field reads the same everywhere: "max_tokens: Input should be ... (got 0)".
 
 Before, `submit` said "1 validation error for GenerationJob: params.max_tokens: ...", `generate` said
 "max_tokens: Input should be ..." without the value, and the API's error had `param: null`. Now the

@@ -12,15 +12,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from engine.files import atomic_write
 from pipeline.batch_file import LineError
-from pipeline.batch_responses import dump_line, output_line
+from pipeline.openai_format import dump_line, output_line
 
 
 # The rqllm fields of a response body an API client sees. The others (worker, attempt, prefill and
@@ -60,18 +59,9 @@ def unfinished_line(batch_id: str, custom_id: str, code: str, message: str) -> d
 
 
 def write_jsonl_atomic(path: Path, lines: Iterable[dict[str, Any]]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as out:
-            for line in lines:
-                out.write(dump_line(line) + "\n")
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_write(path, "w", durable=True) as out:
+        for line in lines:
+            out.write(dump_line(line) + "\n")
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:

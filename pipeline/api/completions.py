@@ -35,15 +35,16 @@ from pipeline.api.batch_output import client_body
 from pipeline.api.config import ServeConfig
 from pipeline.api.errors import APIError
 from pipeline.batch_file import request_to_job
-from pipeline.batch_responses import chat_logprobs, completion_logprobs, response_body
+from pipeline.openai_format import (chat_logprobs, completion_logprobs, response_body, stream_chunk,
+                                    usage_chunk)
 from pipeline.cancel import cancel_unwanted_job
 from pipeline.client import Client
+from jobs.defaults import ACTIVE_STATUSES
 from jobs.streams import decode_entries
 
 log = logging.getLogger("rqllm.api.completions")
 
 IDLE_BLOCK_MS = 1000
-ACTIVE_STATUSES = ("queued", "started", "deferred", "scheduled")
 ENDED_TICKS = 2  # idle ticks (1 s each) a job must look ended without an outcome before it is submitted again
 MAX_RESUBMITS = 2
 KEEPALIVE_SECONDS = 15.0
@@ -94,7 +95,7 @@ def failure_error(result: JobResult) -> APIError:
 
 
 def log_outcome(result: JobResult) -> None:
-    """What the response no longer says (it would describe the worker's other tenants): for operators."""
+    """What the response does not say (it would describe the worker's other tenants): for operators."""
     log.info("job %s %s on %s (attempt %d): %d prompt tokens, %d from the prefix cache, prefill %.3f s, "
              "decode %.3f s", result.job_id, result.status, result.worker or "-", result.attempt,
              result.prompt_tokens, result.prefix_hit_tokens, result.prefill_seconds, result.decode_seconds)
@@ -257,23 +258,12 @@ class CompletionService:
         """Server-sent events: chunks as OpenAI sends them, the usage (only with stream_options.include_usage,
         in a last chunk with no choices), then `data: [DONE]`."""
         chat = job.endpoint == ENDPOINT_CHAT
-        chunk_id = ("chatcmpl-" if chat else "cmpl-") + job.id
         created = int(time.time())
 
         def chunk(content: str | None, *, role: bool = False, finish: str | None = None,
                   logprobs: dict[str, Any] | None = None) -> str:
-            if chat:
-                delta: dict[str, Any] = {"role": "assistant"} if role else {}
-                if content is not None:
-                    delta["content"] = content
-                choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
-                obj: dict[str, Any] = {"id": chunk_id, "object": "chat.completion.chunk", "created": created,
-                                       "model": job.model, "system_fingerprint": None, "choices": [choice]}
-            else:
-                obj = {"id": chunk_id, "object": "text_completion", "created": created, "model": job.model,
-                       "choices": [{"index": 0, "text": content or "", "logprobs": logprobs, "finish_reason": finish}]}
-            if include_usage:  # OpenAI's: every chunk has the field, null but in the last one
-                obj["usage"] = None
+            obj = stream_chunk(job.id, job.model, created, chat, content, role=role, finish=finish,
+                               logprobs=logprobs, include_usage=include_usage)
             return "data: " + json.dumps(obj, ensure_ascii=False) + "\n\n"
 
         try:
@@ -305,13 +295,8 @@ class CompletionService:
                         logprobs = chat_logprobs(result) if chat else completion_logprobs(result)
                         yield chunk(None if chat else "", finish=result.finish_reason, logprobs=logprobs)
                         if include_usage:  # once, as OpenAI sends it: a last chunk with no choices
-                            usage = {"prompt_tokens": result.prompt_tokens,
-                                     "completion_tokens": result.completion_tokens,
-                                     "total_tokens": result.prompt_tokens + result.completion_tokens}
-                            yield ("data: " + json.dumps({"id": chunk_id, "object": "chat.completion.chunk"
-                                                          if chat else "text_completion", "created": created,
-                                                          "model": job.model, "choices": [], "usage": usage})
-                                   + "\n\n")
+                            last = usage_chunk(job.id, job.model, created, chat, result)
+                            yield "data: " + json.dumps(last) + "\n\n"
                     yield "data: [DONE]\n\n"
                     return
         finally:

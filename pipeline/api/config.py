@@ -9,6 +9,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from engine.defaults import DEFAULT_MODEL
+from engine.files import atomic_write
 from jobs.redis_conn import refuse_placeholder_password
 
 KEYS_ENV = "RQLLM_API_KEYS"  # one or more keys, separated by commas or whitespace
@@ -139,8 +140,6 @@ class ServeConfig(BaseModel):
         try:
             return path.read_text().strip()
         except FileNotFoundError:
-            self.data_dir.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(uuid.uuid4().hex + "\n")
-            os.replace(tmp, path)
+            with atomic_write(path, "w") as f:
+                f.write(uuid.uuid4().hex + "\n")
             return path.read_text().strip()

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 import time
 import uuid
 from collections.abc import Iterable
@@ -19,6 +17,7 @@ from typing import IO
 
 from redis import Redis
 
+from engine.files import atomic_write
 from jobs import keys
 from jobs.schemas import max_prompt_bytes
 from pipeline.api.config import ServeConfig
@@ -107,14 +106,6 @@ class _JsonlCheck:
         return None
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 class FileStore:
     def __init__(self, connection: Redis, config: ServeConfig):
         self.connection = connection
@@ -131,32 +122,23 @@ class FileStore:
         """Write chunks to the file's final path atomically; returns (bytes, non-empty lines). With
         `jsonl`, a file that is not JSONL at all is refused (400) and not kept."""
         self.config.make_dirs()
-        fd, tmp = tempfile.mkstemp(prefix=f"{file_id}.", dir=self.config.tmp_dir)
         size = 0
         lines = _LineCounter()
         check = _JsonlCheck(max_prompt_bytes() + LINE_ENVELOPE_BYTES) if jsonl else None
-        try:
-            with os.fdopen(fd, "wb") as out:
-                for chunk in chunks:
-                    size += len(chunk)
-                    if max_bytes is not None and size > max_bytes:
-                        raise APIError(413, f"file is over the limit of {max_bytes:,} bytes", param="file",
-                                       code="file_too_large")
-                    lines.feed(chunk)
-                    if check is not None:
-                        check.feed(chunk)
-                    out.write(chunk)
-                why = check.problem() if check is not None else None
-                if why is not None:
-                    raise APIError(400, f"Invalid file format for Batch API. Must be .jsonl (one JSON request "
-                                        f"object per line): {why}", param="file", code="invalid_file_format")
-                out.flush()
-                os.fsync(out.fileno())
-            os.replace(tmp, self.path(file_id))
-            _fsync_dir(self.config.files_dir)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        with atomic_write(self.path(file_id), tmp_dir=self.config.tmp_dir, durable=True) as out:
+            for chunk in chunks:
+                size += len(chunk)
+                if max_bytes is not None and size > max_bytes:
+                    raise APIError(413, f"file is over the limit of {max_bytes:,} bytes", param="file",
+                                   code="file_too_large")
+                lines.feed(chunk)
+                if check is not None:
+                    check.feed(chunk)
+                out.write(chunk)
+            why = check.problem() if check is not None else None
+            if why is not None:
+                raise APIError(400, f"Invalid file format for Batch API. Must be .jsonl (one JSON request "
+                                    f"object per line): {why}", param="file", code="invalid_file_format")
         return size, lines.total()
 
     def _register(self, record: FileRecord) -> FileRecord:

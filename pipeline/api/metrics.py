@@ -17,7 +17,8 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from jobs import keys
-from jobs.schemas import PRIORITIES, model_key
+from jobs.defaults import PRIORITIES
+from jobs.schemas import model_key
 from pipeline.api.auth import require_owner
 from pipeline.api.state import api_state
 from pipeline.client import Client

@@ -54,7 +54,7 @@ def end_lost_job(connection: Any, worker_name: str, how: str) -> tuple[str, str]
     queue through pipeline.recovery's rules (its loss counted; failed after WORKER_LOSS_RETRIES).
     Returns (job id, what happened), or None when it was running none."""
     from rq import SimpleWorker
-    from rq.job import Job
+    from rq.job import Job, JobStatus
     from rq.registry import StartedJobRegistry
 
     from jobs import keys
@@ -68,7 +68,7 @@ def end_lost_job(connection: Any, worker_name: str, how: str) -> tuple[str, str]
         return None
     job_key = Job.key_for(job_id)
     status, origin = connection.hmget(job_key, "status", "origin")
-    if status != b"started" or not origin:
+    if status is None or status.decode() != JobStatus.STARTED or not origin:
         return None
     queue = origin.decode()
     if connection.scard(keys.api_waiters_key(job_id)):

@@ -2,19 +2,29 @@
 Markdown or HTML report at the end, and the run's totals."""
 from __future__ import annotations
 
-import html
+import functools
 import json
 import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from html import escape as html_escape
+from pathlib import Path
 from typing import IO, Any
 
+import jinja2
+from tqdm import tqdm
+
+from pipeline.defaults import REPORT_FORMATS
 from pipeline.summarize.documents import Skipped
+
+TEMPLATES_DIR = Path(__file__).resolve().parent.parent / "templates"  # summary_report.md.j2, summary_report.html.j2
+_BAR_CHARS = ".#"  # tqdm's ascii bar: '.' to do, '#' done
 
 
 class Progress:
-    """One live line on stderr: documents and chunks done. Plain lines when stderr is not a terminal."""
+    """One live tqdm bar on stderr: documents and chunks done. Plain lines when stderr is not a terminal
+    (a log, not a screen: a line when a document ends, otherwise at most one a second)."""
 
     def __init__(self, total_docs: int, total_chunks: int, stream: IO[str] | None = None, width: int = 24):
         self.total_docs = total_docs
@@ -23,18 +33,21 @@ class Progress:
         self.tty = hasattr(self.stream, "isatty") and self.stream.isatty()
         self.width = width
         self.t0 = time.monotonic()
+        self._bar: tqdm | None = None
         self._last: tuple[int, int, int] | None = None
         self._last_draw = 0.0
 
-    def line(self, docs: int, chunks: int, failed: int) -> str:
-        frac = (chunks + docs) / max(1, self.total_chunks + self.total_docs)
-        fill = int(round(frac * self.width))
-        bar = "#" * fill + "." * (self.width - fill)
-        text = (f"[{bar}] documents {docs}/{self.total_docs}  chunks {chunks}/{self.total_chunks}"
+    def _text(self, docs: int, chunks: int, failed: int) -> str:
+        text = (f"documents {docs}/{self.total_docs}  chunks {chunks}/{self.total_chunks}"
                 f"  {time.monotonic() - self.t0:6.1f}s")
-        if failed:
-            text += f"  ({failed} failed)"
-        return text
+        return text + (f"  ({failed} failed)" if failed else "")
+
+    def _bar_format(self, text: str) -> str:
+        return f"[{{bar:{self.width}}}] " + text.replace("{", "{{").replace("}", "}}")
+
+    def line(self, docs: int, chunks: int, failed: int) -> str:
+        return tqdm.format_meter(docs + chunks, max(1, self.total_chunks + self.total_docs), 0, ascii=_BAR_CHARS,
+                                 bar_format=self._bar_format(self._text(docs, chunks, failed)))
 
     def update(self, docs: int, chunks: int, failed: int = 0, *, force: bool = False) -> None:
         state = (docs, chunks, failed)
@@ -42,31 +55,37 @@ class Progress:
         if self.tty:
             if state == self._last and not force and now - self._last_draw < 0.5:
                 return
-            self.stream.write("\r\x1b[2K" + self.line(docs, chunks, failed))
+            bar_format, total = self._bar_format(self._text(docs, chunks, failed)), self.total_chunks + self.total_docs
+            if self._bar is None:
+                self._bar = tqdm(total=max(1, total), initial=docs + chunks, bar_format=bar_format, file=self.stream,
+                                 ascii=_BAR_CHARS, mininterval=0, dynamic_ncols=True)
+            else:
+                self._bar.bar_format, self._bar.total, self._bar.n = bar_format, max(1, total), docs + chunks
+                self._bar.refresh()
         else:
-            # A log, not a screen: a line when a document ends, otherwise at most one a second.
             if not force and (state == self._last or (
                     self._last is not None and state[0::2] == self._last[0::2] and now - self._last_draw < 1.0)):
                 return
             self.stream.write(self.line(docs, chunks, failed) + "\n")
-        self.stream.flush()
+            self.stream.flush()
         self._last, self._last_draw = state, now
 
     def close(self) -> None:
-        if self.tty:
-            self.stream.write("\n")
-            self.stream.flush()
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
 
     def message(self, text: str) -> None:
-        """A line above the bar (the bar is redrawn by the next update)."""
-        if self.tty:
-            self.stream.write("\r\x1b[2K")
-        self.stream.write(text + "\n")
-        self.stream.flush()
+        """A line above the bar (tqdm clears the bar and draws it again below)."""
+        if self._bar is not None:
+            self._bar.write(text, file=self.stream)
+        else:
+            self.stream.write(text + "\n")
+            self.stream.flush()
         self._last = None
 
 
-FORMATS = ("jsonl", "md", "html")
+FORMATS = REPORT_FORMATS
 
 
 class Output:
@@ -116,51 +135,35 @@ def _settings_line(settings: dict[str, Any]) -> str:
     return " · ".join(f"{k}: {v}" for k, v in settings.items())
 
 
+@functools.cache
+def _template(name: str, html: bool) -> jinja2.Template:
+    # The HTML page escapes every value it prints (finalize), so no template text can forget to.
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES_DIR), trim_blocks=True, lstrip_blocks=True,
+                             keep_trailing_newline=True, autoescape=False, undefined=jinja2.StrictUndefined,
+                             finalize=html_escape if html else None)
+    return env.get_template(name)
+
+
+def _report_context(records: Sequence[dict[str, Any]], skipped: Sequence[Skipped], settings: dict[str, Any],
+                    wall_seconds: float) -> dict[str, Any]:
+    return {"totals": _totals(records, skipped, wall_seconds), "settings_line": _settings_line(settings),
+            "documents": [{**r, "title": r.get("title"), "summary": r.get("summary"), "sections": r.get("sections"),
+                           "detail": _detail(r)} for r in records if not r.get("error")],
+            "failed": [Skipped(r["path"], r["error"]) for r in records if r.get("error")],
+            "skipped": list(skipped)}
+
+
 def markdown_report(records: Sequence[dict[str, Any]], skipped: Sequence[Skipped], *, settings: dict[str, Any],
                     wall_seconds: float) -> str:
     """Each document's title, file, summary and section list, its time and tokens; the run's totals
     and the settings it ran with."""
-    lines = ["# Summaries", "", _totals(records, skipped, wall_seconds), "", f"_{_settings_line(settings)}_", ""]
-    for r in records:
-        if r.get("error"):
-            continue
-        lines += [f"## {r.get('title') or r['path']}", "", f"`{r['path']}`", "",
-                  (r.get("summary") or "_(empty summary)_").strip(), ""]
-        if r.get("sections"):
-            lines += ["Sections: " + " · ".join(r["sections"]), ""]
-        lines += [f"_{_detail(r)}_", ""]
-    failed = [r for r in records if r.get("error")]
-    if failed:
-        lines += ["## Failed", ""] + [f"- `{r['path']}`: {r['error']}" for r in failed] + [""]
-    if skipped:
-        lines += ["## Skipped", ""] + [f"- `{s.path}`: {s.reason}" for s in skipped] + [""]
-    return "\n".join(lines)
+    return _template("summary_report.md.j2", False).render(_report_context(records, skipped, settings, wall_seconds))
 
 
 def html_report(records: Sequence[dict[str, Any]], skipped: Sequence[Skipped], *, settings: dict[str, Any],
                 wall_seconds: float) -> str:
     """The Markdown report's content as one self-contained HTML page (every text escaped)."""
-    e = html.escape
-    parts = ["<!doctype html>", '<html lang="en"><head><meta charset="utf-8"><title>Summaries</title>',
-             "<style>body{font-family:system-ui,sans-serif;max-width:50rem;margin:2rem auto;padding:0 1rem;"
-             "line-height:1.5}.meta{color:#555;font-size:.9em}.summary{white-space:pre-wrap}</style></head><body>",
-             "<h1>Summaries</h1>", f"<p>{e(_totals(records, skipped, wall_seconds))}</p>",
-             f'<p class="meta">{e(_settings_line(settings))}</p>']
-    for r in records:
-        if r.get("error"):
-            continue
-        parts += [f"<section><h2>{e(r.get('title') or r['path'])}</h2>", f'<p class="meta"><code>{e(r["path"])}</code></p>',
-                  f'<div class="summary">{e((r.get("summary") or "(empty summary)").strip())}</div>']
-        if r.get("sections"):
-            parts.append('<p class="meta">Sections: ' + " · ".join(e(t) for t in r["sections"]) + "</p>")
-        parts += [f'<p class="meta">{e(_detail(r))}</p>', "</section>"]
-    failed = [r for r in records if r.get("error")]
-    for heading, items in (("Failed", [(r["path"], r["error"]) for r in failed]),
-                           ("Skipped", [(s.path, s.reason) for s in skipped])):
-        if items:
-            parts += [f"<h2>{heading}</h2>", "<ul>"] + [f"<li><code>{e(p)}</code>: {e(w)}</li>" for p, w in items] + ["</ul>"]
-    parts.append("</body></html>")
-    return "\n".join(parts) + "\n"
+    return _template("summary_report.html.j2", True).render(_report_context(records, skipped, settings, wall_seconds))
 
 
 @dataclass

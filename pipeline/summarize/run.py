@@ -13,10 +13,12 @@ from collections.abc import Callable, Sequence
 from typing import IO, Any
 
 from engine.defaults import DEFAULT_KV_BUDGET, DEFAULT_MODEL
+from jobs.defaults import DEFAULT_PRIORITY, JOB_TIMEOUT
 from jobs.redis_conn import connect, reachable, redis_url_from_env
 from jobs.schemas import GenerationJob, model_key
 from jobs.summarize_tasks import part_label_pattern
 from pipeline.client import Client
+from pipeline.defaults import RUN_RESULT_TTL, RUN_STREAM_TTL
 from pipeline.model_check import ModelCheck, model_file_problem
 from pipeline.model_header import cached_header, live_kv_tokens
 from pipeline.embedded import choose_embedded_split, embedded_cluster
@@ -35,14 +37,11 @@ TASK_REDUCE = "jobs.summarize_tasks.reduce_summaries"
 # Map and reduce jobs guess tokens by prompt lookup: summaries copy phrases from their input, and
 # greedy output is the same either way (bench/bench_speculative.py measures the gain).
 DEFAULT_SPECULATIVE = "prompt_lookup"
-JOB_TIMEOUT = 1800
 JOB_RETRIES = 1
-RESULT_TTL = 24 * 3600
-STREAM_TTL = 3600
 
 
 def submit_plans(client: Client, batch_id: str, plans: Sequence[DocPlan], *, model: str, templates: Templates,
-                 budget: Budget, priority: str = "default", seed: int | None = None,
+                 budget: Budget, priority: str = DEFAULT_PRIORITY, seed: int | None = None,
                  speculative: str = DEFAULT_SPECULATIVE) -> None:
     """Add every map job, then the reduce jobs (deferred until their inputs finish), to the batch.
     speculative: the jobs' params.speculative (engine.params.SpeculativeMode)."""
@@ -171,7 +170,7 @@ def summarize(paths: Sequence[str], *, output: IO[str], fmt: str = "jsonl", mode
     out = Output(output, fmt, model=model, settings=settings)
 
     def run(connection: Any, health: Callable[[], None] | None, remote: bool) -> list[DocState]:
-        client = Client(connection=connection, result_ttl=RESULT_TTL, stream_ttl=STREAM_TTL)
+        client = Client(connection=connection, result_ttl=RUN_RESULT_TTL, stream_ttl=RUN_STREAM_TTL)
         batch_id = client.open_batch(f"summarize_{run_id}", metadata={"summarize": len(docs)})
         # Plan and submit one document at a time: workers start on the first document's chunks
         # while later documents are still being tokenized.
@@ -191,7 +190,8 @@ def summarize(paths: Sequence[str], *, output: IO[str], fmt: str = "jsonl", mode
             if s.error:
                 progress.message(f"failed {s.plan.doc.path}: {s.error}")
 
-        def no_workers() -> bool:
+        def warn_if_no_workers() -> bool:
+            """Say once that no worker serves the model yet; True: follow need not ask again."""
             if not remote:
                 return True
             n = sum(1 for w in client.workers() if w["model"] and model_key(w["model"]) == model_key(model))
@@ -202,7 +202,7 @@ def summarize(paths: Sequence[str], *, output: IO[str], fmt: str = "jsonl", mode
 
         try:
             follow(client, batch_id, states, models=[model], reduce_labels=part_label_pattern(templates.part),
-                   on_done=on_done, progress=progress, health=health, no_worker_warning=no_workers)
+                   on_done=on_done, progress=progress, health=health, no_worker_warning=warn_if_no_workers)
         except KeyboardInterrupt:
             # Do not leave work behind in a shared Redis: cancel what has not ended.
             pending = [s for s in states if not s.done]

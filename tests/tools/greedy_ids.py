@@ -1,4 +1,4 @@
-"""Greedy 32-token continuations (token ids) of issue 2's llama.cpp fixture prompts, as JSON, from
+"""Greedy 32-token continuations (token ids) of the llama.cpp fixture prompts, as JSON, from
 the engine in a given checkout: run it on two builds and compare the outputs to show a kernel
 change left greedy decoding unchanged.
 

@@ -1,5 +1,4 @@
-"""Top-1 agreement of the fast path with the numpy reference on the 64-token fixture text (issue 2's
-measure), with llama.cpp's own agreement from its fixture for scale.
+"""Top-1 agreement of the fast path with the numpy reference on the 64-token fixture text, with llama.cpp's own agreement from its fixture for scale.
 
     python tests/tools/top1_vs_reference.py [--fixtures tests/fixtures]
 """

@@ -1,5 +1,6 @@
-"""JobResult -> OpenAI's response bodies (chat.completion, text_completion, with logprobs) and OpenAI
-Batch output lines (the format: pipeline/batch_file.py)."""
+"""OpenAI's response shapes, built here only: JobResult -> the chat.completion / text_completion body
+(with logprobs and usage), the streamed chunks of the same (chat.completion.chunk, text_completion), and
+OpenAI Batch output lines (the input format: pipeline/batch_file.py)."""
 from __future__ import annotations
 
 import hashlib
@@ -9,9 +10,13 @@ from typing import Any
 from jobs.schemas import ENDPOINT_CHAT, JobResult
 
 
-def _usage(r: JobResult) -> dict[str, int]:
+def usage(r: JobResult) -> dict[str, int]:
     return {"prompt_tokens": r.prompt_tokens, "completion_tokens": r.completion_tokens,
             "total_tokens": r.prompt_tokens + r.completion_tokens}
+
+
+def response_id(job_id: str, chat: bool) -> str:
+    return ("chatcmpl-" if chat else "cmpl-") + job_id
 
 
 def chat_logprobs(result: JobResult) -> dict[str, Any] | None:
@@ -44,25 +49,52 @@ def response_body(result: JobResult) -> dict[str, Any]:
              "accepted_tokens": result.accepted_tokens}
     if result.endpoint == ENDPOINT_CHAT:
         return {
-            "id": f"chatcmpl-{result.job_id}",
+            "id": response_id(result.job_id, True),
             "object": "chat.completion",
             "created": created,
             "model": result.model,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": result.text},
                          "logprobs": chat_logprobs(result), "finish_reason": result.finish_reason}],
-            "usage": _usage(result),
+            "usage": usage(result),
             "rqllm": extra,
         }
     return {
-        "id": f"cmpl-{result.job_id}",
+        "id": response_id(result.job_id, False),
         "object": "text_completion",
         "created": created,
         "model": result.model,
         "choices": [{"index": 0, "text": result.text, "logprobs": completion_logprobs(result),
                      "finish_reason": result.finish_reason}],
-        "usage": _usage(result),
+        "usage": usage(result),
         "rqllm": extra,
     }
+
+
+def stream_chunk(job_id: str, model: str, created: int, chat: bool, content: str | None, *, role: bool = False,
+                 finish: str | None = None, logprobs: dict[str, Any] | None = None,
+                 include_usage: bool = False) -> dict[str, Any]:
+    """One streamed chunk: a chat.completion.chunk (its delta: the role in the first, then content) or a
+    text_completion. include_usage: the chunk carries "usage": null (OpenAI's, when the client asked for
+    usage: every chunk has the field, set only in usage_chunk)."""
+    if chat:
+        delta: dict[str, Any] = {"role": "assistant"} if role else {}
+        if content is not None:
+            delta["content"] = content
+        choice: dict[str, Any] = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+        obj: dict[str, Any] = {"id": response_id(job_id, True), "object": "chat.completion.chunk", "created": created,
+                               "model": model, "system_fingerprint": None, "choices": [choice]}
+    else:
+        obj = {"id": response_id(job_id, False), "object": "text_completion", "created": created, "model": model,
+               "choices": [{"index": 0, "text": content or "", "logprobs": logprobs, "finish_reason": finish}]}
+    if include_usage:
+        obj["usage"] = None
+    return obj
+
+
+def usage_chunk(job_id: str, model: str, created: int, chat: bool, result: JobResult) -> dict[str, Any]:
+    """The last streamed chunk when the client asked for usage: no choices, the usage."""
+    return {"id": response_id(job_id, chat), "object": "chat.completion.chunk" if chat else "text_completion",
+            "created": created, "model": model, "choices": [], "usage": usage(result)}
 
 
 def output_line(batch_id: str, custom_id: str, result: JobResult | None, job_id: str | None = None) -> dict[str, Any]:
