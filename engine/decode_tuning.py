@@ -9,9 +9,13 @@ thread count, not on its name:
   Zen 5 machines the kernels were tuned on, 6 KB ahead into L1 helped; on an AMD EPYC Zen 4 (one
   thread, one-token matmuls from DRAM) that setting streamed Q4_K at 15 GB/s and Q6_K at 7, no
   prefetch at 18 and 11, and into L2 6-24 KB ahead at 21 and 16.
-So at load the engine times one-token matmuls of the model's own largest repacked matrix under each
-candidate (in rounds, after a warm-up that pages it in), with the worker's threads, and keeps the
-fastest. Results are the same bit for bit whichever it is; only the speed differs.
+So at load the engine times one-token matmuls of the model's own repacked matrices of each weight
+type under each candidate (in rounds, after a warm-up that pages them in), with the worker's
+threads, and keeps the fastest for that type: what suits the Q6_K output matrix need not suit the
+Q4_K or IQ4_XS layers. A type's timing runs over its largest matrices until they add up to
+STREAM_BYTES, more than a CPU's last-level cache holds, so that they stream from memory as a decode
+pass does (one 7 MB layer matrix would be timed from the cache). Results are the same bit for bit
+whichever it is; only the speed differs.
 
 RQLLM_DECODE_KERNELS ("r16", "r16-256", "gguf") and RQLLM_DECODE_PREFETCH ("off", "<bytes>" into
 L1, "<bytes>:l2") each fix their half of the choice; the other half is still measured.
@@ -26,7 +30,9 @@ import numpy as np
 ENV = "RQLLM_DECODE_PREFETCH"
 ENV_KERNELS = "RQLLM_DECODE_KERNELS"
 ROUNDS = 3
+STREAM_BYTES = 96 << 20  # per type timed: past the last-level cache of the CPUs we know (32 MB on Zen 4)
 KERNELS = ("r16", "r16-256", "gguf")  # _quants.DECODE_MODES
+EVERY_TYPE = -1
 
 
 @dataclass(frozen=True)
@@ -36,6 +42,12 @@ class Prefetch:
 
     def __str__(self) -> str:
         return "off" if self.distance == 0 else f"{self.distance} B ahead into {'L2' if self.to_l2 else 'L1'}"
+
+    def short(self) -> str:
+        if self.distance == 0:
+            return "off"
+        size = f"{self.distance // 1024}K" if self.distance % 1024 == 0 else f"{self.distance}B"
+        return f"{size}-{'L2' if self.to_l2 else 'L1'}"
 
 
 OFF = Prefetch(0)
@@ -52,20 +64,25 @@ class Decode:
     def __str__(self) -> str:
         return "gguf layout" if self.kernels == "gguf" else f"{self.kernels} kernels, prefetch {self.prefetch}"
 
-    def apply(self) -> None:
+    def short(self) -> str:
+        return "gguf" if self.kernels == "gguf" else f"{self.kernels}/{self.prefetch.short()}"
+
+    def apply(self, t: int = EVERY_TYPE) -> None:
+        """Set it for GGML weight type t."""
         from engine.kernels import _quants as q
 
-        q.set_decode_mode(self.kernels)
-        q.r16_set_prefetch(self.prefetch.distance, self.prefetch.to_l2)
+        q.set_decode_mode(self.kernels, t)
+        q.r16_set_prefetch(self.prefetch.distance, self.prefetch.to_l2, t)
 
 
 @dataclass(frozen=True)
 class DecodeChoice:
-    decode: Decode
+    by_type: dict[int, Decode]  # GGML weight type -> its decode; EVERY_TYPE for all of them
     reason: str
 
     def describe(self) -> str:
-        return f"decode {self.decode} ({self.reason})"
+        chosen = ", ".join(str(d) if t == EVERY_TYPE else f"{_type_name(t)}: {d}" for t, d in self.by_type.items())
+        return f"decode {chosen} ({self.reason})"
 
 
 def parse(text: str) -> Prefetch:
@@ -110,38 +127,74 @@ def _narrowed(path: str, environ) -> tuple[list[Decode], list[str]]:
     return cands, used
 
 
-def choose(matrix: tuple[int, np.ndarray, np.ndarray, int, int] | None, threads: int,
-           environ=None) -> DecodeChoice:
-    """Set the decode kernels and prefetch and say why. matrix: (type, GGUF bytes, R16 bytes, rows,
-    cols) of the model's largest repacked matrix, or None (nothing repacked: nothing to choose)."""
+Matrix = tuple[np.ndarray, np.ndarray, int, int]  # (GGUF bytes, R16 bytes, rows, cols)
+
+
+def _type_name(t: int) -> str:
+    from gguf import GGMLQuantizationType
+
+    return GGMLQuantizationType(t).name
+
+
+def streamed(matrices: list[Matrix]) -> list[Matrix]:
+    """The largest of a type's matrices, until they add up to STREAM_BYTES (or all of them)."""
+    chosen, total = [], 0
+    for m in sorted(matrices, key=lambda m: -m[1].nbytes):
+        if total >= STREAM_BYTES:
+            break
+        chosen.append(m)
+        total += m[1].nbytes
+    return chosen
+
+
+def choose(by_type: dict[int, list[Matrix]], threads: int, environ=None) -> DecodeChoice:
+    """Set the decode kernels and prefetch for each weight type and say why. by_type: the model's
+    repacked matrices of each GGML type (empty: nothing repacked, nothing to choose)."""
     from engine.kernels import _quants as q
 
     environ = os.environ if environ is None else environ
     cands, forced = _narrowed(q.kernel_path(), environ)
-    if matrix is None:
-        choice = DecodeChoice(Decode("r16", TUNED_ZEN5), "nothing repacked")
+    if not by_type:
+        choice = DecodeChoice({EVERY_TYPE: Decode("r16", TUNED_ZEN5)}, "nothing repacked")
     elif len(cands) == 1:
-        choice = DecodeChoice(cands[0], ", ".join(forced))
+        choice = DecodeChoice({EVERY_TYPE: cands[0]}, ", ".join(forced))
     else:
-        t, w, r, rows, cols = matrix
-        x = np.random.default_rng(0).standard_normal((1, cols)).astype(np.float32)
-
-        def seconds(c: Decode) -> float:
-            c.apply()
-            if c.kernels == "gguf":
-                return q.bench_matmul(t, w, rows, cols, x, threads, 1)
-            return q.matmul_r16(t, w, r, rows, cols, x, threads, None, 1)  # one call's seconds
-
-        seconds(cands[0])  # warm-up: pages the matrix in
-        times: dict[Decode, list[float]] = {c: [] for c in cands}
-        for _ in range(ROUNDS):
-            for c in cands:
-                times[c].append(seconds(c))
-        best = {c: min(s) for c, s in times.items()}
-        fastest = min(cands, key=lambda c: best[c])
-        rates = ", ".join(f"{c}: {r.nbytes / best[c] / 1e9:.1f}" for c in cands)
+        chosen, rates = {}, []
+        for t, matrices in sorted(by_type.items(), key=lambda kv: -sum(m[1].nbytes for m in kv[1])):
+            timed = streamed(matrices)
+            nbytes = sum(m[1].nbytes for m in timed)
+            best = _time_candidates(cands, t, timed, threads)
+            chosen[t] = min(cands, key=lambda c: best[c])
+            cells = " ".join(f"{c.short()} {nbytes / best[c] / 1e9:.1f}" for c in cands)
+            rates.append(f"{_type_name(t)} {nbytes / 1e6:.0f} MB: {cells}")
         by = f"; {', '.join(forced)} set" if forced else ""
-        choice = DecodeChoice(fastest, f"measured on a {r.nbytes / 1e6:.0f} MB matrix, {threads} threads, "
-                                       f"GB/s {rates}{by}")
-    choice.decode.apply()
+        choice = DecodeChoice(chosen, f"measured per type on up to {STREAM_BYTES >> 20} MB of its matrices, "
+                                      f"{threads} threads, GB/s {'; '.join(rates)}{by}")
+    for t, decode in choice.by_type.items():
+        decode.apply(t)
     return choice
+
+
+def _time_candidates(cands: list[Decode], t: int, matrices: list[Matrix], threads: int) -> dict[Decode, float]:
+    """Each candidate's best seconds for one one-token matmul of each matrix, over ROUNDS rounds."""
+    from engine.kernels import _quants as q
+
+    rng = np.random.default_rng(0)
+    xs = [rng.standard_normal((1, cols)).astype(np.float32) for _, _, _, cols in matrices]
+
+    def seconds(c: Decode) -> float:
+        c.apply(t)
+        total = 0.0
+        for (w, r, rows, cols), x in zip(matrices, xs):
+            if c.kernels == "gguf":
+                total += q.bench_matmul(t, w, rows, cols, x, threads, 1)
+            else:
+                total += q.matmul_r16(t, w, r, rows, cols, x, threads, None, 1)  # one call's seconds
+        return total
+
+    seconds(cands[0])  # warm-up: pages the matrices in
+    times: dict[Decode, list[float]] = {c: [] for c in cands}
+    for _ in range(ROUNDS):
+        for c in cands:
+            times[c].append(seconds(c))
+    return {c: min(s) for c, s in times.items()}

@@ -487,10 +487,11 @@ def _repacked_weights(gguf: GGUFFile, weights: Weights, repack: bool | None, thr
         return None, WeightLayout(None, "GGUF layout: no weight matrix has a type the R16 layout covers")
     weights.use_repacked(repacked.addresses, repacked.group_bytes)
     gguf.advise_random_reads(except_tensors=set(weights.matmul_names()) - set(repacked.addresses))
-    largest = max(repacked.plan.tensors, key=lambda t: t.nbytes)
+    by_type: dict[int, list] = {}  # the repacked matrices of each type (views: nothing is read yet)
+    for t in repacked.plan.tensors:
+        by_type.setdefault(t.type, []).append((gguf.tensor_data(t.name), repacked.tensor_bytes(t.name), t.rows, t.cols))
     try:
-        decode = decode_tuning.choose((largest.type, gguf.tensor_data(largest.name),
-                                       repacked.tensor_bytes(largest.name), largest.rows, largest.cols), threads)
+        decode = decode_tuning.choose(by_type, threads)
     except ValueError as exc:  # a bad RQLLM_DECODE_PREFETCH or RQLLM_DECODE_KERNELS
         raise ModelError(str(exc)) from None
     return repacked, WeightLayout(repacked.path, f"{repacked.describe()}; {decode.describe()}")

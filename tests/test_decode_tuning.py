@@ -82,24 +82,33 @@ def test_every_decode_mode_gives_the_same_bits(t):
     np.testing.assert_array_equal(results["r16"][0], q.matmul(int(t), W, rows, cols, X[:1]))
 
 
-def test_measured_choice_is_one_of_the_candidates_and_says_why(smollm2_path, monkeypatch):
+def test_measured_choice_is_made_per_type_among_the_candidates_and_says_why(smollm2_path, monkeypatch):
+    import re
+
+    from gguf import GGMLQuantizationType
+
     monkeypatch.delenv(decode_tuning.ENV, raising=False)
     monkeypatch.delenv(decode_tuning.ENV_KERNELS, raising=False)
     model = Model.load(str(smollm2_path), threads=1, kv_budget="4MiB")
     if model.repacked is None:
         pytest.skip("no repacked layout on this kernel path")
     text = model.layout.reason
-    assert "decode " in text and "measured on a" in text and "GB/s" in text
-    distance, to_l2 = q.r16_set_prefetch(0)
-    mode = q.set_decode_mode("r16")
-    chosen = decode_tuning.Decode(mode, decode_tuning.Prefetch(distance, to_l2))
+    assert "measured per type on up to" in text and "GB/s" in text
     cands = decode_tuning.candidates(q.kernel_path())
-    assert chosen in cands
-    assert f"decode {chosen} (" in text
-    for candidate in cands:  # each was timed
-        assert f"{candidate}: " in text
     kinds = {c.kernels for c in cands}
     assert kinds == ({"r16", "r16-256", "gguf"} if q.kernel_path() == "avx512" else {"r16", "gguf"})
+    types = {t.type for t in model.repacked.plan.tensors}
+    assert len(types) >= 2  # SmolLM2's Q4_1 file: Q4_1 layers and a Q8_0 embedding
+    for t in types:
+        name = GGMLQuantizationType(t).name
+        mode = q.set_decode_mode("r16", t)
+        distance, to_l2 = q.r16_set_prefetch(0, False, t)
+        chosen = decode_tuning.Decode(mode, decode_tuning.Prefetch(distance, to_l2))
+        assert chosen in cands, name
+        assert f"{name}: {chosen}" in text
+        timed = re.search(rf"{name} \d+ MB: ([^;)]*)", text).group(1)
+        for candidate in cands:  # each was timed for this type
+            assert re.search(rf"(^| ){re.escape(candidate.short())} \d+\.\d", timed), (name, candidate)
 
 
 def test_environment_narrows_the_candidates():

@@ -129,14 +129,16 @@ void rq_matmul_ref(int t, const void *W, int rows, int cols,
 int rq_r16_supported(int t);
 /* Changes whenever the R16 layout does: caches of an older layout must be rebuilt. */
 int rq_r16_layout_version(void);
-/* The distance (bytes) at which one-token passes prefetch a repacked group's units, into L2 when
- * to_l2 (else L1); returns the old distance (and the old to_l2 in *was_to_l2 unless NULL). */
-size_t rq_r16_set_prefetch(size_t bytes, int to_l2, int *was_to_l2);
-/* How decode-sized calls (ntok <= 8) with R16 copies compute: with the kernel path's R16 kernels,
- * with the AVX2 R16 kernels on the avx512 path, or on the GGUF layout (W). Results are the same bit
- * for bit. rq_set_decode_mode returns the previous mode, or -1 for an unknown one. */
+/* The distance (bytes) at which one-token passes prefetch a repacked group of type t (t < 0: every
+ * type) ahead, into L2 when to_l2 (else L1); returns the old distance (and the old to_l2 in
+ * *was_to_l2 unless NULL; every type: Q4_K's). */
+size_t rq_r16_set_prefetch(int t, size_t bytes, int to_l2, int *was_to_l2);
+/* How decode-sized calls (ntok <= 8) of type t (t < 0: every type) with R16 copies compute: with the
+ * kernel path's R16 kernels, with the AVX2 R16 kernels on the avx512 path, or on the GGUF layout (W).
+ * Results are the same bit for bit. Returns the previous mode (every type: Q4_K's), or -1 for an
+ * unknown mode or type. */
 enum { RQ_DECODE_R16 = 0, RQ_DECODE_R16_256 = 1, RQ_DECODE_GGUF = 2 };
-int rq_set_decode_mode(int mode);
+int rq_set_decode_mode(int t, int mode);
 /* 1 if the current kernel path computes with R16 copies (else rq_matmul_r16 uses W). */
 int rq_r16_usable(void);
 /* Bytes of the R16 copy of a rows x cols matrix of type t (rows padded to 16); 0 if unsupported. */

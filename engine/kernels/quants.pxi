@@ -51,8 +51,8 @@ cdef extern from "quants.h":
                        const rq_act *acts, int ntok, float *out, int ldo) nogil
     int rq_r16_supported(int t) nogil
     int rq_r16_layout_version() nogil
-    size_t rq_r16_set_prefetch(size_t nbytes, int to_l2, int *was_to_l2) nogil
-    int rq_set_decode_mode(int mode) nogil
+    size_t rq_r16_set_prefetch(int t, size_t nbytes, int to_l2, int *was_to_l2) nogil
+    int rq_set_decode_mode(int t, int mode) nogil
     int rq_r16_usable() nogil
     size_t rq_r16_bytes(int t, int rows, int cols) nogil
     int rq_r16_multi_share(size_t lo, size_t hi, size_t base, size_t gb, int ng, int *g0, int *g1) nogil
@@ -449,24 +449,28 @@ def r16_supported(int t):
     return bool(rq_r16_supported(t))
 
 
-def r16_set_prefetch(size_t nbytes, bint to_l2=False):
-    """The distance in bytes at which one-token passes prefetch a repacked group's units, into L2
-    (to_l2) or L1; returns the previous (distance, to_l2). Results do not depend on it."""
+def r16_set_prefetch(size_t nbytes, bint to_l2=False, int t=-1):
+    """The distance in bytes at which one-token passes prefetch a repacked group of type t (-1: every
+    type) ahead, into L2 (to_l2) or L1; returns the previous (distance, to_l2) (every type: Q4_K's).
+    Results do not depend on it."""
     cdef int was = 0
-    cdef size_t before = rq_r16_set_prefetch(nbytes, to_l2, &was)
+    cdef size_t before = rq_r16_set_prefetch(t, nbytes, to_l2, &was)
     return before, bool(was)
 
 
 DECODE_MODES = ("r16", "r16-256", "gguf")   # quants.h's RQ_DECODE_R16, RQ_DECODE_R16_256, RQ_DECODE_GGUF
 
 
-def set_decode_mode(mode):
-    """How decode-sized calls (<= 8 tokens) with R16 copies compute: "r16" (the kernel path's R16
-    kernels), "r16-256" (the AVX2 R16 kernels on the avx512 path) or "gguf" (the GGUF layout);
-    returns the previous mode. Results do not depend on it."""
+def set_decode_mode(mode, int t=-1):
+    """How decode-sized calls (<= 8 tokens) of type t (-1: every type) with R16 copies compute: "r16"
+    (the kernel path's R16 kernels), "r16-256" (the AVX2 R16 kernels on the avx512 path) or "gguf"
+    (the GGUF layout); returns the previous mode (every type: Q4_K's). Results do not depend on it."""
     if mode not in DECODE_MODES:
         raise ValueError(f"decode mode must be one of {', '.join(DECODE_MODES)}, not {mode!r}")
-    return DECODE_MODES[rq_set_decode_mode(DECODE_MODES.index(mode))]
+    before = rq_set_decode_mode(t, DECODE_MODES.index(mode))
+    if before < 0:
+        raise ValueError(f"unknown type {t}")
+    return DECODE_MODES[before]
 
 
 def r16_layout_version():

@@ -374,35 +374,38 @@ int rq_r16_supported(int t) { return r16_type(t); }
 
 int rq_r16_layout_version(void) { return R16_V; }
 
-size_t rq_r16_set_prefetch(size_t bytes, int to_l2, int *was_to_l2) {
-#ifdef RQ_HAVE_X86
-    size_t before = r16_pf_ahead;
-    if (was_to_l2) *was_to_l2 = r16_pf_to_l2;
-    r16_pf_ahead = bytes;
-    r16_pf_to_l2 = to_l2 != 0;
+size_t rq_r16_set_prefetch(int t, size_t bytes, int to_l2, int *was_to_l2) {
+    if (t > RQ_BF16) return 0;
+    const int all = t < 0, first = all ? 0 : t, last = all ? RQ_BF16 : t;
+    const int shown = all ? RQ_Q4_K : t;   /* for all types, the previous setting reported is Q4_K's */
+    const size_t before = r16_pf_ahead[shown];
+    if (was_to_l2) *was_to_l2 = r16_pf_to_l2[shown];
+    for (int i = first; i <= last; i++) {
+        r16_pf_ahead[i] = bytes;
+        r16_pf_to_l2[i] = to_l2 != 0;
+    }
     return before;
-#else
-    (void)bytes; (void)to_l2;
-    if (was_to_l2) *was_to_l2 = 0;
-    return 0;
-#endif
 }
 
 /* How decode-sized calls (one token tile: ntok <= 8) with R16 copies compute: chosen by timing at
  * load (engine/decode_tuning.py), since which is fastest depends on the CPU (a core that splits
  * 512-bit operations can stream faster with the AVX2 kernels) and on the thread count. Every mode
  * gives the same results bit for bit. */
-static int decode_mode = RQ_DECODE_R16;
+static signed char decode_mode[RQ_BF16 + 1];   /* per type; 0: RQ_DECODE_R16 */
 
-int rq_set_decode_mode(int mode) {
+int rq_set_decode_mode(int t, int mode) {
     if (mode != RQ_DECODE_R16 && mode != RQ_DECODE_R16_256 && mode != RQ_DECODE_GGUF) return -1;
-    const int before = decode_mode;
-    decode_mode = mode;
+    if (t > RQ_BF16) return -1;
+    const int all = t < 0, first = all ? 0 : t, last = all ? RQ_BF16 : t;
+    const int before = decode_mode[all ? RQ_Q4_K : t];   /* for all types, Q4_K's is reported */
+    for (int i = first; i <= last; i++) decode_mode[i] = (signed char)mode;
     return before;
 }
 
-/* Does a call of ntok tokens skip its R16 copies (RQ_DECODE_GGUF)? */
-static inline int decode_on_gguf(int ntok) { return ntok <= 8 && decode_mode == RQ_DECODE_GGUF; }
+/* Does a call of ntok tokens of type t skip its R16 copies (RQ_DECODE_GGUF)? */
+static inline int decode_on_gguf(int t, int ntok) {
+    return ntok <= 8 && t >= 0 && t <= RQ_BF16 && decode_mode[t] == RQ_DECODE_GGUF;
+}
 
 int rq_r16_usable(void) {
 #ifdef RQ_HAVE_X86
@@ -436,7 +439,7 @@ void rq_r16_repack(int t, const void *W, int rows, int cols, void *R, int g0, in
  * on the avx512 path in RQ_DECODE_R16_256 the AVX2 ones (same tiles, same results). */
 static r16_groups_fn r16_kernel_for(int t, int ntok) {
     int path = rq_kernel_path();
-    if (ntok <= 8 && decode_mode == RQ_DECODE_R16_256 && path == RQ_PATH_AVX512) path = RQ_PATH_AVX2;
+    if (ntok <= 8 && decode_mode[t] == RQ_DECODE_R16_256 && path == RQ_PATH_AVX512) path = RQ_PATH_AVX2;
     return r16_path_kernel(path, t);
 }
 
@@ -497,7 +500,7 @@ void rq_matmul_r16(int t, const void *W, const void *R, int rows, int cols, cons
                    float *out, int ldo, int nthreads) {
     rq_kernels_init();
 #ifdef RQ_HAVE_X86
-    if (R && rows > 0 && ntok > 0 && r16_type(t) && rq_r16_usable() && !decode_on_gguf(ntok)) {
+    if (R && rows > 0 && ntok > 0 && r16_type(t) && rq_r16_usable() && !decode_on_gguf(t, ntok)) {
         r16_matmul(t, R, rows, cols, acts, ntok, out, ldo, nthreads);
         return;
     }
@@ -592,9 +595,9 @@ static int r16_matmul_multi(const rq_matmul_op *ops, int nops, int cols, const r
 
 void rq_matmul_multi(const rq_matmul_op *ops, int nops, int cols, const rq_act *acts, int ntok, int nthreads) {
     rq_kernels_init();
-    int most = 0;   /* the most tokens of any op */
-    for (int i = 0; i < nops; i++) most = op_ntok(&ops[i], ntok) > most ? op_ntok(&ops[i], ntok) : most;
-    if (rq_r16_usable() && !decode_on_gguf(most)) {
+    int gguf = 0;   /* an op whose type decodes on the GGUF layout: every op on its own */
+    for (int i = 0; i < nops; i++) gguf |= decode_on_gguf(ops[i].type, op_ntok(&ops[i], ntok));
+    if (rq_r16_usable() && !gguf) {
         int any = 0;
         for (int i = 0; i < nops; i++) any |= ops[i].r16 != NULL;
         if (any) {

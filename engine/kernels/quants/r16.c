@@ -4,13 +4,20 @@
  * AVX-512 and AVX2 kernels on repacked groups, the R16_GROUPS / R16_GROUPS_256 kernels of the
  * KERNELS table. */
 
-/* Where things are in a group of type t: the type's unit (r16_layout_*). */
+/* How far ahead (bytes) decode asks for a group's units, and into L1 (T0) or L2 (T1), per type:
+ * rq_r16_set_prefetch, chosen by timing at load (engine/decode_tuning.py). */
+static size_t r16_pf_ahead[RQ_BF16 + 1] = {[0 ... RQ_BF16] = 6144};
+static int r16_pf_to_l2[RQ_BF16 + 1];
+
+/* Where things are in a group of type t: the type's unit (r16_layout_*), and its decode prefetch. */
 static r16_ptrs r16_group_ptrs(int t, const uint8_t *g, int nb) {
     r16_ptrs p;
     memset(&p, 0, sizeof(p));
     (void)nb;
     p.g = g;
     p.bpu = 1;
+    p.pf_ahead = r16_pf_ahead[t];
+    p.pf_to_l2 = r16_pf_to_l2[t];
     switch (t) {
     case RQ_Q4_K: r16_layout_q4k(&p); break;
     case RQ_Q5_K: r16_layout_q5k(&p); break;
@@ -55,21 +62,18 @@ static void r16_repack_groups(int t, const uint8_t *W, int rows, int cols, uint8
 
 #ifdef RQ_HAVE_X86
 
-/* How far ahead (bytes) decode asks for a group's units, and into L1 (T0) or L2 (T1):
- * rq_r16_set_prefetch, chosen by timing at load (engine/decode_prefetch.py). */
-static size_t r16_pf_ahead = 6144;
-static int r16_pf_to_l2 = 0;
-#define R16_PF_AHEAD r16_pf_ahead
-#define R16_PREFETCH(addr)                                                 \
-    do {                                                                   \
-        if (r16_pf_to_l2) _mm_prefetch((const char *)(addr), _MM_HINT_T1); \
-        else _mm_prefetch((const char *)(addr), _MM_HINT_T0);              \
-    } while (0)
-/* Streaming a group from DRAM: at the first block of each unit, ask for the unit R16_PF_AHEAD further on. */
+/* Ask for the unit at u, pf_ahead bytes further on, as the group's type is set to (r16_group_ptrs). */
+AINL void r16_prefetch_unit(const r16_ptrs *p, const uint8_t *u) {
+    const char *ahead = (const char *)u + p->pf_ahead;
+    if (p->pf_to_l2)
+        for (size_t o = 0; o < p->ub; o += 64) _mm_prefetch(ahead + o, _MM_HINT_T1);
+    else
+        for (size_t o = 0; o < p->ub; o += 64) _mm_prefetch(ahead + o, _MM_HINT_T0);
+}
+/* Streaming a group from DRAM: at the first block of each unit, ask for the unit pf_ahead further on. */
 AINL void r16_prefetch_ahead(const r16_ptrs *p, size_t b) {
     if (r16_j(p, b) != 0) return;
-    const char *ahead = (const char *)r16_unit(p, b) + R16_PF_AHEAD;
-    for (size_t o = 0; o < p->ub; o += 64) R16_PREFETCH(ahead + o);
+    r16_prefetch_unit(p, r16_unit(p, b));
 }
 /* A pass over blocks two at a time (b, b + 1): ask for both blocks' units (with one block per unit,
  * as the legacy types have, asking at even blocks only leaves every other unit to the hardware). */
@@ -421,7 +425,7 @@ A256 AINL void r16_q4k16_256(const r16_ptrs *p, int nb, const uint8_t *tile, int
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), accM0 = _mm256_setzero_ps(), accM1 = _mm256_setzero_ps();
     for (int i = 0; i < nb / 8; i++) {
         const uint8_t *u = p->g + (size_t)i * p->ub, *t8 = tile + (size_t)(8 * i) * V16_TILE_BLOCK_BYTES;
-        for (size_t o = 0; o < p->ub; o += 64) R16_PREFETCH((const char *)u + R16_PF_AHEAD + o);
+        r16_prefetch_unit(p, u);
         r16_q4k_unit1_256(p, u, t8, k0, 0, &acc0, &accM0);
         r16_q4k_unit1_256(p, u, t8, k0, 1, &acc1, &accM1);
     }
@@ -465,7 +469,7 @@ A256 AINL void r16_q6k16_256(const r16_ptrs *p, int nb, const uint8_t *tile, int
         for (int i = 0; i < 4; i++) a[q][i] = _mm256_setzero_ps();
     for (int i = 0; i < nb / 8; i++) {
         const uint8_t *u = p->g + (size_t)i * p->ub, *t8 = tile + (size_t)(8 * i) * V16_TILE_BLOCK_BYTES;
-        for (size_t o = 0; o < p->ub; o += 64) R16_PREFETCH((const char *)u + R16_PF_AHEAD + o);
+        r16_prefetch_unit(p, u);
         r16_q6k_unit1_256(p, u, t8, k0, 0, a[0]);
         r16_q6k_unit1_256(p, u, t8, k0, 1, a[1]);
     }

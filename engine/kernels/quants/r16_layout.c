@@ -28,6 +28,8 @@ typedef struct {
     size_t ub;
     int bpu;
     size_t nib, q8, hb, d, m, kd, kdm, ksc, kmn, qd, qsc;
+    size_t pf_ahead;   /* decode's prefetch for this type: how far ahead, and into L2 (else L1) */
+    int pf_to_l2;
 } r16_ptrs;
 
 /* Unit of block b, and b's index within it. */
