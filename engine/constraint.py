@@ -11,7 +11,9 @@ draft model's own sampling is constrained too. Guesses from prompt lookup are cu
 the grammar refuses before the model checks them (Decoder._draft).
 
 EOS is allowed only when the grammar is satisfied (llguidance masks it otherwise), so a generation
-ends with "stop" only on a complete value; one cut by max_tokens ends with "length".
+ends with "stop" only on a complete value; one cut by max_tokens ends with "length". For the same
+reason a stop string ends a constrained generation only where the text before it is a complete value
+(`completes`, asked by the engine's text stream); elsewhere it is part of the value.
 """
 from __future__ import annotations
 
@@ -156,6 +158,11 @@ class Constraint:
         out = np.full_like(logits, -np.inf)
         out[self._allowed_ids] = logits[self._allowed_ids]  # few ids in most states: cheaper than masking all
         return out
+
+    def completes(self, generated: Sequence[int]) -> bool:
+        """Whether `generated` is a complete value (the grammar accepts it as it is)."""
+        self.sync(generated)
+        return self.matcher.is_accepting()
 
     def valid_prefix(self, generated: Sequence[int], guesses: Sequence[int]) -> int:
         """How many leading guesses (after `generated`) the grammar allows; an EOS guess ends them."""

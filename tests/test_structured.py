@@ -85,8 +85,34 @@ def test_logprobs_and_stop_strings_with_a_schema(eng: Engine):
     gen = eng.generate(messages=messages("enum"), params=params)
     assert gen.logprobs is not None and len(gen.logprobs) == len(gen.ids)
     assert "".join(e.token for e in gen.logprobs) == gen.text
-    stopped = eng.generate(messages=messages("enum"), params=params.model_copy(update={"stop": ['"severity"']}))
-    assert stopped.finish_reason == "stop" and '"severity"' not in stopped.text
+
+
+@pytest.mark.parametrize("speculative", ["off", "prompt_lookup"])
+def test_stop_strings_do_not_cut_a_constrained_value(eng: Engine, speculative: str):
+    """Stop strings that occur inside the JSON (a key, a quote, the separator) are part of the value: the
+    output still validates and ends with "stop", the same tokens as without stop strings."""
+    fmt = response_format("enum")
+    plain = eng.generate(messages=messages("enum"), params=SamplingParams(max_tokens=60, response_format=fmt))
+    assert plain.finish_reason == "stop" and '"severity"' in plain.text
+    stopped = eng.generate(messages=messages("enum"), params=SamplingParams(
+        max_tokens=60, response_format=fmt, speculative=speculative, stop=['"severity"', '"', ", "]))
+    assert check_output(stopped.text, stopped.finish_reason, SCHEMAS["enum"])
+    assert stopped.ids == plain.ids and stopped.text == plain.text
+
+
+def test_a_stop_string_after_a_complete_value_ends_the_text(eng: Engine):
+    """A regex whose value is complete after "AB12" but may go on: a stop string right there cuts it."""
+    fmt = {"type": "regex", "regex": "[A-Z]{2}[0-9]{2}( [a-z]+)*"}
+    prompt = "Code and words: AB12 cat dog. Code and words:"
+    free = eng.generate(prompt=prompt, params=SamplingParams(max_tokens=12, response_format=fmt))
+    assert re.match("[A-Z]{2}[0-9]{2}( [a-z]+)+", free.text), free.text  # it goes on past the code
+    code, first_word = free.text.split(" ")[:2]
+    stopped = eng.generate(prompt=prompt, params=SamplingParams(max_tokens=12, response_format=fmt, stop=[" "]))
+    assert stopped.finish_reason == "stop" and stopped.text == code
+    # a stop string starting inside the value (after "AB1") is part of it
+    inside = eng.generate(prompt=prompt, params=SamplingParams(max_tokens=12, response_format=fmt,
+                                                                stop=[code[3:] + " " + first_word]))
+    assert inside.text.startswith(code + " " + first_word), inside.text
 
 
 def test_ll_tokenizer_is_built_once_per_tokenizer(eng: Engine):
