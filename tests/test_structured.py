@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 
+import numpy as np
 import pytest
 from pydantic import ValidationError
 
@@ -144,6 +145,45 @@ def test_constraint_rolls_back_to_the_same_mask(eng: Engine):
     assert (c.allowed() == after).all()
     bad = eng.tokenizer.encode('{"colour"', add_bos=False)
     assert c.valid_prefix([], bad) < len(bad)
+
+
+def test_masked_logits_match_llguidance_numpy_helpers(eng: Engine):
+    """Constraint.apply (which reuses its output array and picks a path by how many tokens are allowed)
+    against llguidance's own numpy helpers on a second matcher, at every state of a generation with
+    few-token states (keys, punctuation) and most-token ones (inside strings), EOS included at the end."""
+    from llguidance import LLMatcher
+    from llguidance.numpy import allocate_token_bitmask, apply_token_bitmask_inplace, fill_next_token_bitmask
+
+    from engine.constraint import Constraint, grammar_for, ll_tokenizer
+    from engine.params import ResponseFormat
+
+    n_vocab = eng.model.cfg.n_vocab
+    fmt = ResponseFormat.model_validate(response_format("nested"))
+    ids = eng.generate(messages=messages("nested"), params=SamplingParams(max_tokens=80, response_format=fmt)).ids
+    c = Constraint(eng.tokenizer, grammar_for(fmt), n_vocab)
+    reference = LLMatcher(ll_tokenizer(eng.tokenizer, n_vocab), grammar_for(fmt))
+    bitmask = allocate_token_bitmask(1, n_vocab)
+    rng = np.random.default_rng(5)
+    sizes = []
+    for i in range(len(ids) + 1):
+        logits = rng.standard_normal(n_vocab).astype(np.float32)
+        expected = logits.copy()[None, :]
+        fill_next_token_bitmask(reference, bitmask)
+        apply_token_bitmask_inplace(expected, bitmask)
+        got = c.apply(logits, ids[:i])
+        assert np.array_equal(got, expected[0]), i
+        sizes.append(int(np.isfinite(got).sum()))
+        if i < len(ids):
+            assert reference.consume_token(ids[i])
+    assert min(sizes) <= 3 and max(sizes) > n_vocab // 2  # both kinds of state were met
+    for back_to in (3, 0):  # rolled back (a rejected guess), from a most-allowed state to few
+        reference.rollback(len(ids) - back_to) if back_to else reference.reset()
+        fill_next_token_bitmask(reference, bitmask)
+        expected = logits.copy()[None, :]
+        apply_token_bitmask_inplace(expected, bitmask)
+        assert np.array_equal(c.apply(logits, ids[:back_to]), expected[0])
+        c.apply(logits, ids)  # forward again
+        reference.consume_tokens(ids[back_to:])
 
 
 @pytest.mark.parametrize("fmt, words", [
