@@ -25,13 +25,14 @@ from jobs.schemas import GenerationJob, JobResult, describe_errors
 from pipeline.client import TASK_GENERATE, Client
 from pipeline.enqueue import TaskCall
 from pipeline.extract_merge import chunk_messages, join_arrays, reduce_messages
-from pipeline.summarize.documents import DEFAULT_MAX_BYTES, collect_documents
+from pipeline.summarize.documents import DEFAULT_MAX_BYTES, Skipped, collect_documents
 from pipeline.summarize.errors import SummarizeError
 from pipeline.summarize.plan import PromptMeter, kv_capacity, worker_kv_budget
-from pipeline.summarize.report import Progress
+from pipeline.summarize.report import Progress, extraction_html, extraction_markdown
 from pipeline.summarize.run import check_model, check_model_file, remote_plan
 
 DEFAULT_MAX_TOKENS = 512
+FORMATS = ("jsonl", "csv", "md", "html")  # md, html: a report at the end (pipeline.summarize.report)
 SYSTEM = ("You extract information from documents. Answer with one JSON object that follows this JSON schema; "
           "use only facts stated in the document.\nSchema: {schema}")
 JOB_TIMEOUT = 1800
@@ -108,7 +109,7 @@ def submit(client: Client, batch_id: str, jobs: Sequence[GenerationJob]) -> None
 @dataclass
 class ExtractReport:
     extractions: list[Extraction] = field(default_factory=list)
-    skipped: int = 0
+    skipped: list[Skipped] = field(default_factory=list)
     wall_seconds: float = 0.0
 
     @property
@@ -153,15 +154,34 @@ def write_csv(out: IO[str], extractions: Sequence[Extraction], schema: dict[str,
         writer.writerow([e.path, *cells, e.error or ""])
 
 
+def write_output(out: IO[str], fmt: str, report: ExtractReport, schema: dict[str, Any],
+                 settings: dict[str, Any]) -> None:
+    """The run's output in `fmt` (FORMATS): JSONL or CSV rows, or the Markdown or HTML report."""
+    if fmt == "csv":
+        write_csv(out, report.extractions, schema)
+    elif fmt in ("md", "html"):
+        render = extraction_markdown if fmt == "md" else extraction_html
+        out.write(render([e.record() for e in report.extractions], report.skipped, settings=settings,
+                         wall_seconds=report.wall_seconds))
+    else:
+        write_jsonl(out, report.extractions)
+
+
 def extract(paths: Sequence[str], *, schema: dict[str, Any], output: IO[str], fmt: str = "jsonl",
             instructions: str | None = None, model: str = DEFAULT_MODEL, workers: int | None = None,
             threads: int | None = None, kv_budget: str | None = None, max_tokens: int = DEFAULT_MAX_TOKENS,
             max_bytes: int = DEFAULT_MAX_BYTES, redis_url: str | None = None, repack: bool = True,
-            err: IO[str] | None = None) -> ExtractReport:
-    """Extract an object valid for `schema` from every readable document under `paths` (see the module)."""
+            err: IO[str] | None = None, schema_name: str = "schema") -> ExtractReport:
+    """Extract an object valid for `schema` from every readable document under `paths` (see the module).
+    fmt: one of FORMATS; schema_name: how the report's settings name the schema (its file)."""
     import sys
 
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown format {fmt!r}")
     err = err if err is not None else sys.stderr
+    settings = {"model": model, "schema": schema_name, "max tokens": max_tokens}
+    if instructions:
+        settings["instructions"] = instructions
     t0 = time.monotonic()
     fmt_request = {"type": "json_schema", "json_schema": {"name": "extraction", "schema": schema, "strict": True}}
     try:
@@ -177,9 +197,12 @@ def extract(paths: Sequence[str], *, schema: dict[str, Any], output: IO[str], fm
     docs, skipped = collect_documents(paths, max_bytes=max_bytes)
     for s in skipped:
         err.write(f"skipped {s.path}: {s.reason}\n")
-    report = ExtractReport(skipped=len(skipped))
+    report = ExtractReport(skipped=skipped)
     if not docs:
         err.write("nothing to extract from\n")
+        report.wall_seconds = time.monotonic() - t0
+        if fmt in ("md", "html"):
+            write_output(output, fmt, report, schema, settings)
         return report
     budget_text = kv_budget or DEFAULT_KV_BUDGET
     if remote is not None:
@@ -246,12 +269,9 @@ def extract(paths: Sequence[str], *, schema: dict[str, Any], output: IO[str], fm
             err.write(f"embedded: {cluster.split}\n")
             run(connect(cluster.redis_url), cluster.check)
     extractions = [r.extraction for r in runs]
-    if fmt == "csv":
-        write_csv(output, extractions, schema)
-    else:
-        write_jsonl(output, extractions)
     report.extractions = extractions
     report.wall_seconds = time.monotonic() - t0
+    write_output(output, fmt, report, schema, settings)
     err.write(f"done: {len(extractions) - report.failed} extracted, {report.failed} failed, {len(skipped)} skipped; "
               f"{report.wall_seconds:.1f} s\n")
     return report

@@ -129,23 +129,24 @@ def markdown_report(records: Sequence[dict[str, Any]], skipped: Sequence[Skipped
         if r.get("sections"):
             lines += ["Sections: " + " · ".join(r["sections"]), ""]
         lines += [f"_{_detail(r)}_", ""]
+    return "\n".join(lines + _failed_and_skipped_md(records, skipped))
+
+
+def _failed_and_skipped_md(records: Sequence[dict[str, Any]], skipped: Sequence[Skipped]) -> list[str]:
+    lines: list[str] = []
     failed = [r for r in records if r.get("error")]
     if failed:
         lines += ["## Failed", ""] + [f"- `{r['path']}`: {r['error']}" for r in failed] + [""]
     if skipped:
         lines += ["## Skipped", ""] + [f"- `{s.path}`: {s.reason}" for s in skipped] + [""]
-    return "\n".join(lines)
+    return lines
 
 
 def html_report(records: Sequence[dict[str, Any]], skipped: Sequence[Skipped], *, settings: dict[str, Any],
                 wall_seconds: float) -> str:
     """The Markdown report's content as one self-contained HTML page (every text escaped)."""
     e = html.escape
-    parts = ["<!doctype html>", '<html lang="en"><head><meta charset="utf-8"><title>Summaries</title>',
-             "<style>body{font-family:system-ui,sans-serif;max-width:50rem;margin:2rem auto;padding:0 1rem;"
-             "line-height:1.5}.meta{color:#555;font-size:.9em}.summary{white-space:pre-wrap}</style></head><body>",
-             "<h1>Summaries</h1>", f"<p>{e(_totals(records, skipped, wall_seconds))}</p>",
-             f'<p class="meta">{e(_settings_line(settings))}</p>']
+    parts = _html_head("Summaries", _totals(records, skipped, wall_seconds), settings)
     for r in records:
         if r.get("error"):
             continue
@@ -154,6 +155,20 @@ def html_report(records: Sequence[dict[str, Any]], skipped: Sequence[Skipped], *
         if r.get("sections"):
             parts.append('<p class="meta">Sections: ' + " · ".join(e(t) for t in r["sections"]) + "</p>")
         parts += [f'<p class="meta">{e(_detail(r))}</p>', "</section>"]
+    return _html_page(parts, records, skipped)
+
+
+def _html_head(title: str, totals: str, settings: dict[str, Any]) -> list[str]:
+    e = html.escape
+    return ["<!doctype html>", f'<html lang="en"><head><meta charset="utf-8"><title>{e(title)}</title>',
+            "<style>body{font-family:system-ui,sans-serif;max-width:50rem;margin:2rem auto;padding:0 1rem;"
+            "line-height:1.5}.meta{color:#555;font-size:.9em}.summary{white-space:pre-wrap}</style></head><body>",
+            f"<h1>{e(title)}</h1>", f"<p>{e(totals)}</p>", f'<p class="meta">{e(_settings_line(settings))}</p>']
+
+
+def _html_page(parts: list[str], records: Sequence[dict[str, Any]], skipped: Sequence[Skipped]) -> str:
+    """The page: `parts` (from _html_head on), then the Failed and Skipped lists."""
+    e = html.escape
     failed = [r for r in records if r.get("error")]
     for heading, items in (("Failed", [(r["path"], r["error"]) for r in failed]),
                            ("Skipped", [(s.path, s.reason) for s in skipped])):
@@ -161,6 +176,53 @@ def html_report(records: Sequence[dict[str, Any]], skipped: Sequence[Skipped], *
             parts += [f"<h2>{heading}</h2>", "<ul>"] + [f"<li><code>{e(p)}</code>: {e(w)}</li>" for p, w in items] + ["</ul>"]
     parts.append("</body></html>")
     return "\n".join(parts) + "\n"
+
+
+# rqllm extract's report: the same page with each document's object (pipeline.extract's records)
+
+def _extraction_totals(records: Sequence[dict[str, Any]], skipped: Sequence[Skipped], wall_seconds: float) -> str:
+    ok = sum(1 for r in records if not r.get("error"))
+    failed = len(records) - ok
+    chunks = sum(r.get("chunks", 1) for r in records)
+    return (f"{ok} object{'s' if ok != 1 else ''} extracted" + (f", {failed} failed" if failed else "")
+            + (f", {len(skipped)} skipped" if skipped else "")
+            + f" in {wall_seconds:.1f} s; {chunks} chunk{'s' if chunks != 1 else ''}; "
+            + f"{sum(r.get('tokens_in', 0) for r in records):,} tokens in, "
+            + f"{sum(r.get('tokens_out', 0) for r in records):,} out.")
+
+
+def _extraction_detail(r: dict[str, Any]) -> str:
+    merged = ", merged" if r["chunks"] > 1 else ""
+    return (f"{r['chunks']} chunk{'s' if r['chunks'] != 1 else ''}{merged}"
+            f" · {r['tokens_in']:,} tokens in, {r['tokens_out']:,} out")
+
+
+def _object_text(r: dict[str, Any]) -> str:
+    return json.dumps(r["data"], ensure_ascii=False, indent=2)
+
+
+def extraction_markdown(records: Sequence[dict[str, Any]], skipped: Sequence[Skipped], *,
+                        settings: dict[str, Any], wall_seconds: float) -> str:
+    """Each document's object (or, under Failed, why there is none), its chunks and tokens; the run's
+    totals and settings."""
+    lines = ["# Extractions", "", _extraction_totals(records, skipped, wall_seconds), "",
+             f"_{_settings_line(settings)}_", ""]
+    for r in records:
+        if not r.get("error"):
+            lines += [f"## {r['path']}", "", "```json", _object_text(r), "```", "", f"_{_extraction_detail(r)}_", ""]
+    return "\n".join(lines + _failed_and_skipped_md(records, skipped))
+
+
+def extraction_html(records: Sequence[dict[str, Any]], skipped: Sequence[Skipped], *,
+                    settings: dict[str, Any], wall_seconds: float) -> str:
+    """The Markdown extraction report's content as one self-contained HTML page (every text escaped)."""
+    e = html.escape
+    parts = _html_head("Extractions", _extraction_totals(records, skipped, wall_seconds), settings)
+    for r in records:
+        if not r.get("error"):
+            parts += [f"<section><h2>{e(r['path'])}</h2>", f'<pre class="summary">{e(_object_text(r))}</pre>',
+                      f'<p class="meta">{e(_extraction_detail(r))}</p>', "</section>"]
+    return _html_page(parts, records, skipped)
 
 
 @dataclass
