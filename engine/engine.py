@@ -248,7 +248,8 @@ class Engine:
                           on_decided=None if recorder is None else recorder.add)
         out: list[int] = []
         constraint = sampler.constraint
-        complete_after = None if constraint is None else (lambda n: constraint.completes(out[:n]))
+        complete_after = None if constraint is None or not params.stop else (
+            lambda n: constraint.completes(out[:n]))
         stream = _TextStream(self.tokenizer, params.stop, on_text, params.end_at_sentence, complete_after)
         finish = "length"
         decided = 0  # tokens decided, EOS included
@@ -378,18 +379,20 @@ class _TextStream:
         `sent` characters were given out; None: none has (or, under a constraint, none after a complete
         value)."""
         for stop in self.stops:
-            at = self.text.find(stop, max(0, sent - len(stop)))
-            while at >= 0 and not self._may_stop_at(at):
-                at = self.text.find(stop, at + 1)
-            if at >= 0:
+            at = self._find_stop(stop, max(0, sent - len(stop)))
+            if at is not None:
                 return at
         return None
 
-    def _may_stop_at(self, at: int) -> bool:
-        if self.complete_after is None:
-            return True
-        n = self._ends.get(at)  # a cut inside a token is never after a complete value
-        return n is not None and self.complete_after(n)
+    def _find_stop(self, stop: str, start: int) -> int | None:
+        """The first occurrence of `stop` from `start` that may end the text (see __init__)."""
+        at = self.text.find(stop, start)
+        while at >= 0 and self.complete_after is not None:
+            n = self._ends.get(at)  # a cut inside a token is never after a complete value
+            if n is not None and self.complete_after(n):
+                break
+            at = self.text.find(stop, at + 1)
+        return at if at >= 0 else None
 
     def _complete_upto(self) -> int:
         """The end of the last sentence or line known complete: an end at the very end of the text
@@ -410,7 +413,8 @@ class _TextStream:
         after its last complete sentence or line, if it has one)."""
         if self._stop_at(0) is None:
             self.text += self.decoder.flush()
-            at = self._stop_at(0)  # a stop string completed by the flush
+        for stop in self.stops:  # a stop string completed by the flush
+            at = self._find_stop(stop, 0)
             if at is not None:
                 self.text = self.text[:at]
         if length_cut and self.end_at_sentence:
