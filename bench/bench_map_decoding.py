@@ -55,7 +55,7 @@ def main(model: str, docs: tuple[str, ...], max_chunks: int, settings: tuple[str
 
     from engine.engine import Engine
     from engine.params import SamplingParams
-    from jobs.summarize_tasks import tidy_summary
+    from jobs.summary_unit import tidy_summary
     from pipeline.chunking import chunk_text
     from pipeline.summarize import DEFAULT_CHUNK_TOKENS, DEFAULT_OVERLAP_TOKENS, Templates, words_for
 

@@ -11,7 +11,9 @@ draft model's own sampling is constrained too. Guesses from prompt lookup are cu
 the grammar refuses before the model checks them (Decoder._draft).
 
 EOS is allowed only when the grammar is satisfied (llguidance masks it otherwise), so a generation
-ends with "stop" only on a complete value; one cut by max_tokens ends with "length".
+ends with "stop" only on a complete value; one cut by max_tokens ends with "length". For the same
+reason a stop string ends a constrained generation only where the text before it is a complete value
+(`completes`, asked by the engine's text stream); elsewhere it is part of the value.
 """
 from __future__ import annotations
 
@@ -104,8 +106,13 @@ class Constraint:
         self._eos_index = np.array(sorted(tok.eos_ids), dtype=np.int64)
         self.consumed: list[int] = []  # generated tokens the matcher has taken, in order
         self._bits = np.zeros((1, (n_vocab + 31) // 32), dtype=np.int32)
-        self._allowed: np.ndarray | None = None  # for the current state; None: not computed yet
-        self._allowed_ids: np.ndarray | None = None  # its nonzero ids
+        self._fresh = False  # _bits and _allowed_ids / _mask hold the current state's mask
+        self._allowed_ids: np.ndarray | None = None  # the ids the current state allows (when few)
+        self._mask: np.ndarray | None = None  # or as booleans over the logits (when many)
+        self._blocked: np.ndarray | None = None  # the ids it refuses, when fewer than half
+        # apply()'s output, reused from call to call: all -inf but at _shown (None: anywhere)
+        self._out: np.ndarray | None = None
+        self._shown: np.ndarray | None = None
 
     @classmethod
     def for_format(cls, fmt: ResponseFormat | None, tok: Tokenizer, n_vocab: int) -> Constraint | None:
@@ -116,46 +123,92 @@ class Constraint:
         """Bring the matcher to the state after `generated` (rolling back what it took beyond their
         common prefix, consuming the rest)."""
         n = len(self.consumed)
-        if len(generated) >= n and list(generated[:n]) == self.consumed:
+        if len(generated) >= n and generated[:n] == self.consumed:  # the usual case: one token more
             common = n
-        else:
+        else:  # a rejected guess, or `generated` is not a list
             common = 0
             while common < min(n, len(generated)) and self.consumed[common] == generated[common]:
                 common += 1
         if common < n:
             self.matcher.rollback(n - common)
             del self.consumed[common:]
-            self._allowed = self._allowed_ids = None
+            self._fresh = False
         for t in generated[common:]:
-            if int(t) in self.eos_ids:
+            t = int(t)
+            if t in self.eos_ids:
                 break  # generation ends at EOS: nothing follows it to match
-            self.matcher.consume_token(int(t))
-            self.consumed.append(int(t))
-            self._allowed = self._allowed_ids = None
+            self.matcher.consume_token(t)
+            self.consumed.append(t)
+            self._fresh = False
+
+    def _compute(self) -> None:
+        """The current state's mask: its ids (_allowed_ids) when few, else booleans (_mask) and the
+        refused ids (_blocked) when fewer than half. A matcher in an error state (masked sampling
+        cannot reach one) allows EOS only, as does an empty mask."""
+        if self.matcher.is_error():
+            log.warning("constrained decoding: matcher error (%s); ending the text", self.matcher.get_error())
+            self._bits[:] = 0
+        else:
+            self.matcher.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
+        words = np.flatnonzero(self._bits[0])
+        self._blocked = None
+        if len(words) > len(self._bits[0]) // 8:  # many tokens allowed (inside a string): a boolean mask
+            self._mask = np.unpackbits(self._bits.view(np.uint8), bitorder="little")[:self.n_vocab].view(bool)
+            blocked = np.flatnonzero(~self._mask)
+            if len(blocked) < self.n_vocab // 2:
+                self._blocked, self._allowed_ids = blocked, None
+            else:
+                self._allowed_ids = np.flatnonzero(self._mask)
+        else:  # a few: unpack only the 32-bit words that have any
+            rows, cols = np.nonzero(np.unpackbits(self._bits[0, words].view(np.uint8), bitorder="little")
+                                    .reshape(len(words), 32))
+            ids = words[rows] * 32 + cols
+            if len(ids) == 0:
+                ids = self._eos_index
+            elif ids[-1] >= self.n_vocab:  # (the last word's padding bits: never set by llguidance)
+                ids = ids[ids < self.n_vocab]
+            self._allowed_ids = ids
+            self._mask = None
+        self._fresh = True
 
     def allowed(self) -> np.ndarray:
-        """Boolean mask over the logits: the tokens the grammar allows next (EOS when it is satisfied).
-        A matcher in an error state (it cannot be reached by masked sampling) allows EOS only."""
-        if self._allowed is None:
-            if self.matcher.is_error():
-                log.warning("constrained decoding: matcher error (%s); ending the text", self.matcher.get_error())
-                allowed = np.zeros(self.n_vocab, dtype=bool)
-            else:
-                self.matcher.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
-                allowed = np.unpackbits(self._bits.view(np.uint8), bitorder="little")[:self.n_vocab].astype(bool)
-            if not allowed.any():
-                allowed[self._eos_index] = True
-            self._allowed = allowed
-        return self._allowed
+        """Boolean mask over the logits: the tokens the grammar allows next (EOS when it is satisfied)."""
+        if not self._fresh:
+            self._compute()
+        if self._mask is not None:
+            return self._mask
+        mask = np.zeros(self.n_vocab, dtype=bool)
+        mask[self._allowed_ids] = True
+        return mask
 
     def apply(self, logits: np.ndarray, generated: Sequence[int]) -> np.ndarray:
-        """A copy of logits with the tokens not allowed after `generated` at -inf."""
+        """logits with the tokens not allowed after `generated` at -inf. The array is the Constraint's
+        own and the next call overwrites it: callers use it at once (argmax, a distribution)."""
         self.sync(generated)
-        if self._allowed_ids is None:
-            self._allowed_ids = np.flatnonzero(self.allowed())
-        out = np.full_like(logits, -np.inf)
-        out[self._allowed_ids] = logits[self._allowed_ids]  # few ids in most states: cheaper than masking all
+        if not self._fresh:
+            self._compute()
+        out = self._out
+        if out is None or out.shape != logits.shape or out.dtype != logits.dtype:
+            out = self._out = np.full_like(logits, -np.inf)
+            self._shown = None
+        ids = self._allowed_ids
+        if ids is None:  # most allowed (inside a string): copy all, then refuse the few
+            np.copyto(out, logits)
+            out[self._blocked] = -np.inf
+            self._shown = None
+        else:  # few: undo the last call's ids, copy these (no pass over the whole vocabulary)
+            if self._shown is None:
+                out.fill(-np.inf)
+            else:
+                out[self._shown] = -np.inf
+            out[ids] = logits[ids]
+            self._shown = ids
         return out
+
+    def completes(self, generated: Sequence[int]) -> bool:
+        """Whether `generated` is a complete value (the grammar accepts it as it is)."""
+        self.sync(generated)
+        return self.matcher.is_accepting()
 
     def valid_prefix(self, generated: Sequence[int], guesses: Sequence[int]) -> int:
         """How many leading guesses (after `generated`) the grammar allows; an EOS guess ends them."""

@@ -246,8 +246,11 @@ class Engine:
         recorder = None if params.logprobs is None else LogprobRecorder(self.tokenizer, params.logprobs)
         decoder = Decoder(self.model, sampler, list(ids), logits, proposer, policy,
                           on_decided=None if recorder is None else recorder.add)
-        stream = _TextStream(self.tokenizer, params.stop, on_text, params.end_at_sentence)
         out: list[int] = []
+        constraint = sampler.constraint
+        complete_after = None if constraint is None or not params.stop else (
+            lambda n: constraint.completes(out[:n]))
+        stream = _TextStream(self.tokenizer, params.stop, on_text, params.end_at_sentence, complete_after)
         finish = "length"
         decided = 0  # tokens decided, EOS included
         try:
@@ -340,9 +343,15 @@ class _TextStream:
     with end_at_sentence, what follows the last complete sentence (max_tokens may cut it off)."""
 
     def __init__(self, tokenizer: Tokenizer, stops: list[str], on_text: Callable[[str], None] | None,
-                 end_at_sentence: bool = False):
+                 end_at_sentence: bool = False, complete_after: Callable[[int], bool] | None = None):
+        """complete_after(n): whether the first n tokens are a complete value (under a constraint; None:
+        no constraint). A stop string then ends the text only where it starts right after such a
+        prefix; anywhere else (inside a JSON string, say) it belongs to the value."""
         self.decoder = tokenizer.stream_decoder()
         self.stops = stops
+        self.complete_after = complete_after
+        self._ends: dict[int, int] = {}  # under a constraint: len(text) -> the fewest tokens that give it
+        self._pushed = 0
         self.hold = max((len(s) for s in stops), default=1) - 1
         self.on_text = on_text
         self.end_at_sentence = end_at_sentence
@@ -354,14 +363,36 @@ class _TextStream:
     def push(self, token: int) -> bool:
         """Add a token; True when a stop string has appeared."""
         self.text += self.decoder.push(token)
-        for stop in self.stops:
-            at = self.text.find(stop, max(0, self.sent - len(stop)))
-            if at >= 0:
-                self.text = self.text[:at]
-                return True
+        self._pushed += 1
+        if self.complete_after is not None:
+            self._ends.setdefault(len(self.text), self._pushed)
+        at = self._stop_at(self.sent)
+        if at is not None:
+            self.text = self.text[:at]
+            return True
         upto = len(self.text) - self.hold
         self._emit(min(upto, self._complete_upto()) if self.end_at_sentence else upto)
         return False
+
+    def _stop_at(self, sent: int) -> int | None:
+        """Where the text is cut for the first stop string (in the order given) that has appeared since
+        `sent` characters were given out; None: none has (or, under a constraint, none after a complete
+        value)."""
+        for stop in self.stops:
+            at = self._find_stop(stop, max(0, sent - len(stop)))
+            if at is not None:
+                return at
+        return None
+
+    def _find_stop(self, stop: str, start: int) -> int | None:
+        """The first occurrence of `stop` from `start` that may end the text (see __init__)."""
+        at = self.text.find(stop, start)
+        while at >= 0 and self.complete_after is not None:
+            n = self._ends.get(at)  # a cut inside a token is never after a complete value
+            if n is not None and self.complete_after(n):
+                break
+            at = self.text.find(stop, at + 1)
+        return at if at >= 0 else None
 
     def _complete_upto(self) -> int:
         """The end of the last sentence or line known complete: an end at the very end of the text
@@ -380,11 +411,11 @@ class _TextStream:
     def finish(self, length_cut: bool = False) -> str:
         """The whole text; length_cut: max_tokens ended it (then, with end_at_sentence, the text ends
         after its last complete sentence or line, if it has one)."""
-        if not any(s in self.text for s in self.stops):
+        if self._stop_at(0) is None:
             self.text += self.decoder.flush()
         for stop in self.stops:  # a stop string completed by the flush
-            at = self.text.find(stop)
-            if at >= 0:
+            at = self._find_stop(stop, 0)
+            if at is not None:
                 self.text = self.text[:at]
         if length_cut and self.end_at_sentence:
             self.text = trim_to_complete(self.text)

@@ -33,8 +33,12 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from engine.cpus import SplitChoice, choose_split, choose_threads
+
+if TYPE_CHECKING:
+    from engine.model_info import ModelInfo
 from pipeline.embedded_redis import (  # noqa: F401  (re-exported: the embedded server lives there)
     DISABLED_COMMANDS,
     EmbeddedError,
@@ -197,11 +201,13 @@ def kill_workers(workers: list[WorkerProcess]) -> None:
 
 
 def choose_embedded_split(model: str, jobs: int, *, workers: int | None, threads: int | None,
-                          kv_budget: str | None, repack: bool = True) -> SplitChoice:
-    """engine.cpus.choose_split for `jobs` jobs of `model`, bounded by the workers memory holds."""
+                          kv_budget: str | None, repack: bool = True, info: ModelInfo | None = None) -> SplitChoice:
+    """engine.cpus.choose_split for `jobs` jobs of `model`, bounded by the workers memory holds.
+    info: the run's ModelInfo of `model`, when it has one (its header is not read again)."""
     from pipeline.memory_guard import workers_that_fit
 
-    fit = None if workers is not None else workers_that_fit(model, kv_budget, repack=None if repack else False)
+    fit = None if workers is not None else workers_that_fit(info or model, kv_budget,
+                                                            repack=None if repack else False)
     return choose_split(max(1, jobs), workers=workers, threads=threads, max_workers=fit)
 
 

@@ -27,13 +27,14 @@ from pipeline.client import TASK_GENERATE, Client
 from pipeline.defaults import RUN_RESULT_TTL, RUN_STREAM_TTL
 from pipeline.enqueue import TaskCall
 from pipeline.extract_merge import chunk_messages, join_arrays, reduce_messages
-from pipeline.summarize.documents import DEFAULT_MAX_BYTES, collect_documents
+from pipeline.summarize.documents import DEFAULT_MAX_BYTES, Skipped, collect_documents
 from pipeline.summarize.errors import SummarizeError
 from pipeline.summarize.plan import PromptMeter, kv_capacity, worker_kv_budget
-from pipeline.summarize.report import Progress
-from pipeline.summarize.run import check_model, check_model_file, remote_plan
+from pipeline.summarize.report import Progress, extraction_html, extraction_markdown
+from pipeline.summarize.run import check_model, open_model, remote_plan
 
 DEFAULT_MAX_TOKENS = 512
+FORMATS = ("jsonl", "csv", "md", "html")  # md, html: a report at the end (pipeline.summarize.report)
 SYSTEM = ("You extract information from documents. Answer with one JSON object that follows this JSON schema; "
           "use only facts stated in the document.\nSchema: {schema}")
 
@@ -108,7 +109,7 @@ def submit(client: Client, batch_id: str, jobs: Sequence[GenerationJob]) -> None
 @dataclass
 class ExtractReport:
     extractions: list[Extraction] = field(default_factory=list)
-    skipped: int = 0
+    skipped: list[Skipped] = field(default_factory=list)
     wall_seconds: float = 0.0
 
     @property
@@ -153,15 +154,34 @@ def write_csv(out: IO[str], extractions: Sequence[Extraction], schema: dict[str,
         writer.writerow([e.path, *cells, e.error or ""])
 
 
+def write_output(out: IO[str], fmt: str, report: ExtractReport, schema: dict[str, Any],
+                 settings: dict[str, Any]) -> None:
+    """The run's output in `fmt` (FORMATS): JSONL or CSV rows, or the Markdown or HTML report."""
+    if fmt == "csv":
+        write_csv(out, report.extractions, schema)
+    elif fmt in ("md", "html"):
+        render = extraction_markdown if fmt == "md" else extraction_html
+        out.write(render([e.record() for e in report.extractions], report.skipped, settings=settings,
+                         wall_seconds=report.wall_seconds))
+    else:
+        write_jsonl(out, report.extractions)
+
+
 def extract(paths: Sequence[str], *, schema: dict[str, Any], output: IO[str], fmt: str = "jsonl",
             instructions: str | None = None, model: str = DEFAULT_MODEL, workers: int | None = None,
             threads: int | None = None, kv_budget: str | None = None, max_tokens: int = DEFAULT_MAX_TOKENS,
             max_bytes: int = DEFAULT_MAX_BYTES, redis_url: str | None = None, repack: bool = True,
-            err: IO[str] | None = None) -> ExtractReport:
-    """Extract an object valid for `schema` from every readable document under `paths` (see the module)."""
+            err: IO[str] | None = None, schema_name: str = "schema") -> ExtractReport:
+    """Extract an object valid for `schema` from every readable document under `paths` (see the module).
+    fmt: one of FORMATS; schema_name: how the report's settings name the schema (its file)."""
     import sys
 
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown format {fmt!r}")
     err = err if err is not None else sys.stderr
+    settings = {"model": model, "schema": schema_name, "max tokens": max_tokens}
+    if instructions:
+        settings["instructions"] = instructions
     t0 = time.monotonic()
     fmt_request = {"type": "json_schema", "json_schema": {"name": "extraction", "schema": schema, "strict": True}}
     try:
@@ -172,86 +192,89 @@ def extract(paths: Sequence[str], *, schema: dict[str, Any], output: IO[str], fm
     url = redis_url if redis_url is not None else redis_url_from_env()
     remote = reachable(url) if url else None
     check_model(model, Client(connection=remote) if remote is not None else None)
-    if remote is None:
-        check_model_file(model, None)
-    docs, skipped = collect_documents(paths, max_bytes=max_bytes)
-    for s in skipped:
-        err.write(f"skipped {s.path}: {s.reason}\n")
-    report = ExtractReport(skipped=len(skipped))
-    if not docs:
-        err.write("nothing to extract from\n")
+    info = open_model(model) if remote is None else None  # read once: planner, memory guard, split
+    try:
+        docs, skipped = collect_documents(paths, max_bytes=max_bytes)
+        for s in skipped:
+            err.write(f"skipped {s.path}: {s.reason}\n")
+        report = ExtractReport(skipped=skipped)
+        if not docs:
+            err.write("nothing to extract from\n")
+            report.wall_seconds = time.monotonic() - t0
+            if fmt in ("md", "html"):
+                write_output(output, fmt, report, schema, settings)
+            return report
+        budget_text = kv_budget or DEFAULT_KV_BUDGET
+        if remote is not None:
+            capacity, meter = remote_plan(Client(connection=remote), model, kv_budget, err)
+        else:
+            capacity, meter = kv_capacity(info, budget_text), PromptMeter.for_model(info)
+        run_id = uuid.uuid4().hex[:12]
+        prompt_limit = capacity - max_tokens
+        runs: list[DocRun] = []
+        for d in docs:
+            prompts = chunk_messages(d.text, d.path, schema, instructions, meter, prompt_limit)
+            runs.append(DocRun(Extraction(d.path, chunks=len(prompts)), [
+                GenerationJob(model=model, messages=m, params=params, metadata={"extract": d.path, "chunk": i},
+                              custom_id=d.path if len(prompts) == 1 else f"{d.path}#part{i + 1}")
+                for i, m in enumerate(prompts)]))
+        chunks = sum(len(r.maps) for r in runs)
+        err.write(f"extracting from {len(docs)} document{'s' if len(docs) != 1 else ''} ({chunks} chunks) with "
+                  f"{model}\n")
+
+        def run(connection: Any, health: Callable[[], None] | None) -> None:
+            client = Client(connection=connection, result_ttl=RUN_RESULT_TTL, stream_ttl=RUN_STREAM_TTL)
+            batch_id = client.open_batch(f"extract_{run_id}", metadata={"extract": len(docs)})
+            submit(client, batch_id, [j for r in runs for j in r.maps])
+            progress = Progress(len(runs), chunks, stream=err)
+            maps_done = [0] * len(runs)
+            finished = failed = 0
+            try:
+                while finished < len(runs):
+                    waiting = [(i, r) for i, r in enumerate(runs) if not r.done]
+                    found = client.results_for(sorted({j for _, r in waiting for j in r.waiting_for()}))
+                    for i, r in waiting:
+                        if r.reduce is None:
+                            maps_done[i] = sum(j.id in found for j in r.maps)
+                        if r.advance(found, schema):
+                            messages = reduce_messages(r.extraction.path, schema, instructions, r.parts, meter,
+                                                       prompt_limit)
+                            r.reduce = GenerationJob(model=model, messages=messages, params=params,
+                                                     custom_id=f"{r.extraction.path}#merge",
+                                                     metadata={"extract": r.extraction.path, "merge": len(r.parts)})
+                            submit(client, batch_id, [r.reduce])
+                        if r.done:
+                            finished += 1
+                            if r.extraction.error is not None:
+                                failed += 1
+                                progress.message(f"failed {r.extraction.path}: {r.extraction.error}")
+                    progress.update(finished, sum(maps_done), failed)
+                    if finished < len(runs):
+                        if health is not None:
+                            health()
+                        time.sleep(0.3)
+            finally:
+                progress.close()
+
+        if remote is not None:
+            run(remote, None)
+        else:
+            from pipeline.embedded import choose_embedded_split, embedded_cluster
+
+            worker_budget = worker_kv_budget(info, budget_text)
+            split = choose_embedded_split(model, chunks, workers=workers, threads=threads, kv_budget=worker_budget,
+                                          repack=repack, info=info)
+            with embedded_cluster(model, workers=split.workers, threads=split.threads, kv_budget=worker_budget,
+                                  repack=repack, split_reason=split.reason) as cluster:
+                err.write(f"embedded: {cluster.split}\n")
+                run(connect(cluster.redis_url), cluster.check)
+        extractions = [r.extraction for r in runs]
+        report.extractions = extractions
+        report.wall_seconds = time.monotonic() - t0
+        write_output(output, fmt, report, schema, settings)
+        err.write(f"done: {len(extractions) - report.failed} extracted, {report.failed} failed, "
+                  f"{len(skipped)} skipped; {report.wall_seconds:.1f} s\n")
         return report
-    budget_text = kv_budget or DEFAULT_KV_BUDGET
-    if remote is not None:
-        capacity, meter = remote_plan(Client(connection=remote), model, kv_budget, err)
-    else:
-        capacity, meter = kv_capacity(model, budget_text), PromptMeter.for_model(model)
-    run_id = uuid.uuid4().hex[:12]
-    prompt_limit = capacity - max_tokens
-    runs: list[DocRun] = []
-    for d in docs:
-        prompts = chunk_messages(d.text, d.path, schema, instructions, meter, prompt_limit)
-        runs.append(DocRun(Extraction(d.path, chunks=len(prompts)), [
-            GenerationJob(model=model, messages=m, params=params, metadata={"extract": d.path, "chunk": i},
-                          custom_id=d.path if len(prompts) == 1 else f"{d.path}#part{i + 1}")
-            for i, m in enumerate(prompts)]))
-    chunks = sum(len(r.maps) for r in runs)
-    err.write(f"extracting from {len(docs)} document{'s' if len(docs) != 1 else ''} ({chunks} chunks) with "
-              f"{model}\n")
-
-    def run(connection: Any, health: Callable[[], None] | None) -> None:
-        client = Client(connection=connection, result_ttl=RUN_RESULT_TTL, stream_ttl=RUN_STREAM_TTL)
-        batch_id = client.open_batch(f"extract_{run_id}", metadata={"extract": len(docs)})
-        submit(client, batch_id, [j for r in runs for j in r.maps])
-        progress = Progress(len(runs), chunks, stream=err)
-        maps_done = [0] * len(runs)
-        finished = failed = 0
-        try:
-            while finished < len(runs):
-                waiting = [(i, r) for i, r in enumerate(runs) if not r.done]
-                found = client.results_for(sorted({j for _, r in waiting for j in r.waiting_for()}))
-                for i, r in waiting:
-                    if r.reduce is None:
-                        maps_done[i] = sum(j.id in found for j in r.maps)
-                    if r.advance(found, schema):
-                        messages = reduce_messages(r.extraction.path, schema, instructions, r.parts, meter,
-                                                   prompt_limit)
-                        r.reduce = GenerationJob(model=model, messages=messages, params=params,
-                                                 custom_id=f"{r.extraction.path}#merge",
-                                                 metadata={"extract": r.extraction.path, "merge": len(r.parts)})
-                        submit(client, batch_id, [r.reduce])
-                    if r.done:
-                        finished += 1
-                        if r.extraction.error is not None:
-                            failed += 1
-                            progress.message(f"failed {r.extraction.path}: {r.extraction.error}")
-                progress.update(finished, sum(maps_done), failed)
-                if finished < len(runs):
-                    if health is not None:
-                        health()
-                    time.sleep(0.3)
-        finally:
-            progress.close()
-
-    if remote is not None:
-        run(remote, None)
-    else:
-        from pipeline.embedded import choose_embedded_split, embedded_cluster
-
-        worker_budget = worker_kv_budget(model, budget_text)
-        split = choose_embedded_split(model, chunks, workers=workers, threads=threads, kv_budget=worker_budget,
-                                      repack=repack)
-        with embedded_cluster(model, workers=split.workers, threads=split.threads, kv_budget=worker_budget,
-                              repack=repack, split_reason=split.reason) as cluster:
-            err.write(f"embedded: {cluster.split}\n")
-            run(connect(cluster.redis_url), cluster.check)
-    extractions = [r.extraction for r in runs]
-    if fmt == "csv":
-        write_csv(output, extractions, schema)
-    else:
-        write_jsonl(output, extractions)
-    report.extractions = extractions
-    report.wall_seconds = time.monotonic() - t0
-    err.write(f"done: {len(extractions) - report.failed} extracted, {report.failed} failed, {len(skipped)} skipped; "
-              f"{report.wall_seconds:.1f} s\n")
-    return report
+    finally:
+        if info is not None:
+            info.close()

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from jobs.summary_unit import ReduceSpec
 from pipeline.chunking import ChunkingError, chunk_text
 from pipeline.summarize.errors import SummarizeError
 from pipeline.summarize.plan import PromptMeter
@@ -43,19 +44,25 @@ def chunk_messages(text: str, path: str, schema: dict[str, Any], instructions: s
             for c in chunks]
 
 
-def reduce_messages(path: str, schema: dict[str, Any], instructions: str | None, parts: list[dict[str, Any]],
-                    meter: PromptMeter, prompt_limit: int) -> list[dict]:
-    """The merge prompt for the chunk objects; the last ones are left out if they do not all fit."""
+def reduce_spec(model: str, path: str, schema: dict[str, Any], instructions: str | None) -> ReduceSpec:
+    """The merge prompt, as summarisation's reduce prompt is built (jobs.summary_unit): the chunk objects
+    are its parts, one JSON object a line."""
     system = REDUCE_SYSTEM.format(schema=json.dumps(schema, ensure_ascii=False))
     if instructions:
         system += "\n" + instructions
-    for n in range(len(parts), 0, -1):
-        listing = "\n".join(f"Part {i + 1}: {json.dumps(p, ensure_ascii=False)}" for i, p in enumerate(parts[:n]))
-        messages = [{"role": "system", "content": system},
-                    {"role": "user", "content": f"Partial extractions from document {path}:\n{listing}"}]
-        if meter.count(messages) <= prompt_limit:
-            return messages
-    raise SummarizeError(f"{path}: one chunk's extraction alone does not fit a merge prompt; raise --kv-budget")
+    return ReduceSpec(model=model, system=system, user=f"Partial extractions from document {path}:\n{{text}}",
+                      part="Part {n}: {summary}", separator="\n", words=0)
+
+
+def reduce_messages(path: str, schema: dict[str, Any], instructions: str | None, parts: list[dict[str, Any]],
+                    meter: PromptMeter, prompt_limit: int) -> list[dict]:
+    """The merge prompt for the chunk objects; the last ones are left out if they do not all fit."""
+    spec = reduce_spec("", path, schema, instructions)
+    objects = [json.dumps(p, ensure_ascii=False) for p in parts]
+    n = spec.leading_that_fit(objects, meter.count, prompt_limit)
+    if n == 0:
+        raise SummarizeError(f"{path}: one chunk's extraction alone does not fit a merge prompt; raise --kv-budget")
+    return spec.messages(objects[:n])
 
 
 def join_arrays(merged: dict[str, Any], parts: list[dict[str, Any]], schema: dict[str, Any]) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 import psutil
@@ -29,6 +30,9 @@ import psutil
 from engine.cgroups import own_cgroups
 from engine.kv_cache import format_bytes
 from engine.defaults import DEFAULT_KV_BUDGET
+
+if TYPE_CHECKING:
+    from engine.model_info import ModelInfo
 
 ENV_SKIP = "RQLLM_NO_MEMORY_CHECK"
 _NO_LIMIT = 1 << 60  # cgroup v1 reports "unlimited" as a huge page-aligned number
@@ -117,35 +121,45 @@ def memory_limit() -> tuple[int, str]:
     return limit, source
 
 
-def plan(model: str, kv_budget: str | int | None, repack: bool | None = None,
-         max_context: int | None = None) -> MemoryPlan:
-    """Read the model's header and work out what the worker will need; MemoryGuardError when the file
-    or the budget cannot be used. repack as for Model.load (None: the default decision); max_context
-    caps the KV cache's tokens (a draft model's: the target's)."""
-    from engine import registry, repack as repack_cache
-    from engine.gguf_file import GGUFError, GGUFFile
-    from engine.model import Config, ModelError, Weights, kv_plan
+def open_model_info(model: str) -> ModelInfo:
+    """The model's ModelInfo (its header parsed); MemoryGuardError when there is no such model or its
+    file is no GGUF we can read (what the worker's start-up check would say)."""
+    from engine import registry
+    from engine.gguf_file import GGUFError
+    from engine.model_info import ModelInfo
 
     try:
         path = registry.resolve(model)
     except registry.ModelError as e:
         raise MemoryGuardError(str(e)) from None
     try:
-        with GGUFFile(path, index_cache=True) as gguf:  # the engine opens it next: keep its string index
-            cfg = Config.from_gguf(gguf)
-            size = gguf.size
+        return ModelInfo(path)
+    except GGUFError as e:
+        raise MemoryGuardError(f"cannot use the model: {e}") from None
+
+
+def plan(model: str | ModelInfo, kv_budget: str | int | None, repack: bool | None = None,
+         max_context: int | None = None) -> MemoryPlan:
+    """Read the model's header and work out what the worker will need; MemoryGuardError when the file
+    or the budget cannot be used. model: a name or path, or a run's ModelInfo (read, not closed).
+    repack as for Model.load (None: the default decision); max_context caps the KV cache's tokens (a
+    draft model's: the target's)."""
+    from engine.gguf_file import GGUFError
+    from engine.model import ModelError, kv_plan
+    from engine.model_info import ModelInfo
+
+    info = model if isinstance(model, ModelInfo) else None
+    opened = info if info is not None else open_model_info(model)
+    path = opened.path
+    try:
+        try:
+            cfg = opened.config
             # Every tensor the model needs is there with the shape and type its metadata implies (the
-            # checks Model.load makes; only the tensor table is read), on the header parsed once;
-            # reported by check_worker_start after the memory comparison.
-            replaced = repacked = 0
-            try:
-                weights = Weights(gguf, cfg)
-                tensor_error = None
-                if repack_cache.decide(repack).enabled:
-                    replaced, repacked = repack_cache.resident_change(gguf, weights.matmul_names(),
-                                                                      still_read=("token_embd.weight",))
-            except ModelError as e:
-                tensor_error = str(e)
+            # checks Model.load makes); reported by check_worker_start after the memory comparison.
+            weights = opened.footprint(repack)
+        finally:
+            if info is None:
+                opened.close()
     except (GGUFError, ModelError) as e:
         raise MemoryGuardError(f"cannot use the model: {e}") from None
     try:
@@ -153,14 +167,14 @@ def plan(model: str, kv_budget: str | int | None, repack: bool | None = None,
     except ValueError as e:
         raise MemoryGuardError(f"--kv-budget: {e}") from None
     limit, source = memory_limit()
-    return MemoryPlan(Path(path), size, kv.budget_bytes, kv.kv_bytes, kv.tokens, kv.max_tokens, limit, source,
-                      tensor_error, replaced, repacked)
+    return MemoryPlan(Path(path), weights.model_bytes, kv.budget_bytes, kv.kv_bytes, kv.tokens, kv.max_tokens, limit,
+                      source, weights.tensor_error, weights.replaced_bytes, weights.repacked_bytes)
 
 
 WORKER_OVERHEAD_BYTES = 150 * 2**20  # a worker's own memory besides its KV cache (bench_memory --pss: ~90 MB)
 
 
-def workers_that_fit(model: str, kv_budget: str | int | None, repack: bool | None = None) -> int | None:
+def workers_that_fit(model: str | ModelInfo, kv_budget: str | int | None, repack: bool | None = None) -> int | None:
     """How many workers of `model` this machine's memory holds (the weights once, in the page cache;
     each worker its KV cache and own memory), or None when that cannot be worked out."""
     try:
@@ -171,7 +185,7 @@ def workers_that_fit(model: str, kv_budget: str | int | None, repack: bool | Non
     return max(1, (p.limit_bytes - p.weight_bytes) // per_worker)
 
 
-def check_worker_start(model: str, kv_budget: str | int | None, *, memory_check: bool = True,
+def check_worker_start(model: str | ModelInfo, kv_budget: str | int | None, *, memory_check: bool = True,
                        repack: bool | None = None, draft: str | None = None) -> MemoryPlan:
     """The start-up check; raises MemoryGuardError naming every number when the worker would not fit.
     draft: a draft model (--draft) loaded too, with a KV cache of as many tokens as the model's; its

@@ -5,9 +5,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from jobs.schemas import InvalidJob, model_key
 from pipeline.client import Client
+
+if TYPE_CHECKING:
+    from engine.model_info import ModelInfo
 
 
 def served_model_keys(client: Client) -> set[str]:
@@ -63,12 +67,13 @@ class ModelCheck:
                 + (" nor an existing .gguf file" if self.files else ""))
 
 
-def model_file_problem(model: str, kv_budget: str | int | None = None) -> str | None:
+def model_file_problem(model: str | ModelInfo, kv_budget: str | int | None = None) -> str | None:
     """What a worker's start-up check (pipeline.memory_guard.check_worker_start) would refuse in `model`'s
     file, without the memory comparison: a file that is no GGUF, an unknown architecture, missing or
     mis-shaped tensors, a bad KV budget. None when a worker would load it. A producer that starts
     workers (embedded mode) asks first, so the user gets this one line instead of the workers' exits.
-    A known model not yet cached is fetched (the workers need it anyway)."""
+    A known model not yet cached is fetched (the workers need it anyway). model: a name or path, or
+    a run's ModelInfo."""
     from pipeline.memory_guard import MemoryGuardError, check_worker_start
 
     try:

@@ -13,7 +13,8 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from pipeline.extract import Extraction, extract, write_csv
+from pipeline.extract import Extraction, extract, write_csv, write_output
+from pipeline.summarize.documents import Skipped
 from pipeline.extract_merge import chunk_messages, join_arrays
 from pipeline.summarize import PromptMeter, SummarizeError
 from tests.model_available import needs_model
@@ -48,6 +49,12 @@ def test_one_valid_object_per_example_document_and_csv(tmp_path: Path):
     assert any(r["chunks"] > 1 for r in records)  # a document over the budget went through map and merge
     assert "done:" in err.getvalue()
 
+    md = io.StringIO()
+    write_output(md, "md", report, SCHEMA, {"model": M})
+    for e in report.extractions:  # every document, with its object or under Failed with the reason
+        assert (f"## {e.path}\n\n```json\n{json.dumps(e.data, ensure_ascii=False, indent=2)}\n```" in md.getvalue()
+                if e.data is not None else f"- `{e.path}`: {e.error}" in md.getvalue())
+
     table = io.StringIO()
     write_csv(table, report.extractions, SCHEMA)
     rows = list(csv.reader(io.StringIO(table.getvalue())))
@@ -67,6 +74,74 @@ def test_csv_columns_and_failures():
     assert rows == [["path", "title", "topics", "kind", "extra", "error"],
                     ["a.txt", "T", "", "", '{"x": 1}', ""],
                     ["b.txt", "", "", "", "", "max_tokens ended the object"]]
+
+
+def _report_extractions() -> list[Extraction]:
+    return [Extraction("docs/a<1>.md", data={"title": "Alpha & co", "topics": ["x"]}, finish_reason="stop",
+                       chunks=3, tokens_in=1200, tokens_out=40),
+            Extraction("b.txt", error="max_tokens ended the object before it was complete", finish_reason="length",
+                       tokens_in=300, tokens_out=150)]
+
+
+def test_extraction_report_in_markdown():
+    from pipeline.extract import ExtractReport
+
+    report = ExtractReport(_report_extractions(), [Skipped("c.bin", "binary (contains NUL bytes)")], 2.5)
+    out = io.StringIO()
+    write_output(out, "md", report, SCHEMA, {"model": M, "schema": "s.json"})
+    md = out.getvalue()
+    assert md.startswith("# Extractions\n\n1 object extracted, 1 failed, 1 skipped in 2.5 s; 4 chunks; "
+                         "1,500 tokens in, 190 out.\n\n_model: smollm2-135m · schema: s.json_\n")
+    assert ('## docs/a<1>.md\n\n```json\n{\n  "title": "Alpha & co",\n  "topics": [\n    "x"\n  ]\n}\n```\n\n'
+            "_3 chunks, merged · 1,200 tokens in, 40 out_") in md
+    assert "## Failed\n\n- `b.txt`: max_tokens ended the object before it was complete\n" in md
+    assert "## Skipped\n\n- `c.bin`: binary (contains NUL bytes)\n" in md
+    assert "## b.txt" not in md
+
+
+def test_extraction_report_in_html_escapes_every_text():
+    from html.parser import HTMLParser
+
+    from pipeline.extract import ExtractReport
+
+    report = ExtractReport(_report_extractions(), [Skipped("<c>.bin", "binary")], 2.5)
+    out = io.StringIO()
+    write_output(out, "html", report, SCHEMA, {"model": M, "schema": "<s>.json"})
+    page = out.getvalue()
+    assert "<title>Extractions</title>" in page and "<h2>docs/a&lt;1&gt;.md</h2>" in page
+    assert "&quot;title&quot;: &quot;Alpha &amp; co&quot;" in page
+    assert "schema: &lt;s&gt;.json" in page and "<code>&lt;c&gt;.bin</code>: binary" in page
+    assert "<li><code>b.txt</code>: max_tokens ended the object before it was complete</li>" in page
+
+    class Tags(HTMLParser):  # every element the page opens is closed: no text became markup
+        def __init__(self):
+            super().__init__()
+            self.open: list[str] = []
+
+        def handle_starttag(self, tag, attrs):
+            if tag not in ("meta",):
+                self.open.append(tag)
+
+        def handle_endtag(self, tag):
+            assert self.open.pop() == tag
+
+    parser = Tags()
+    parser.feed(page)
+    assert parser.open == []
+
+
+def test_extract_command_writes_a_report_for_an_md_output(tmp_path: Path):
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs" / "empty.txt").write_text("  \n")
+    schema = tmp_path / "s.json"
+    schema.write_text(json.dumps(SCHEMA))
+    p = subprocess.run([sys.executable, "-c", "from pipeline.cli import main; main()", "extract",
+                        str(tmp_path / "docs"), "--schema", str(schema), "-m", M, "-o", str(tmp_path / "out.md")],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 1, p.stderr  # nothing extracted
+    md = (tmp_path / "out.md").read_text()
+    assert md.startswith("# Extractions\n\n0 objects extracted, 1 skipped in ")
+    assert f"`{tmp_path / 'docs' / 'empty.txt'}`: empty" in md and "schema: s.json" in md
 
 
 def test_long_document_is_chunked_to_fit():

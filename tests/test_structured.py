@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 
+import numpy as np
 import pytest
 from pydantic import ValidationError
 
@@ -85,8 +86,34 @@ def test_logprobs_and_stop_strings_with_a_schema(eng: Engine):
     gen = eng.generate(messages=messages("enum"), params=params)
     assert gen.logprobs is not None and len(gen.logprobs) == len(gen.ids)
     assert "".join(e.token for e in gen.logprobs) == gen.text
-    stopped = eng.generate(messages=messages("enum"), params=params.model_copy(update={"stop": ['"severity"']}))
-    assert stopped.finish_reason == "stop" and '"severity"' not in stopped.text
+
+
+@pytest.mark.parametrize("speculative", ["off", "prompt_lookup"])
+def test_stop_strings_do_not_cut_a_constrained_value(eng: Engine, speculative: str):
+    """Stop strings that occur inside the JSON (a key, a quote, the separator) are part of the value: the
+    output still validates and ends with "stop", the same tokens as without stop strings."""
+    fmt = response_format("enum")
+    plain = eng.generate(messages=messages("enum"), params=SamplingParams(max_tokens=60, response_format=fmt))
+    assert plain.finish_reason == "stop" and '"severity"' in plain.text
+    stopped = eng.generate(messages=messages("enum"), params=SamplingParams(
+        max_tokens=60, response_format=fmt, speculative=speculative, stop=['"severity"', '"', ", "]))
+    assert check_output(stopped.text, stopped.finish_reason, SCHEMAS["enum"])
+    assert stopped.ids == plain.ids and stopped.text == plain.text
+
+
+def test_a_stop_string_after_a_complete_value_ends_the_text(eng: Engine):
+    """A regex whose value is complete after "AB12" but may go on: a stop string right there cuts it."""
+    fmt = {"type": "regex", "regex": "[A-Z]{2}[0-9]{2}( [a-z]+)*"}
+    prompt = "Code and words: AB12 cat dog. Code and words:"
+    free = eng.generate(prompt=prompt, params=SamplingParams(max_tokens=12, response_format=fmt))
+    assert re.match("[A-Z]{2}[0-9]{2}( [a-z]+)+", free.text), free.text  # it goes on past the code
+    code, first_word = free.text.split(" ")[:2]
+    stopped = eng.generate(prompt=prompt, params=SamplingParams(max_tokens=12, response_format=fmt, stop=[" "]))
+    assert stopped.finish_reason == "stop" and stopped.text == code
+    # a stop string starting inside the value (after "AB1") is part of it
+    inside = eng.generate(prompt=prompt, params=SamplingParams(max_tokens=12, response_format=fmt,
+                                                                stop=[code[3:] + " " + first_word]))
+    assert inside.text.startswith(code + " " + first_word), inside.text
 
 
 def test_ll_tokenizer_is_built_once_per_tokenizer(eng: Engine):
@@ -118,6 +145,45 @@ def test_constraint_rolls_back_to_the_same_mask(eng: Engine):
     assert (c.allowed() == after).all()
     bad = eng.tokenizer.encode('{"colour"', add_bos=False)
     assert c.valid_prefix([], bad) < len(bad)
+
+
+def test_masked_logits_match_llguidance_numpy_helpers(eng: Engine):
+    """Constraint.apply (which reuses its output array and picks a path by how many tokens are allowed)
+    against llguidance's own numpy helpers on a second matcher, at every state of a generation with
+    few-token states (keys, punctuation) and most-token ones (inside strings), EOS included at the end."""
+    from llguidance import LLMatcher
+    from llguidance.numpy import allocate_token_bitmask, apply_token_bitmask_inplace, fill_next_token_bitmask
+
+    from engine.constraint import Constraint, grammar_for, ll_tokenizer
+    from engine.params import ResponseFormat
+
+    n_vocab = eng.model.cfg.n_vocab
+    fmt = ResponseFormat.model_validate(response_format("nested"))
+    ids = eng.generate(messages=messages("nested"), params=SamplingParams(max_tokens=80, response_format=fmt)).ids
+    c = Constraint(eng.tokenizer, grammar_for(fmt), n_vocab)
+    reference = LLMatcher(ll_tokenizer(eng.tokenizer, n_vocab), grammar_for(fmt))
+    bitmask = allocate_token_bitmask(1, n_vocab)
+    rng = np.random.default_rng(5)
+    sizes = []
+    for i in range(len(ids) + 1):
+        logits = rng.standard_normal(n_vocab).astype(np.float32)
+        expected = logits.copy()[None, :]
+        fill_next_token_bitmask(reference, bitmask)
+        apply_token_bitmask_inplace(expected, bitmask)
+        got = c.apply(logits, ids[:i])
+        assert np.array_equal(got, expected[0]), i
+        sizes.append(int(np.isfinite(got).sum()))
+        if i < len(ids):
+            assert reference.consume_token(ids[i])
+    assert min(sizes) <= 3 and max(sizes) > n_vocab // 2  # both kinds of state were met
+    for back_to in (3, 0):  # rolled back (a rejected guess), from a most-allowed state to few
+        reference.rollback(len(ids) - back_to) if back_to else reference.reset()
+        fill_next_token_bitmask(reference, bitmask)
+        expected = logits.copy()[None, :]
+        apply_token_bitmask_inplace(expected, bitmask)
+        assert np.array_equal(c.apply(logits, ids[:back_to]), expected[0])
+        c.apply(logits, ids)  # forward again
+        reference.consume_tokens(ids[back_to:])
 
 
 @pytest.mark.parametrize("fmt, words", [

@@ -150,3 +150,30 @@ def test_summarize_remote_markdown(redis_and_worker, tmp_path):
     assert "documents 2/2" in proc.stderr
     # The telegraph history is about 1,000 words: several chunks at this budget, one reduce.
     assert "reduce level" in md
+
+
+def test_a_run_reads_the_model_file_once(engine_ready, monkeypatch):
+    """The run's ModelInfo serves the file check, the KV plan, the worker budget, the token meter and the
+    memory guard's split: the GGUF is opened once (by name, each of them opens it again)."""
+    import engine.gguf_file as gguf_file
+    from pipeline.embedded import choose_embedded_split
+    from pipeline.summarize.plan import PromptMeter, kv_capacity, worker_kv_budget
+    from pipeline.summarize.run import open_model
+
+    opened: list[str] = []
+    real_init = gguf_file.GGUFFile.__init__
+
+    def counting_init(self, path, **kw):
+        opened.append(str(path))
+        real_init(self, path, **kw)
+
+    monkeypatch.setattr(gguf_file.GGUFFile, "__init__", counting_init)
+    with open_model(MODEL) as info:
+        capacity = kv_capacity(info, KV)
+        budget = worker_kv_budget(info, KV)
+        meter = PromptMeter.for_model(info)
+        assert meter.count([{"role": "user", "content": "Hello."}]) > 0
+        choose_embedded_split(MODEL, 4, workers=None, threads=None, kv_budget=budget, info=info)
+    assert capacity == 640 and len(opened) == 1
+    opened.clear()
+    assert kv_capacity(MODEL, KV) == 640 and len(opened) == 1  # by name: a file opened (and closed) per call

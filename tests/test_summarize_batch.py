@@ -54,3 +54,31 @@ def test_a_summarise_run_is_a_batch_that_ends_in_the_ledger(client):
     results = dict(client.results(batch_id))
     assert results[plan.final_id].error.code == "canceled"
     assert Job.fetch(plan.final_id, connection=conn, serializer=client.queue(M).serializer).get_status() == "canceled"
+
+
+def test_a_reduce_reads_its_inputs_from_the_ledger(redis_conn):
+    """The reduce task takes its inputs' summaries from their JobResults in the ledger (as the producer's
+    records do): tidied, empty ones left out, and part labels a lower reduce copied stripped."""
+    from dataclasses import replace
+
+    import pytest
+
+    from jobs.schemas import JobResult
+    from jobs.summarize_tasks import input_summaries
+    from jobs.summary_unit import ReduceSpec
+
+    spec = replace(Templates.load().reduce_spec(M, 40), params={"max_tokens": 60}, metadata={"summarize": "a.md"})
+    assert ReduceSpec.from_payload(spec.to_payload()) == spec  # what goes through rq comes back the same
+    ids = ["ledger-in-0", "ledger-in-1", "ledger-in-2"]
+    for jid, text in zip(ids, ["Summary: Alpha ships in May.", "Part 2: Beta follows.", "  "]):
+        redis_conn.set(keys.result_key(jid), JobResult(job_id=jid, status="done", text=text,
+                                                       finish_reason="stop").model_dump_json())
+    assert input_summaries(redis_conn, spec, ids) == ["Alpha ships in May.", "Part 2: Beta follows."]
+    assert input_summaries(redis_conn, replace(spec, level=2), ids) == ["Alpha ships in May.", "Beta follows."]
+    with pytest.raises(RuntimeError, match="ledger-in-missing has no summary"):
+        input_summaries(redis_conn, spec, [ids[0], "ledger-in-missing"])
+    redis_conn.set(keys.result_key("ledger-in-failed"), JobResult.failed("ledger-in-failed", "x", "y").model_dump_json())
+    with pytest.raises(RuntimeError, match="ledger-in-failed has no summary"):
+        input_summaries(redis_conn, spec, ["ledger-in-failed"])
+    with pytest.raises(RuntimeError, match="all 1 input summaries are empty"):
+        input_summaries(redis_conn, spec, ids[2:])

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from jobs.summary_unit import ChunkSummary
 from pipeline.summarize.documents import Document, Skipped, collect_documents, read_document
 from pipeline.summarize.follow import DocState
 from pipeline.summarize.plan import DocPlan
@@ -58,7 +59,9 @@ def test_the_record_and_the_reports_name_the_assumed_encoding(tmp_path: Path):
     plan = DocPlan(index=0, doc=doc, chunks=[], map_ids=["m0"], map_messages=[], reduces=[], prompt_tokens=[],
                    title="Latin")
     state = DocState(plan, 0.0)
-    state.results["m0"] = {"summary": "A walk.", "prompt_tokens": 50, "completion_tokens": 5, "seconds": 1.0}
+    state.results["m0"] = ChunkSummary(summary="A walk.", finish_reason="stop", prompt_tokens=50, completion_tokens=5,
+                                       seconds=1.0, prefix_hit_tokens=0, draft_tokens=0, accepted_tokens=0, inputs=1,
+                                       generation_id="m0", worker="w")
     state.ended_at = 1.0
     record = state.record("smollm2-135m")
     assert record["encoding"] == doc.encoding

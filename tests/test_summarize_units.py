@@ -7,11 +7,12 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
 
-from jobs.summarize_tasks import fit_summaries, part_label_pattern, reduce_messages, tidy_summary
+from jobs.summary_unit import part_label_pattern, tidy_summary
 from pipeline.summarize import (
     Budget,
     Document,
@@ -27,8 +28,6 @@ from pipeline.summarize import (
     reduce_tree,
     words_for,
 )
-from pipeline.structure import MAX_HEADING_CHARS
-from pipeline.summarize.plan import _filler
 from pipeline.summarize.templates import document_context
 from tests.test_chunking import LONG_DOC, WordPieceTokenizer
 
@@ -85,7 +84,7 @@ def test_template_override_and_validation(tmp_path):
 
 def test_reduce_messages_number_the_parts():
     spec = Templates.load().reduce_spec("m", 40)
-    msgs = reduce_messages(spec, ["Alpha happened.", "Beta followed."])
+    msgs = spec.messages(["Alpha happened.", "Beta followed."])
     user = msgs[-1]["content"]
     assert "Part 1: Alpha happened.\n\nPart 2: Beta followed." in user
     assert "40 words" in user
@@ -145,26 +144,67 @@ def test_reduce_tree(n, fan_in, shape):
         width = len(groups)
 
 
-def test_plan_fits_budget_and_builds_reduce_levels():
+class WordTokenizer:
+    """One token per word (with the whitespace before it): counts anyone can check with str.split."""
+
+    def __init__(self) -> None:
+        self.pieces: list[str] = []
+
+    def encode(self, text: str, add_bos: bool = False) -> list[int]:
+        ids = []
+        for piece in re.findall(r"\s*\S+", text):
+            self.pieces.append(piece)
+            ids.append(len(self.pieces) - 1)
+        return ids
+
+    def decode(self, ids) -> str:
+        return "".join(self.pieces[i] for i in ids)
+
+
+# Templates whose prompts are just their parts: a map prompt is "Document: <title>" and the chunk, a
+# reduce prompt the summaries joined by spaces.
+BARE = Templates(map_system="", map_user="{context}{text}", reduce_system="", reduce_user="{text}",
+                 part="{summary}", separator=" ")
+
+
+def word_meter() -> PromptMeter:
+    return PromptMeter(WordTokenizer(), lambda messages: " ".join(m["content"] for m in messages))
+
+
+def test_fan_in_and_prompt_sizes_against_hand_worked_numbers():
+    meter = word_meter()
+    budget = Budget(capacity=100, max_summary_tokens=10, overlap_tokens=0)
+    # 100 tokens - 10 for the reply - 4 of margin leave 86 for a prompt: eight summaries of 10 words
+    # (80) fit, nine (90) do not.
+    assert reduce_fan_in(meter, BARE, budget, words_for(10)) == 8
+    assert reduce_fan_in(meter, BARE, Budget(capacity=50, max_summary_tokens=10), words_for(10)) == 3  # 36: 30 fit
+
+    paragraphs = [" ".join(f"w{p}x{i}" for i in range(10)) + "." for p in range(100)]  # 1,000 words
+    doc = Document("notes.txt", "\n\n".join(paragraphs), 0)
+    plan = plan_document(0, doc, run_id="abc", model="m", meter=meter, templates=BARE, budget=budget, fan_in=8)
+    # each prompt is "Document: notes" (2 words) and its chunk, within the 86 tokens
+    assert plan.prompt_tokens == [2 + len(c.text.split()) for c in plan.chunks]
+    assert all(n <= 86 for n in plan.prompt_tokens)
+    assert sum(len(c.text.split()) for c in plan.chunks) == 1000  # no overlap: every word once
+    assert len(plan.chunks) >= 1000 // 84
+    # more than 8 chunks: a first level of reduces of at most 8, then one over them
+    assert plan.levels == 2
+    level1 = [r for r in plan.reduces if r.level == 1]
+    assert [i for r in level1 for i in r.inputs] == plan.map_ids and all(2 <= len(r.inputs) <= 8 for r in level1)
+    assert [r.inputs for r in plan.reduces if r.level == 2] == [[r.job_id for r in level1]]
+
+
+def test_plan_with_the_built_in_templates_keeps_prompts_in_the_budget():
     meter = fake_meter()
     t = Templates.load()
     budget = Budget(capacity=400, max_summary_tokens=60, overlap_tokens=16)
-    words = words_for(budget.max_summary_tokens)
-    fan_in = reduce_fan_in(meter, t, budget, words)
-    assert 2 <= fan_in <= 6
-    # The fan-in is the largest that fits with worst-case (max length) summaries.
-    worst = _filler(meter, budget.max_summary_tokens)  # a summary of exactly max_summary_tokens tokens
-    spec = t.reduce_spec("m", words, document_context("x" * MAX_HEADING_CHARS))  # the longest title
-    assert meter.count(reduce_messages(spec, [worst] * fan_in)) <= budget.prompt_limit
-    assert meter.count(reduce_messages(spec, [worst] * (fan_in + 1))) > budget.prompt_limit
-
+    fan_in = reduce_fan_in(meter, t, budget, words_for(budget.max_summary_tokens))
     plan = plan_document(0, Document("long.md", LONG_DOC, len(LONG_DOC)), run_id="abc", model="m", meter=meter,
                          templates=t, budget=budget, fan_in=fan_in)
-    assert len(plan.chunks) > fan_in  # so the reduce needs more than one level
-    for msgs, n, chunk in zip(plan.map_messages, plan.prompt_tokens, plan.chunks):
-        assert meter.count(msgs) == n
-        assert n <= chunk.tokens  # sized with the widest section context of the document
-        assert n + budget.max_summary_tokens <= budget.capacity
+    assert len(plan.chunks) > fan_in >= 2  # so the reduce needs more than one level
+    for msgs, chunk in zip(plan.map_messages, plan.chunks):
+        assert chunk.text in msgs[-1]["content"]
+        assert len(meter.tokenizer.encode(meter.render_chat(msgs))) + budget.max_summary_tokens <= budget.capacity
     assert any("Section: " in m[-1]["content"] for m in plan.map_messages)
     assert plan.levels >= 2
     assert plan.final_id == plan.reduces[-1].job_id
@@ -184,11 +224,10 @@ def test_fit_summaries_truncates_the_longest():
     meter = fake_meter()
     spec = Templates.load().reduce_spec("m", 30)
     summaries = ["short one.", "long " * 300, "another short one."]
-    base = meter.count(reduce_messages(spec, summaries))
-    out = fit_summaries(spec, summaries, meter.count, capacity=base - 100, max_tokens=20,
-                        tokenizer=meter.tokenizer)
+    base = meter.count(spec.messages(summaries))
+    out = spec.fit(summaries, meter.count, capacity=base - 100, max_tokens=20, tokenizer=meter.tokenizer)
     assert out[0] == summaries[0] and out[2] == summaries[2]
-    assert meter.count(reduce_messages(spec, out)) + 20 <= base - 100
+    assert meter.count(spec.messages(out)) + 20 <= base - 100
 
 
 # --- output -----------------------------------------------------------------------------------
@@ -288,7 +327,7 @@ def test_styles_fill_the_prompts_and_unknown_ones_are_named():
         assert sentence in user and "{" not in user
         assert user.index("at most 40 words") < user.index("Document: Alpha\nSection: Goals > Q3\nText:\nBody text.")
         spec = t.reduce_spec("m", 40, document_context("Alpha"))
-        assert sentence in spec["user"] and "Document: Alpha\n" in spec["user"] and "{text}" in spec["user"]
+        assert sentence in spec.user and "Document: Alpha\n" in spec.user and "{text}" in spec.user
     assert len(set(STYLES.values())) == len(STYLES)
     with pytest.raises(SummarizeError, match="unknown style 'prose'; choose one of: paragraph, bullets"):
         Templates.load(style="prose")

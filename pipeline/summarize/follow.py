@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from jobs.schemas import JobResult
-from jobs.summarize_tasks import summary_record
+from jobs.summary_unit import ChunkSummary, DocumentRecord
 from pipeline.batch_events import BatchFollower
 from pipeline.cancel import cancel_unwanted_job
 from pipeline.client import Client
@@ -23,7 +23,7 @@ from pipeline.summarize.report import Progress
 class DocState:
     plan: DocPlan
     submitted_at: float
-    results: dict[str, dict[str, Any]] = field(default_factory=dict)
+    results: dict[str, ChunkSummary] = field(default_factory=dict)  # by job id, the jobs that ended well
     error: str | None = None
     ended_at: float | None = None
 
@@ -35,35 +35,18 @@ class DocState:
     def done(self) -> bool:
         return self.error is not None or self.plan.final_id in self.results
 
-    def record(self, model: str) -> dict[str, Any]:
+    def document_record(self, model: str) -> DocumentRecord:
         plan = self.plan
-        final = self.results.get(plan.final_id) or {}
-        rec: dict[str, Any] = {
-            "path": plan.doc.path,
-            "title": plan.title,
-            "sections": list(plan.sections),
-            "summary": final.get("summary") if self.error is None else None,
-            "chunks": len(plan.chunks),
-            "reduce_levels": plan.levels,
-            "jobs": len(plan.job_ids),
-            "tokens_in": sum(r.get("prompt_tokens", 0) for r in self.results.values()),
-            "tokens_out": sum(r.get("completion_tokens", 0) for r in self.results.values()),
-            "prefix_hit_tokens": sum(r.get("prefix_hit_tokens", 0) for r in self.results.values()),
-            "draft_tokens": sum(r.get("draft_tokens", 0) for r in self.results.values()),
-            "accepted_tokens": sum(r.get("accepted_tokens", 0) for r in self.results.values()),
-            "seconds": round((self.ended_at or time.time()) - self.submitted_at, 3),
-            "compute_seconds": round(sum(r.get("seconds", 0.0) for r in self.results.values()), 3),
-            "model": model,
-            "bytes": plan.doc.size,
-            "encoding": plan.doc.encoding,
-        }
-        if plan.doc.encoding_note is not None:
-            rec["encoding_note"] = plan.doc.encoding_note
-        if self.error is not None:
-            rec["error"] = self.error
-        elif final.get("finish_reason") == "length":
-            rec["truncated"] = True
-        return rec
+        return DocumentRecord.build(
+            path=plan.doc.path, title=plan.title, sections=plan.sections, chunks=len(plan.chunks),
+            reduce_levels=plan.levels, jobs=len(plan.job_ids), results=list(self.results.values()),
+            final=self.results.get(plan.final_id), error=self.error,
+            seconds=(self.ended_at or time.time()) - self.submitted_at, model=model, size=plan.doc.size,
+            encoding=plan.doc.encoding, encoding_note=plan.doc.encoding_note)
+
+    def record(self, model: str) -> dict[str, Any]:
+        """The document's output line (DocumentRecord.to_dict)."""
+        return self.document_record(model).to_dict()
 
 
 def follow(client: Client, batch_id: str, states: Sequence[DocState], *, models: Sequence[str],
@@ -71,7 +54,7 @@ def follow(client: Client, batch_id: str, states: Sequence[DocState], *, models:
            progress: Progress | None = None, health: Callable[[], None] | None = None,
            no_worker_warning: Callable[[], bool] | None = None) -> None:
     """Until every document has a summary or an error. reduce_labels: the part labels a reduce job
-    strips from its reply (jobs.summarize_tasks.part_label_pattern), to rebuild its record."""
+    strips from its reply (jobs.summary_unit.part_label_pattern), to rebuild its record."""
     by_job = {j: s for s in states for j in s.plan.job_ids}
     inputs = {n.job_id: len(n.inputs) for s in states for n in s.plan.reduces}
     warned = False
@@ -86,8 +69,8 @@ def follow(client: Client, batch_id: str, states: Sequence[DocState], *, models:
         if s.done:
             return
         if result is not None and result.status == "done":
-            s.results[job_id] = summary_record(result, inputs=inputs.get(job_id, 1),
-                                               labels=reduce_labels if job_id in inputs else None)
+            s.results[job_id] = ChunkSummary.from_result(result, inputs=inputs.get(job_id, 1),
+                                                         labels=reduce_labels if job_id in inputs else None)
         elif result is None:
             s.error = f"job {job_id} ended but its outcome is gone (expired?)"
         else:

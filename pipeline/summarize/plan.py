@@ -12,18 +12,21 @@ need them: every `rqllm` command imports this package, and only a run should pay
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from jobs.summarize_tasks import reduce_messages
 from pipeline.chunking import Chunk, ChunkingError, chunk_text
 from pipeline.summarize.documents import Document
 from pipeline.summarize.errors import SummarizeError
 from pipeline.structure import MAX_HEADING_CHARS, Heading, outline, section_paths
 from pipeline.summarize.templates import Templates, document_context, words_for
+
+if TYPE_CHECKING:
+    from engine.model_info import ModelInfo
 
 DEFAULT_MAX_SUMMARY_TOKENS = 160
 DEFAULT_OVERLAP_TOKENS = 32
@@ -50,41 +53,32 @@ class PromptMeter:
         return len(self._encode_prompt(self.render_chat(messages)))
 
     @classmethod
-    def for_model(cls, model: str) -> PromptMeter:
-        """The meter for a model name or .gguf path: as engine.Engine.prompt_ids(messages=...) does,
-        the chat template renders the prompt (with its own BOS) and the text is encoded without
-        adding another."""
-        from engine.chat import ChatFormat
-        from engine.gguf_file import GGUFFile
-        from engine.registry import resolve
-        from engine.tokenizer import Tokenizer
+    def for_model(cls, model: str | ModelInfo) -> PromptMeter:
+        """The meter for a run's ModelInfo, or a model name or .gguf path: as
+        engine.Engine.prompt_ids(messages=...) does, the chat template renders the prompt (with its own
+        BOS) and the text is encoded without adding another."""
+        from engine.model_info import ModelInfo
 
-        gguf = GGUFFile(resolve(model))
-        tokenizer = Tokenizer.from_gguf(gguf)
-        chat = ChatFormat.from_gguf(gguf, tokenizer)
-        return cls(tokenizer, lambda messages: chat.render(list(messages), add_generation_prompt=True),
-                   lambda text: tokenizer.encode(text, add_bos=False))
+        info = model if isinstance(model, ModelInfo) else ModelInfo.open(model)
+        return cls(info.tokenizer, info.render_chat, info.encode_prompt)
 
 
 TOKENS_RE = re.compile(r"(\d+)\s*(?:t|tok|toks|token|tokens)", re.I)
 
 
-def _model_config(model: str) -> Any:
-    from engine.gguf_file import GGUFFile
-    from engine.model import Config
-    from engine.registry import resolve
+@contextlib.contextmanager
+def _model_info(model: str | ModelInfo) -> Iterator[ModelInfo]:
+    """A run's ModelInfo as it is, or one opened for a model name or path (closed after)."""
+    from engine.model_info import ModelInfo
 
-    return Config.from_gguf(GGUFFile(resolve(model)))
-
-
-def _capacity_for_bytes(cfg: Any, budget_bytes: int) -> int:
-    # The worker sizes its cache by the same arithmetic (engine.model.kv_plan).
-    from engine.model import kv_plan
-
-    return kv_plan(cfg, budget_bytes).tokens
+    if isinstance(model, ModelInfo):
+        yield model
+    else:
+        with ModelInfo.open(model) as info:
+            yield info
 
 
-def kv_capacity(model: str, kv_budget: str | int) -> int:
+def kv_capacity(model: str | ModelInfo, kv_budget: str | int) -> int:
     """Tokens a worker's KV cache holds for `model` under `kv_budget`.
 
     `kv_budget` is what `rqllm worker --kv-budget` takes (bytes: 256MiB, 1GiB, ...), or a token count
@@ -93,44 +87,49 @@ def kv_capacity(model: str, kv_budget: str | int) -> int:
     from engine.kv_cache import parse_bytes
 
     text = str(kv_budget).strip()
-    cfg = _model_config(model)
-    m = TOKENS_RE.fullmatch(text)
-    if m:
-        return min(int(m.group(1)), cfg.n_ctx_train)
-    try:
-        budget = parse_bytes(text)
-    except ValueError as e:
-        raise SummarizeError(f"--kv-budget: {e}; or give tokens, e.g. 1024tok") from None
-    try:
-        return _capacity_for_bytes(cfg, budget)
-    except ValueError as e:
-        raise SummarizeError(f"--kv-budget: {e}") from None
+    with _model_info(model) as info:
+        m = TOKENS_RE.fullmatch(text)
+        if m:
+            return min(int(m.group(1)), info.config.n_ctx_train)
+        try:
+            budget = parse_bytes(text)
+        except ValueError as e:
+            raise SummarizeError(f"--kv-budget: {e}; or give tokens, e.g. 1024tok") from None
+        try:
+            return info.kv_plan(budget).tokens
+        except ValueError as e:
+            raise SummarizeError(f"--kv-budget: {e}") from None
 
 
-def worker_kv_budget(model: str, kv_budget: str) -> str:
+def worker_kv_budget(model: str | ModelInfo, kv_budget: str) -> str:
     """What to pass to `rqllm worker --kv-budget` for the user's --kv-budget: bytes stay as they are;
     a token count becomes the smallest byte budget whose cache holds that many tokens."""
     m = TOKENS_RE.fullmatch(str(kv_budget).strip())
     if not m:
         return str(kv_budget)
-    cfg = _model_config(model)
-    tokens = min(int(m.group(1)), cfg.n_ctx_train)
-    row = 2 * cfg.kv_dim * 4  # K and V rows, f32, per layer and token: an upper bound to start from
-    hi = max(1, tokens * row * cfg.n_layer)
-    while _capacity_for_bytes(cfg, hi) < tokens:
-        hi *= 2
-    lo = 1
-    while lo < hi:  # smallest budget that still holds `tokens`
-        mid = (lo + hi) // 2
-        try:
-            ok = _capacity_for_bytes(cfg, mid) >= tokens
-        except ValueError:
-            ok = False
-        if ok:
-            hi = mid
-        else:
-            lo = mid + 1
-    return str(hi)
+    with _model_info(model) as info:
+        cfg = info.config
+
+        def capacity(budget: int) -> int:
+            return info.kv_plan(budget).tokens  # the worker sizes its cache by the same arithmetic
+
+        tokens = min(int(m.group(1)), cfg.n_ctx_train)
+        row = 2 * cfg.kv_dim * 4  # K and V rows, f32, per layer and token: an upper bound to start from
+        hi = max(1, tokens * row * cfg.n_layer)
+        while capacity(hi) < tokens:
+            hi *= 2
+        lo = 1
+        while lo < hi:  # smallest budget that still holds `tokens`
+            mid = (lo + hi) // 2
+            try:
+                ok = capacity(mid) >= tokens
+            except ValueError:
+                ok = False
+            if ok:
+                hi = mid
+            else:
+                lo = mid + 1
+        return str(hi)
 
 
 @dataclass
@@ -185,7 +184,7 @@ def reduce_fan_in(meter: PromptMeter, templates: Templates, budget: Budget, word
     def cost(n: int) -> int:
         # A part costs its label and separator plus up to max_summary_tokens of text; measure with a
         # filler of exactly max_summary_tokens tokens' worth so labels and joins are counted for real.
-        return meter.count(reduce_messages(spec, [_filler(meter, budget.max_summary_tokens)] * n))
+        return meter.count(spec.messages([_filler(meter, budget.max_summary_tokens)] * n))
 
     if cost(2) > budget.prompt_limit:
         raise SummarizeError(

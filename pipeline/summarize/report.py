@@ -166,6 +166,53 @@ def html_report(records: Sequence[dict[str, Any]], skipped: Sequence[Skipped], *
     return _template("summary_report.html.j2", True).render(_report_context(records, skipped, settings, wall_seconds))
 
 
+# rqllm extract's report: the same page with each document's object (pipeline.extract's records)
+
+def _extraction_totals(records: Sequence[dict[str, Any]], skipped: Sequence[Skipped], wall_seconds: float) -> str:
+    ok = sum(1 for r in records if not r.get("error"))
+    failed = len(records) - ok
+    chunks = sum(r.get("chunks", 1) for r in records)
+    return (f"{ok} object{'s' if ok != 1 else ''} extracted" + (f", {failed} failed" if failed else "")
+            + (f", {len(skipped)} skipped" if skipped else "")
+            + f" in {wall_seconds:.1f} s; {chunks} chunk{'s' if chunks != 1 else ''}; "
+            + f"{sum(r.get('tokens_in', 0) for r in records):,} tokens in, "
+            + f"{sum(r.get('tokens_out', 0) for r in records):,} out.")
+
+
+def _extraction_detail(r: dict[str, Any]) -> str:
+    merged = ", merged" if r["chunks"] > 1 else ""
+    return (f"{r['chunks']} chunk{'s' if r['chunks'] != 1 else ''}{merged}"
+            f" · {r['tokens_in']:,} tokens in, {r['tokens_out']:,} out")
+
+
+def _object_text(r: dict[str, Any]) -> str:
+    return json.dumps(r["data"], ensure_ascii=False, indent=2)
+
+
+def _extraction_context(records: Sequence[dict[str, Any]], skipped: Sequence[Skipped], settings: dict[str, Any],
+                        wall_seconds: float) -> dict[str, Any]:
+    return {"totals": _extraction_totals(records, skipped, wall_seconds), "settings_line": _settings_line(settings),
+            "documents": [{"path": r["path"], "object": _object_text(r), "detail": _extraction_detail(r)}
+                          for r in records if not r.get("error")],
+            "failed": [Skipped(r["path"], r["error"]) for r in records if r.get("error")],
+            "skipped": list(skipped)}
+
+
+def extraction_markdown(records: Sequence[dict[str, Any]], skipped: Sequence[Skipped], *,
+                        settings: dict[str, Any], wall_seconds: float) -> str:
+    """Each document's object (or, under Failed, why there is none), its chunks and tokens; the run's
+    totals and settings."""
+    return _template("extraction_report.md.j2", False).render(
+        _extraction_context(records, skipped, settings, wall_seconds))
+
+
+def extraction_html(records: Sequence[dict[str, Any]], skipped: Sequence[Skipped], *,
+                    settings: dict[str, Any], wall_seconds: float) -> str:
+    """The Markdown extraction report's content as one self-contained HTML page (every text escaped)."""
+    return _template("extraction_report.html.j2", True).render(
+        _extraction_context(records, skipped, settings, wall_seconds))
+
+
 @dataclass
 class RunReport:
     documents: int

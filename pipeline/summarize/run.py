@@ -10,13 +10,14 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from typing import IO, Any
+from dataclasses import replace
+from typing import IO, TYPE_CHECKING, Any
 
 from engine.defaults import DEFAULT_KV_BUDGET, DEFAULT_MODEL
 from jobs.defaults import DEFAULT_PRIORITY, JOB_TIMEOUT
 from jobs.redis_conn import connect, reachable, redis_url_from_env
 from jobs.schemas import GenerationJob, model_key
-from jobs.summarize_tasks import part_label_pattern
+from jobs.summary_unit import part_label_pattern
 from pipeline.client import Client
 from pipeline.defaults import RUN_RESULT_TTL, RUN_STREAM_TTL
 from pipeline.model_check import ModelCheck, model_file_problem
@@ -31,6 +32,9 @@ from pipeline.summarize.plan import (DEFAULT_CHUNK_TOKENS, DEFAULT_MAX_SUMMARY_T
                                      reduce_fan_in, worker_kv_budget)
 from pipeline.summarize.report import Output, Progress, RunReport
 from pipeline.summarize.templates import DEFAULT_STYLE, Templates, document_context, words_for
+
+if TYPE_CHECKING:
+    from engine.model_info import ModelInfo
 
 TASK_MAP = "jobs.summarize_tasks.summarize_chunk"
 TASK_REDUCE = "jobs.summarize_tasks.reduce_summaries"
@@ -60,8 +64,9 @@ def submit_plans(client: Client, batch_id: str, plans: Sequence[DocPlan], *, mod
     for plan in plans:
         spec_base = templates.reduce_spec(model, words, document_context(plan.title))
         for node in plan.reduces:
-            spec = dict(spec_base, params=params, metadata={"summarize": plan.doc.path, "level": node.level})
-            calls.append(TaskCall(node.job_id, model, TASK_REDUCE, (spec, node.inputs),
+            spec = replace(spec_base, params=params, metadata={"summarize": plan.doc.path, "level": node.level},
+                           level=node.level)
+            calls.append(TaskCall(node.job_id, model, TASK_REDUCE, (spec.to_payload(), node.inputs),
                                   f"summarize {plan.doc.path} reduce level {node.level}", depends_on=list(node.inputs)))
     client.submit_calls(batch_id, calls, priority=priority, timeout=JOB_TIMEOUT, retries=JOB_RETRIES, extend=True)
 
@@ -84,25 +89,28 @@ def model_file_here(model: str) -> bool:
         return False
 
 
-def remote_plan(client: Client, model: str, kv_budget: str | None, err: IO[str]) -> tuple[int, PromptMeter]:
+def remote_plan(client: Client, model: str, kv_budget: str | None, err: IO[str],
+                info: ModelInfo | None = None) -> tuple[int, PromptMeter]:
     """Producer-only: (the KV capacity to plan chunks for, the prompt meter). The capacity is the smallest
     the live workers of the model publish (a chunk must fit whichever takes it), lowered by --kv-budget;
-    tokens are counted with the model file when it is here, else with the tokenizer and chat template
-    the workers published (pipeline.model_header), so the weights need not be downloaded."""
+    tokens are counted with the model file when it is here (info: the run's ModelInfo of it), else with
+    the tokenizer and chat template the workers published (pipeline.model_header), so the weights need
+    not be downloaded."""
     from engine.registry import cache_dir
 
+    here = info is not None or model_file_here(model)
     live = live_kv_tokens(client.workers(), model)
     tokens = TOKENS_RE.fullmatch(kv_budget.strip()) if kv_budget else None
     if kv_budget is None and live is None:
         err.write(f"note: no live worker of {model} publishes its KV capacity yet: planning for the default "
                   f"budget {DEFAULT_KV_BUDGET} (--kv-budget sets another)\n")
     if kv_budget is None:
-        capacity = live if live is not None else kv_capacity(model, DEFAULT_KV_BUDGET)
+        capacity = live if live is not None else kv_capacity(info or model, DEFAULT_KV_BUDGET)
     else:
-        own = int(tokens.group(1)) if tokens and not model_file_here(model) else kv_capacity(model, kv_budget)
+        own = int(tokens.group(1)) if tokens and not here else kv_capacity(info or model, kv_budget)
         capacity = min(own, live) if live is not None else own
-    if model_file_here(model):
-        return capacity, PromptMeter.for_model(model)
+    if here:
+        return capacity, PromptMeter.for_model(info or model)
     header = cached_header(client.connection, model, cache_dir() / "headers")
     if header is not None:
         return capacity, PromptMeter.for_model(str(header))
@@ -110,12 +118,29 @@ def remote_plan(client: Client, model: str, kv_budget: str | None, err: IO[str])
     return capacity, PromptMeter.for_model(model)
 
 
-def check_model_file(model: str, kv_budget: str | None) -> None:
+def check_model_file(model: str | ModelInfo, kv_budget: str | None) -> None:
     """SummarizeError with the workers' own start-up refusal (an unknown architecture, a broken file, a bad
     budget) before anything is read or started: one line instead of a traceback or the workers' exits."""
     problem = model_file_problem(model, kv_budget)
     if problem is not None:
         raise SummarizeError(problem)
+
+
+def open_model(model: str) -> ModelInfo:
+    """The run's ModelInfo, once the model's file passed the workers' start-up check (check_model_file):
+    opened once, then read by the planner, the memory guard and the choice of workers."""
+    from pipeline.memory_guard import MemoryGuardError, open_model_info
+
+    try:
+        info = open_model_info(model)
+    except MemoryGuardError as e:
+        raise SummarizeError(str(e)) from None
+    try:
+        check_model_file(info, None)
+    except SummarizeError:
+        info.close()
+        raise
+    return info
 
 
 def summarize(paths: Sequence[str], *, output: IO[str], fmt: str = "jsonl", model: str = DEFAULT_MODEL,
@@ -133,8 +158,24 @@ def summarize(paths: Sequence[str], *, output: IO[str], fmt: str = "jsonl", mode
     url = redis_url if redis_url is not None else redis_url_from_env()
     remote = reachable(url) if url else None  # a Redis that is not there: one line now, before any work
     check_model(model, Client(connection=remote) if remote is not None else None)
-    if remote is None or model_file_here(model):  # remote workers check their own files
-        check_model_file(model, None)
+    # remote workers check their own files; a file here is opened once for the whole run
+    info = open_model(model) if remote is None or model_file_here(model) else None
+    try:
+        return _summarize(paths, output=output, fmt=fmt, model=model, workers=workers, threads=threads,
+                          template=template, kv_budget=kv_budget, max_summary_tokens=max_summary_tokens,
+                          overlap_tokens=overlap_tokens, chunk_tokens=chunk_tokens, max_bytes=max_bytes,
+                          meter=meter, repack=repack, speculative=speculative, style=style, err=err, t0=t0,
+                          remote=remote, info=info)
+    finally:
+        if info is not None:
+            info.close()
+
+
+def _summarize(paths: Sequence[str], *, output: IO[str], fmt: str, model: str, workers: int | None,
+               threads: int | None, template: str | None, kv_budget: str | None, max_summary_tokens: int,
+               overlap_tokens: int, chunk_tokens: int, max_bytes: int, meter: PromptMeter | None, repack: bool,
+               speculative: str, style: str, err: IO[str], t0: float, remote: Any,
+               info: ModelInfo | None) -> RunReport:
     templates = Templates.load(template, style=style)
     settings = {"model": model, "style": style, "template": templates.source,
                 "max summary tokens": max_summary_tokens, "chunk tokens": chunk_tokens,
@@ -152,16 +193,16 @@ def summarize(paths: Sequence[str], *, output: IO[str], fmt: str = "jsonl", mode
 
     budget_text = kv_budget or DEFAULT_KV_BUDGET
     if remote is not None:
-        capacity, remote_meter = remote_plan(Client(connection=remote), model, kv_budget, err)
+        capacity, remote_meter = remote_plan(Client(connection=remote), model, kv_budget, err, info)
         meter = meter or remote_meter
     else:
-        capacity = kv_capacity(model, budget_text)
+        capacity = kv_capacity(info, budget_text)
     budget = Budget(capacity=capacity, max_summary_tokens=max_summary_tokens, overlap_tokens=overlap_tokens,
                     chunk_tokens=chunk_tokens)
     if budget.prompt_limit < 32:
         raise SummarizeError(f"the KV budget holds {budget.capacity} tokens: too few for a prompt plus a "
                              f"{max_summary_tokens}-token summary; raise --kv-budget or lower --max-summary-tokens")
-    meter = meter or PromptMeter.for_model(model)
+    meter = meter or PromptMeter.for_model(info or model)
     words = words_for(max_summary_tokens)
     fan_in = reduce_fan_in(meter, templates, budget, words)
     run_id = uuid.uuid4().hex[:12]
@@ -223,11 +264,11 @@ def summarize(paths: Sequence[str], *, output: IO[str], fmt: str = "jsonl", mode
     else:
         # map jobs, roughly (4 characters a token): enough to tell one worker's worth from several
         jobs = sum(max(1, len(d.text) // 4 // max(1, budget.prompt_limit) + 1) for d in docs)
-        split = choose_embedded_split(model, jobs, workers=workers, threads=threads,
-                                      kv_budget=worker_kv_budget(model, budget_text), repack=repack)
-        with embedded_cluster(model, workers=split.workers, threads=split.threads,
-                              kv_budget=worker_kv_budget(model, budget_text), repack=repack,
-                              split_reason=split.reason) as cluster:
+        worker_budget = worker_kv_budget(info, budget_text)
+        split = choose_embedded_split(model, jobs, workers=workers, threads=threads, kv_budget=worker_budget,
+                                      repack=repack, info=info)
+        with embedded_cluster(model, workers=split.workers, threads=split.threads, kv_budget=worker_budget,
+                              repack=repack, split_reason=split.reason) as cluster:
             err.write(f"embedded: {cluster.split}\n")
             states = run(connect(cluster.redis_url), cluster.check, False)
     wall = time.monotonic() - t0

@@ -1,5 +1,5 @@
-"""The prompts: the built-in map and reduce templates (pipeline/templates/summarize.toml), a user's
-override file laid over them, and the words a summary is asked to stay within."""
+"""The prompt templates: the built-in map and reduce templates (pipeline/templates/summarize.toml) and a
+user's override file laid over them. Filling them is jobs.summary_unit's, shared with the workers."""
 from __future__ import annotations
 
 import json
@@ -9,19 +9,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from jobs.summary_unit import (DEFAULT_STYLE, STYLES, ReduceSpec, document_context,  # noqa: F401 (re-exported)
+                               map_messages, words_for)
 from pipeline.summarize.errors import SummarizeError
 
 DEFAULT_TEMPLATE = Path(__file__).resolve().parent.parent / "templates" / "summarize.toml"
-
-# What {style} says in the prompts, per --style. Each asks for the content itself, in the form named.
-STYLES: dict[str, str] = {
-    "paragraph": "Write one paragraph of plain sentences.",
-    "bullets": "Write a bulleted list: one fact per line, each line starting with '- '.",
-    "key-points": "Write the three to seven most important points as a numbered list, one per line.",
-    "one-line": "Write a single sentence.",
-}
-DEFAULT_STYLE = "paragraph"
-
 
 @dataclass(frozen=True)
 class Templates:
@@ -68,36 +60,15 @@ class Templates:
             raise SummarizeError(f"{source}: put {{text}} in the user message, not the system message")
         return t
 
-    def _fill(self, template: str, words: int, context: str) -> str:
-        return (template.replace("{words}", str(words)).replace("{style}", STYLES[self.style])
-                .replace("{context}", context))
-
     def map_messages(self, text: str, words: int, context: str = "") -> list[dict[str, str]]:
-        """System + user message for one chunk. `context`: the chunk's document and section lines
-        (document_context), which the built-in prompt puts after the instructions and before the text,
-        so the instructions stay a prefix every chunk shares."""
-        messages = []
-        if self.map_system:
-            messages.append({"role": "system", "content": self._fill(self.map_system, words, "")})
-        messages.append({"role": "user", "content": self._fill(self.map_user, words, context).replace("{text}", text)})
-        return messages
+        """System + user message for one chunk (jobs.summary_unit.map_messages)."""
+        return map_messages(self.map_system, self.map_user, text, words=words, style=self.style, context=context)
 
-    def reduce_spec(self, model: str, words: int, context: str = "") -> dict[str, Any]:
-        """The template part of a reduce job's arguments: {words}, {style} and the document's {context}
-        filled here, {text} (the parts) by the worker at run time."""
-        return {"model": model, "system": self._fill(self.reduce_system, words, ""),
-                "user": self._fill(self.reduce_user, words, context),
-                "part": self.part, "separator": self.separator, "words": words}
-
-
-def document_context(title: str, section_path: tuple[str, ...] = ()) -> str:
-    """The lines that tell the model where a chunk comes from: the document's title and, when the chunk
-    sits under headings other than the title, their path. Empty when nothing is known."""
-    lines = [f"Document: {title}"] if title else []
-    path = [h for h in section_path if h != title]
-    if path:
-        lines.append("Section: " + " > ".join(path))
-    return "".join(line + "\n" for line in lines)
+    def reduce_spec(self, model: str, words: int, context: str = "") -> ReduceSpec:
+        """A reduce job's prompt: {words}, {style} and the document's {context} filled here, {text} (the
+        parts) by the worker at run time (ReduceSpec.messages)."""
+        return ReduceSpec.from_templates(model, system=self.reduce_system, user=self.reduce_user, part=self.part,
+                                         separator=self.separator, words=words, style=self.style, context=context)
 
 
 def _read_template_file(path: Path) -> dict[str, Any]:
@@ -115,8 +86,3 @@ def _read_template_file(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise SummarizeError(f"template file {path} must hold a table with [map] and/or [reduce]")
     return {k: dict(v) if isinstance(v, dict) else v for k, v in data.items()}
-
-
-def words_for(max_summary_tokens: int) -> int:
-    """How many words to ask for so the reply usually ends before max_summary_tokens."""
-    return max(8, int(max_summary_tokens * 0.6))
