@@ -17,7 +17,7 @@ from setuptools import Extension
 
 KERNELS = "engine/kernels"
 # C sources compiled into the kernels module (a new kernel file goes here).
-C_SOURCES = ["quants.c", "forward.c", "experts.c"]
+C_SOURCES = ["quants.c", "forward.c", "attention.c", "experts.c"]
 # Parts of quants.c's translation unit (#included by it, not compiled alone): listed as depends so
 # that a change to one rebuilds the module.
 C_PARTS = "quants"
@@ -33,7 +33,7 @@ def kernel_extension(name="engine.kernels._kernels", pyx=f"{KERNELS}/_kernels.py
         name,
         [pyx] + [os.path.join(kdir, c) for c in C_SOURCES],
         depends=sorted(glob.glob(os.path.join(kdir, C_PARTS, "*.c"))) +
-        [os.path.join(kdir, h) for h in ("quants.h", "forward.h", "experts.h", "simd.h", "simde_compat.h")],
+        [os.path.join(kdir, h) for h in ("quants.h", "forward.h", "attention.h", "experts.h", "simd.h", "simde_compat.h")],
         include_dirs=[kdir, numpy.get_include()],
         extra_compile_args=list(COMPILE_ARGS),
         extra_link_args=["-fopenmp"],
