@@ -22,7 +22,7 @@ from gguf import GGMLQuantizationType as T  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from engine.kernels import _quants as q  # noqa: E402
+from engine.kernels import _kernels as q  # noqa: E402
 from tests import quant_pack as qp  # noqa: E402
 
 # (type, rows, cols) of the matmuls of one layer

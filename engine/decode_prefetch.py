@@ -31,7 +31,7 @@ class Prefetch:
         return "off" if self.distance == 0 else f"{self.distance} B ahead into {'L2' if self.to_l2 else 'L1'}"
 
     def apply(self) -> None:
-        from engine.kernels import _quants as q
+        from engine.kernels import _kernels as q
 
         q.r16_set_prefetch(self.distance, self.to_l2)
 
@@ -64,7 +64,7 @@ def parse(text: str) -> Prefetch:
 def choose(matrix: tuple[int, np.ndarray, np.ndarray, int, int] | None, threads: int) -> PrefetchChoice:
     """Set the kernels' prefetch and say why. matrix: (type, GGUF bytes, R16 bytes, rows, cols) of
     the model's largest repacked matrix, or None (nothing repacked: nothing to choose)."""
-    from engine.kernels import _quants as q
+    from engine.kernels import _kernels as q
 
     forced = os.environ.get(ENV)
     if forced is not None:

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from engine import decode_prefetch
-from engine.kernels import _quants as q
+from engine.kernels import _kernels as q
 from engine.model import Model
 
 
@@ -20,12 +20,12 @@ def _restore():
 
 @pytest.mark.parametrize("path", ["avx2", "avx512"])
 def test_results_do_not_depend_on_the_distance(smollm2_path, path, monkeypatch):
-    from engine.kernels import _forward
+    from engine.kernels import _kernels
 
     if not q.cpu_supports(path):
         pytest.skip(f"this CPU cannot run the {path} path")
-    before = _forward.kernel_path()
-    _forward.set_kernel_path(path)
+    before = _kernels.kernel_path()
+    _kernels.set_path(path)
     ids = [1, 504, 3000, 17, 9000, 42, 7, 256]
     got = []
     try:
@@ -38,7 +38,7 @@ def test_results_do_not_depend_on_the_distance(smollm2_path, path, monkeypatch):
             model.forward(ids[:4], 0)
             got.append(np.stack([model.forward([t], 4 + i).copy() for i, t in enumerate(ids[4:])]))
     finally:
-        _forward.set_kernel_path(before)
+        _kernels.set_path(before)
     for other in got[1:]:
         np.testing.assert_array_equal(other, got[0])
 

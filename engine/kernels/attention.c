@@ -84,7 +84,8 @@ A256F static inline __m256 exp8(__m256 x) {
     return _mm256_mul_ps(_mm256_mul_ps(p, pow2_8(h)), pow2_8(_mm256_sub_ps(n, h)));   /* NaN lanes: p is NaN */
 }
 
-/* exp_ref on 16 lanes, the same operations as exp8. */
+/* exp_ref on 16 lanes, the same operations as exp8: its deliberate AVX-512 twin (the 16-lane
+ * softmax's), kept apart because C has no vector type generic over the width. */
 A512 static inline __m512 exp16(__m512 x) {
     const __m512 xc = _mm512_min_ps(_mm512_set1_ps(EXP_MAX), _mm512_max_ps(_mm512_set1_ps(EXP_MIN), x));
     const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(xc, _mm512_set1_ps(EXP_LOG2E)),
@@ -427,40 +428,49 @@ A256F static void softmax_256(float *s, int nk) {
     for (; i < nk; i++) s[i] *= inv;
 }
 
-/* Key j's value vector v (its floats c..) times each on-row's weight (p + r * stride) into its W
- * 8-lane outputs. */
+/* The weighted sum of the values, written once for both vector widths (wsum_256, wsum_512): outputs
+ * c..c + LANES W of rows[0..NR) (NR <= MAX_ROWS), the sum over each row's keys, in order, of its
+ * softmax weight (p + r * stride, key j at j - j0) times v. Keys every row sees go without per-row
+ * tests. KEY(o, v, c, p, stride, NR, W, rows_on, f16) adds key j's value vector v (its floats c..)
+ * times each on-row's weight into its W outputs. */
+#define WSUM_BODY(VEC, LANES, MAX_ROWS, ZERO, STORE, KEY)                                                    \
+    VEC o[MAX_ROWS][4];                                                                                      \
+    int lo, hi, all_lo, all_hi;                                                                              \
+    rows_key_span(rows, NR, &lo, &hi, &all_lo, &all_hi);                                                     \
+    for (int r = 0; r < NR; r++)                                                                             \
+        for (int w = 0; w < W; w++) o[r][w] = ZERO();                                                        \
+    int slot = lo % kv->slots, j = lo;                                                                       \
+    for (; j <= hi; j++, slot = next_slot(slot, kv->slots)) {                                                \
+        if (j >= all_lo && j <= all_hi) break;                                                               \
+        KEY(o, kv_entry(kv, kv->V, slot), c, p + (j - j0), stride, NR, W, rows_seeing(rows, NR, j), f16);    \
+    }                                                                                                        \
+    for (; j <= all_hi; j++, slot = next_slot(slot, kv->slots))                                              \
+        KEY(o, kv_entry(kv, kv->V, slot), c, p + (j - j0), stride, NR, W, (1u << NR) - 1, f16);              \
+    for (; j <= hi; j++, slot = next_slot(slot, kv->slots)) {                                                \
+        KEY(o, kv_entry(kv, kv->V, slot), c, p + (j - j0), stride, NR, W, rows_seeing(rows, NR, j), f16);    \
+    }                                                                                                        \
+    for (int r = 0; r < NR; r++)                                                                             \
+        for (int w = 0; w < W; w++) STORE(rows[r].out + c + LANES * w, o[r][w]);
+
+/* wsum's KEY, for both widths: LOAD a value vector's floats, BCAST a weight (from its address). */
+#define WSUM_KEY_BODY(VEC, LANES, LOAD, BCAST, FMADD)                                                        \
+    VEC vv[4];                                                                                               \
+    for (int w = 0; w < W; w++) vv[w] = LOAD(v, c + LANES * w, f16);                                         \
+    for (int r = 0; r < NR; r++) {                                                                           \
+        if (!(rows_on >> r & 1)) continue;                                                                   \
+        const VEC pr = BCAST(p + (size_t)r * stride);                                                        \
+        for (int w = 0; w < W; w++) o[r][w] = FMADD(pr, vv[w], o[r][w]);                                    \
+    }
+
 A256F AINL void wsum_key_256(__m256 (*o)[4], const void *v, int c, const float *p, int stride, const int NR,
                              const int W, unsigned rows_on, const int f16) {
-    __m256 vv[4];
-    for (int w = 0; w < W; w++) vv[w] = kv_load8(v, c + 8 * w, f16);
-    for (int r = 0; r < NR; r++) {
-        if (!(rows_on >> r & 1)) continue;
-        const __m256 pr = _mm256_broadcast_ss(p + (size_t)r * stride);
-        for (int w = 0; w < W; w++) o[r][w] = _mm256_fmadd_ps(pr, vv[w], o[r][w]);
-    }
+    WSUM_KEY_BODY(__m256, 8, kv_load8, _mm256_broadcast_ss, _mm256_fmadd_ps)
 }
 
-/* Outputs c..c + 8W of rows[0..NR): the sum over each row's keys, in order, of its softmax weight
- * (p + r * stride, key j at j - j0) times v. Keys every row sees go without per-row tests. */
+/* Up to 2 rows of 8-lane outputs. */
 A256F AINL void wsum_256(const att_kv *kv, const att_row *rows, const float *p, int stride, int j0, const int NR,
                          const int W, int c, const int f16) {
-    __m256 o[2][4];
-    int lo, hi, all_lo, all_hi;
-    rows_key_span(rows, NR, &lo, &hi, &all_lo, &all_hi);
-    for (int r = 0; r < NR; r++)
-        for (int w = 0; w < W; w++) o[r][w] = _mm256_setzero_ps();
-    int slot = lo % kv->slots, j = lo;
-    for (; j <= hi; j++, slot = next_slot(slot, kv->slots)) {
-        if (j >= all_lo && j <= all_hi) break;
-        wsum_key_256(o, kv_entry(kv, kv->V, slot), c, p + (j - j0), stride, NR, W, rows_seeing(rows, NR, j), f16);
-    }
-    for (; j <= all_hi; j++, slot = next_slot(slot, kv->slots))
-        wsum_key_256(o, kv_entry(kv, kv->V, slot), c, p + (j - j0), stride, NR, W, (1u << NR) - 1, f16);
-    for (; j <= hi; j++, slot = next_slot(slot, kv->slots)) {
-        wsum_key_256(o, kv_entry(kv, kv->V, slot), c, p + (j - j0), stride, NR, W, rows_seeing(rows, NR, j), f16);
-    }
-    for (int r = 0; r < NR; r++)
-        for (int w = 0; w < W; w++) _mm256_storeu_ps(rows[r].out + c + 8 * w, o[r][w]);
+    WSUM_BODY(__m256, 8, 2, _mm256_setzero_ps, _mm256_storeu_ps, wsum_key_256)
 }
 
 /* hd a multiple of 8. Scratch: block_floats(). */
@@ -493,6 +503,12 @@ A256F static void attend_rows_256_f32(const att_kv *kv, const att_row *rows, int
 A256F static void attend_rows_256_f16(const att_kv *kv, const att_row *rows, int n, float *scratch) {
     attend_rows_256_t(kv, rows, n, scratch, 1);
 }
+
+/* The AVX-512 twins of the AVX2 attention kernels above. Deliberate twins: 16 lanes change the data
+ * layout (two rows' 8-lane chains per vector in the scores, four rows per value load, 16-lane exps
+ * in the softmax), not only the intrinsics, so they keep bodies of their own; each runs its AVX2
+ * twin's per-lane operations in the same order, so both give the same results bit for bit (tested).
+ * What differs only in width shares one body (WSUM_BODY, WSUM_KEY_BODY). */
 
 /* _mm512_shuffle_f32x4 (SIMDe 0.7.4, of the test build, has only the integer form) */
 #define SHUFFLE_F32X4(a, b, imm) \
@@ -558,37 +574,17 @@ A512 static void softmax_512(float *s, int nk) {
     if (tail) _mm512_mask_storeu_ps(s + i, tail, _mm512_mul_ps(_mm512_maskz_loadu_ps(tail, s + i), inv));
 }
 
+#define SET1_512(at) _mm512_set1_ps(*(at))   /* a weight from its address, as _mm256_broadcast_ss takes it */
+
 A512 AINL void wsum_key_512(__m512 (*o)[4], const void *v, int c, const float *p, int stride, const int NR,
                             const int W, unsigned rows_on, const int f16) {
-    __m512 vv[4];
-    for (int w = 0; w < W; w++) vv[w] = kv_load16(v, c + 16 * w, f16);
-    for (int r = 0; r < NR; r++) {
-        if (!(rows_on >> r & 1)) continue;
-        const __m512 pr = _mm512_set1_ps(p[(size_t)r * stride]);
-        for (int w = 0; w < W; w++) o[r][w] = _mm512_fmadd_ps(pr, vv[w], o[r][w]);
-    }
+    WSUM_KEY_BODY(__m512, 16, kv_load16, SET1_512, _mm512_fmadd_ps)
 }
 
 /* wsum_256 on 16-lane outputs (the same per-lane sums), up to 4 rows. */
 A512 AINL void wsum_512(const att_kv *kv, const att_row *rows, const float *p, int stride, int j0, const int NR,
                         const int W, int c, const int f16) {
-    __m512 o[4][4];
-    int lo, hi, all_lo, all_hi;
-    rows_key_span(rows, NR, &lo, &hi, &all_lo, &all_hi);
-    for (int r = 0; r < NR; r++)
-        for (int w = 0; w < W; w++) o[r][w] = _mm512_setzero_ps();
-    int slot = lo % kv->slots, j = lo;
-    for (; j <= hi; j++, slot = next_slot(slot, kv->slots)) {
-        if (j >= all_lo && j <= all_hi) break;
-        wsum_key_512(o, kv_entry(kv, kv->V, slot), c, p + (j - j0), stride, NR, W, rows_seeing(rows, NR, j), f16);
-    }
-    for (; j <= all_hi; j++, slot = next_slot(slot, kv->slots))
-        wsum_key_512(o, kv_entry(kv, kv->V, slot), c, p + (j - j0), stride, NR, W, (1u << NR) - 1, f16);
-    for (; j <= hi; j++, slot = next_slot(slot, kv->slots)) {
-        wsum_key_512(o, kv_entry(kv, kv->V, slot), c, p + (j - j0), stride, NR, W, rows_seeing(rows, NR, j), f16);
-    }
-    for (int r = 0; r < NR; r++)
-        for (int w = 0; w < W; w++) _mm512_storeu_ps(rows[r].out + c + 16 * w, o[r][w]);
+    WSUM_BODY(__m512, 16, 4, _mm512_setzero_ps, _mm512_storeu_ps, wsum_key_512)
 }
 
 A512 AINL void wsum_rows_512(const att_kv *kv, const att_row *rows, int nr, const float *p, int stride, int j0,

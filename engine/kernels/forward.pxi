@@ -1,5 +1,5 @@
 # Python handle on the compiled forward pass (forward.c). Included by _kernels.pyx after
-# quants.pxi (whose declarations of quants.h it uses); re-exported by engine.kernels._forward.
+# quants.pxi (whose declarations of quants.h it uses).
 #
 # Weights are passed as raw addresses into the mapped GGUF file and KV memory as numpy arrays;
 # this object keeps references to both so they outlive the C model.
@@ -220,14 +220,3 @@ cdef class ForwardModel:
         self.record_buf = arr
         rq_model_record_layers(self.model, <float *>cnp.PyArray_DATA(arr), max_tokens)
 
-
-KERNEL_PATHS = {"scalar": 0, "avx2": 1, "avx512": 2}
-
-
-def set_kernel_path(str name):
-    """Force the kernel path (tests): the one path of every kernel in this process (set_path's
-    twin that raises ValueError); raises if the CPU cannot run it. kernel_path() (quants.pxi)
-    reads it back."""
-    rq_kernels_init()
-    if name not in KERNEL_PATHS or rq_set_kernel_path(KERNEL_PATHS[name]) != 0:
-        raise ValueError(f"kernel path {name!r} is not available on this CPU")
