@@ -1,7 +1,7 @@
 /* Part of quants.c's single translation unit (#included there, in a fixed order; not compiled
  * alone). The R16 drivers, generic over the types (layout: r16_layout.c; each type's
  * unit, repacking and block loaders: its file): group addressing and repacking, and on x86 the
- * AVX-512 and AVX2 kernels on repacked groups, the R16_GROUPS kernels of the KERNELS table. */
+ * AVX-512 and AVX2 kernels on repacked groups, the R16_GROUPS kernels of the OPS table. */
 
 /* Where things are in a group of type t: the type's unit (r16_layout_*). */
 static r16_ptrs r16_group_ptrs(int t, const uint8_t *g, int nb) {
@@ -716,7 +716,7 @@ A256 AINL void r16_groups_256(const int t, const uint8_t *R, int rows, int g0, i
     R16_GROUPS_LOOPS(r16_expand_256, R16_EXPANDED_HEAD_256, R16_EXPANDED_TILE_256, R16_PACKED_TILE_256)
 }
 
-/* Each R16 type's kernels of the KERNELS table (tables.c): r16g_* (AVX-512) and r16g256_* (AVX2). */
+/* Each R16 type's kernels of the OPS table (tables.c): r16g_* (AVX-512) and r16g256_* (AVX2). */
 #define R16_GROUPS(suffix, t)                                                                                   \
     A512 static void r16g_##suffix(const uint8_t *R, int rows, int g0, int g1, int nb, int ntok, const v16_toks *tk, \
                                    float *out, int ldo, uint8_t *grp, int gmax) {                               \
