@@ -4,8 +4,7 @@ Portable on purpose: no -march=native. SIMD variants carry their own
 __attribute__((target(...))) and are chosen at run time from CPU flags.
 
 One extension module, engine.kernels._kernels: every C kernel source is compiled into it once,
-so the process has one kernel path and one copy of each kernel (engine.kernels._quants and
-_forward are Python modules re-exporting its names). tests/simde_build.py builds a test-only
+so the process has one kernel path and one copy of each kernel. tests/simde_build.py builds a test-only
 twin from the same sources through kernel_extension() (this file is imported there, so setup()
 runs only as a script).
 """
@@ -17,7 +16,7 @@ from setuptools import Extension
 
 KERNELS = "engine/kernels"
 # C sources compiled into the kernels module (a new kernel file goes here).
-C_SOURCES = ["quants.c", "forward.c", "experts.c"]
+C_SOURCES = ["quants.c", "forward.c", "attention.c", "experts.c"]
 # Parts of quants.c's translation unit (#included by it, not compiled alone): listed as depends so
 # that a change to one rebuilds the module.
 C_PARTS = "quants"
@@ -33,7 +32,7 @@ def kernel_extension(name="engine.kernels._kernels", pyx=f"{KERNELS}/_kernels.py
         name,
         [pyx] + [os.path.join(kdir, c) for c in C_SOURCES],
         depends=sorted(glob.glob(os.path.join(kdir, C_PARTS, "*.c"))) +
-        [os.path.join(kdir, h) for h in ("quants.h", "forward.h", "experts.h", "simd.h", "simde_compat.h")],
+        [os.path.join(kdir, h) for h in ("quants.h", "forward.h", "attention.h", "experts.h", "simd.h", "simde_compat.h")],
         include_dirs=[kdir, numpy.get_include()],
         extra_compile_args=list(COMPILE_ARGS),
         extra_link_args=["-fopenmp"],
@@ -41,18 +40,8 @@ def kernel_extension(name="engine.kernels._kernels", pyx=f"{KERNELS}/_kernels.py
     )
 
 
-def _remove_stale_modules():
-    """Earlier builds made _quants and _forward extension modules; left in the tree, they would
-    shadow the Python modules of those names (an extension wins the import) and bring back a
-    second copy of the kernels with its own path."""
-    for stale in ("_quants", "_forward"):
-        for path in glob.glob(os.path.join(os.path.dirname(os.path.abspath(__file__)), KERNELS, stale + ".*.so")):
-            os.remove(path)
-
-
 if __name__ == "__main__":
     from Cython.Build import cythonize
     from setuptools import setup
 
-    _remove_stale_modules()
     setup(ext_modules=cythonize([kernel_extension()], language_level=3, compiler_directives=CYTHON_DIRECTIVES))

@@ -24,7 +24,7 @@ import numpy as np  # noqa: E402
 from gguf import GGMLQuantizationType as T  # noqa: E402
 
 from bench.ggml_matvec import REPACKED_ON_X86, Ggml, MatVec  # noqa: E402
-from engine.kernels import _quants as q  # noqa: E402
+from engine.kernels import _kernels as q  # noqa: E402
 from tests import quant_pack as qp  # noqa: E402
 
 TYPES = ("Q4_K", "Q5_K", "Q6_K", "Q4_0", "Q8_0", "IQ4_NL", "IQ4_XS")

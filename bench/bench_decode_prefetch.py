@@ -26,7 +26,7 @@ def main(types: str, threads: int, kernel: str, reps: int, rows: int, cols: int)
     from gguf import GGMLQuantizationType as T
 
     from engine import decode_tuning
-    from engine.kernels import _quants as q
+    from engine.kernels import _kernels as q
 
     if not q.cpu_supports(kernel):
         raise click.UsageError(f"this CPU cannot run the {kernel} path")

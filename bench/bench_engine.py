@@ -229,18 +229,10 @@ def peak_rss_mb() -> float:
 
 
 def kernel_path() -> str:
-    """The kernel path our engine runs on (engine.kernels._quants.kernel_path()); when the
-    forward module reports a different one, both."""
-    from engine.kernels import _quants
+    """The kernel path our engine runs on (engine.kernels._kernels.kernel_path())."""
+    from engine.kernels import _kernels
 
-    path = str(_quants.kernel_path())
-    try:
-        from engine.kernels import _forward
-
-        fwd = str(_forward.kernel_path())
-    except (ImportError, AttributeError):
-        return path
-    return path if fwd == path else f"{path}/fwd:{fwd}"
+    return str(_kernels.kernel_path())
 
 
 def paired_ratio(ours: list[tuple[float, float]], theirs: list[tuple[float, float]], i: int) -> float:

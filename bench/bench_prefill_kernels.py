@@ -18,7 +18,7 @@ import click
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
-from engine.kernels import _quants as q
+from engine.kernels import _kernels as q
 from tests import quant_pack as qp
 
 ROOT = Path(__file__).resolve().parents[1]

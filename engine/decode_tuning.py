@@ -31,7 +31,7 @@ ENV = "RQLLM_DECODE_PREFETCH"
 ENV_KERNELS = "RQLLM_DECODE_KERNELS"
 ROUNDS = 3
 STREAM_BYTES = 96 << 20  # per type timed: past the last-level cache of the CPUs we know (32 MB on Zen 4)
-KERNELS = ("r16", "r16-256", "gguf")  # _quants.DECODE_MODES
+KERNELS = ("r16", "r16-256", "gguf")  # _kernels.DECODE_MODES
 EVERY_TYPE = -1
 
 
@@ -69,7 +69,7 @@ class Decode:
 
     def apply(self, t: int = EVERY_TYPE) -> None:
         """Set it for GGML weight type t."""
-        from engine.kernels import _quants as q
+        from engine.kernels import _kernels as q
 
         q.set_decode_mode(self.kernels, t)
         q.r16_set_prefetch(self.prefetch.distance, self.prefetch.to_l2, t)
@@ -150,7 +150,7 @@ def streamed(matrices: list[Matrix]) -> list[Matrix]:
 def choose(by_type: dict[int, list[Matrix]], threads: int, environ=None) -> DecodeChoice:
     """Set the decode kernels and prefetch for each weight type and say why. by_type: the model's
     repacked matrices of each GGML type (empty: nothing repacked, nothing to choose)."""
-    from engine.kernels import _quants as q
+    from engine.kernels import _kernels as q
 
     environ = os.environ if environ is None else environ
     cands, forced = _narrowed(q.kernel_path(), environ)
@@ -177,7 +177,7 @@ def choose(by_type: dict[int, list[Matrix]], threads: int, environ=None) -> Deco
 
 def _time_candidates(cands: list[Decode], t: int, matrices: list[Matrix], threads: int) -> dict[Decode, float]:
     """Each candidate's best seconds for one one-token matmul of each matrix, over ROUNDS rounds."""
-    from engine.kernels import _quants as q
+    from engine.kernels import _kernels as q
 
     rng = np.random.default_rng(0)
     xs = [rng.standard_normal((1, cols)).astype(np.float32) for _, _, _, cols in matrices]

@@ -82,13 +82,6 @@ class TensorInfo:
     def type_name(self) -> str:
         return GGMLQuantizationType(self.type).name
 
-    @property
-    def n_elements(self) -> int:
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n
-
 
 class _LazyStrings:
     """A string array found at open (item start offsets) and decoded on first access."""
@@ -497,14 +490,6 @@ class GGUFFile:
     # ------------------------------------------------------------------ API
     def get(self, key: str, default: Any = None) -> Any:
         return self.metadata[key] if key in self.metadata else default
-
-    def string_array_bytes(self, key: str) -> tuple[memoryview, np.ndarray, np.ndarray] | None:
-        """Raw access to a not-yet-decoded string array: (mmap view, starts, lengths); None if decoded/absent."""
-        v = self._raw.get(key)
-        if not isinstance(v, _LazyStrings) or self._mm is None:
-            return None
-        st, en = v.bounds()
-        return memoryview(self._mm), st, en - st
 
     def metadata_only(self) -> bytes:
         """This file's header and metadata as a GGUF of its own with no tensors: the tokenizer, chat

@@ -446,7 +446,7 @@ class Weights:
     def _row_slice(self, spec: tuple[int, ...], row0: int, rows: int) -> tuple[int, int, int, int]:
         """Rows row0..row0+rows of a matrix spec, which are contiguous in the GGUF layout."""
         type_, address, _, cols = spec[:4]
-        from engine.kernels._quants import row_bytes
+        from engine.kernels._kernels import row_bytes
         return (type_, address + row0 * row_bytes(type_, cols), rows, cols)
 
     def _spec(self, name: str, shape: tuple[int, ...], f32: bool = False) -> tuple[int, int, int, int]:
@@ -542,7 +542,7 @@ class Model:
 
     def __init__(self, gguf: GGUFFile, cfg: Config, weights: Weights, kv: KVCache, threads: int,
                  repacked: RepackedWeights | None = None, layout: WeightLayout | None = None):
-        from engine.kernels._forward import ForwardModel
+        from engine.kernels._kernels import ForwardModel
 
         self.gguf = gguf
         self.cfg = cfg
@@ -551,7 +551,7 @@ class Model:
         self.threads = threads
         self.repacked = repacked  # the mapping must live as long as the forward pass reads it
         self.layout = layout or WeightLayout(None, "GGUF layout")
-        from engine.kernels._forward import config_fields
+        from engine.kernels._kernels import config_fields
 
         freq, freq_local, mscale = weights.rope_tables(kv.capacity)
         values = {f.name: getattr(cfg, f.name) for f in fields(cfg)}

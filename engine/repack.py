@@ -66,8 +66,8 @@ FORMAT_VERSION = 1
 def _kernel_layout_version() -> int:
     """quants.c's R16 layout version: a layout change there makes old caches stale by itself."""
     try:
-        from engine.kernels import _quants
-        return int(_quants.r16_layout_version())
+        from engine.kernels import _kernels
+        return int(_kernels.r16_layout_version())
     except (ImportError, AttributeError):
         return 0
 
@@ -101,7 +101,7 @@ class StaleCache(ValueError):
 
 @dataclass(frozen=True)
 class R16Kernels:
-    """The compiled R16 entry points (engine.kernels._quants); tests substitute fakes."""
+    """The compiled R16 entry points (engine.kernels._kernels); tests substitute fakes."""
 
     supported: Callable[[int], bool]  # r16_supported(type)
     nbytes: Callable[[int, int, int], int]  # r16_bytes(type, rows, cols)
@@ -111,11 +111,11 @@ class R16Kernels:
 
 def r16_kernels() -> R16Kernels | None:
     """The kernels' R16 functions, or None when this build of the extension has none."""
-    from engine.kernels import _quants
+    from engine.kernels import _kernels
 
     try:
-        return R16Kernels(_quants.r16_supported, _quants.r16_bytes, _quants.r16_repack,
-                          _quants.r16_kernels_available)
+        return R16Kernels(_kernels.r16_supported, _kernels.r16_bytes, _kernels.r16_repack,
+                          _kernels.r16_kernels_available)
     except AttributeError:
         return None
 
@@ -139,7 +139,7 @@ def decide(requested: bool | None) -> Decision:
     if api is None:
         return Decision(False, "the compiled kernels have no R16 layout")
     if not api.available():
-        from engine.kernels._quants import kernel_path
+        from engine.kernels._kernels import kernel_path
 
         return Decision(False, f"the {kernel_path()} kernel path does not use the R16 layout")
     return Decision(True, "the kernel path reads R16")

@@ -65,11 +65,11 @@ def kernels_simde(request):
 @pytest.fixture
 def kern(request, path):
     """(kernels module, path name in it) for a test parametrized over kernel `path`: the product
-    kernels (engine.kernels._quants) on that path, or for "avx512-simde" the SIMDe build on its
+    kernels (engine.kernels._kernels) on that path, or for "avx512-simde" the SIMDe build on its
     avx512 path. Skips when this machine cannot run it."""
     if path == SIMDE_PATH:
         return request.getfixturevalue("kernels_simde"), "avx512"
-    q = pytest.importorskip("engine.kernels._quants", reason="build the kernels: python setup.py build_ext --inplace")
+    q = pytest.importorskip("engine.kernels._kernels", reason="build the kernels: python setup.py build_ext --inplace")
     if not q.cpu_supports(path):
         pytest.skip(f"this CPU cannot run the {path} path")
     return q, path

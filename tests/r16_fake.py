@@ -11,7 +11,7 @@ import time
 
 import numpy as np
 
-from engine.kernels._quants import row_bytes
+from engine.kernels._kernels import row_bytes
 from engine.repack import R16Kernels
 
 COVERED = {2, 3, 6, 7, 8, 12, 14}  # Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q6_K

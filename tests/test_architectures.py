@@ -38,23 +38,23 @@ def _one_blas_thread():
 def on_path(request, monkeypatch):
     """on_path(name): the following Model.loads run on that kernel path (SIMDE_PATH: the SIMDe
     build's AVX-512 kernels, the R16 repack made as the product's AVX2 path makes it)."""
-    from engine.kernels import _forward
+    from engine.kernels import _kernels
 
-    before = _forward.kernel_path()
+    before = _kernels.kernel_path()
 
     def switch(path: str) -> None:
         product = "avx2" if path == SIMDE_PATH else path
         if path == SIMDE_PATH:
             simde = request.getfixturevalue("kernels_simde")
-            simde.set_kernel_path("avx512")
-            monkeypatch.setattr(_forward, "ForwardModel", simde.ForwardModel)
+            simde.set_path("avx512")
+            monkeypatch.setattr(_kernels, "ForwardModel", simde.ForwardModel)
         try:
-            _forward.set_kernel_path(product)
+            _kernels.set_path(product)
         except ValueError:
             pytest.skip(f"this CPU cannot run the {product} path")
 
     yield switch
-    _forward.set_kernel_path(before)
+    _kernels.set_path(before)
 
 
 def load(path, **kw) -> Model:

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from engine import decode_tuning
-from engine.kernels import _quants as q
+from engine.kernels import _kernels as q
 from engine.model import Model
 from tests import quant_pack as qp
 
@@ -26,12 +26,10 @@ def _restore():
 
 @pytest.mark.parametrize("path", ["avx2", "avx512"])
 def test_results_do_not_depend_on_the_kernels_or_the_distance(smollm2_path, path, monkeypatch):
-    from engine.kernels import _forward
-
     if not q.cpu_supports(path):
         pytest.skip(f"this CPU cannot run the {path} path")
-    before = _forward.kernel_path()
-    _forward.set_kernel_path(path)
+    before = q.kernel_path()
+    q.set_path(path)
     ids = [1, 504, 3000, 17, 9000, 42, 7, 256]
     got = []
     settings = [("r16", "off", (0, False)), ("r16", "64", (64, False)), ("r16", "6144:l2", (6144, True)),
@@ -54,7 +52,7 @@ def test_results_do_not_depend_on_the_kernels_or_the_distance(smollm2_path, path
             model.forward(ids[:4], 0)
             got.append(np.stack([model.forward([t], 4 + i).copy() for i, t in enumerate(ids[4:])]))
     finally:
-        _forward.set_kernel_path(before)
+        q.set_path(before)
     for other in got[1:]:
         np.testing.assert_array_equal(other, got[0])
 

@@ -112,11 +112,11 @@ def test_top1_matches_llamacpp(model_case):
 @pytest.fixture
 def kernel_path():
     """Run a test on one kernel path of the forward module, then restore the default."""
-    from engine.kernels import _forward
+    from engine.kernels import _kernels
 
-    before = _forward.kernel_path()
-    yield _forward.set_kernel_path
-    _forward.set_kernel_path(before)
+    before = _kernels.kernel_path()
+    yield _kernels.set_path
+    _kernels.set_path(before)
 
 
 @pytest.mark.parametrize("splits", [[1] * 24, [20, 4], [7, 17]], ids=["one-by-one", "20+4", "7+17"])
@@ -139,13 +139,13 @@ def test_split_passes_equal_one_pass_exactly_on_the_scalar_path(smollm2_path, ke
 def test_split_passes_equal_one_pass_exactly_on_simd_paths(smollm2_path, gemma3_path, kernel_path, path):
     """The SIMD kernels sum each token in the same order whatever its tile holds, so splitting
     stays bit-exact there too (else int8 rounding amplifies the difference: same seed, other text)."""
-    from engine.kernels import _forward
+    from engine.kernels import _kernels
 
     try:
         kernel_path(path)
     except ValueError:
         pytest.skip(f"this CPU has no {path}")
-    assert _forward.kernel_path() == path
+    assert _kernels.kernel_path() == path
     rng = np.random.default_rng(1)
     for model_path, vocab in ((smollm2_path, 40000), (gemma3_path, 200000)):
         tokens = [int(t) for t in rng.integers(100, vocab, size=24)]

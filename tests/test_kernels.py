@@ -1,4 +1,4 @@
-"""Quantized kernels (engine/kernels/quants.c via engine.kernels._quants).
+"""Quantized kernels (engine/kernels/quants.c via engine.kernels._kernels).
 
 Ground truth comes from outside the code under test: `gguf.quants` (dequantization, legacy
 quantization), numpy (activation format, float dot products) and provable error bounds for
@@ -19,10 +19,10 @@ from gguf import GGMLQuantizationType as T
 from tests import quant_pack as qp
 from tests.conftest import SIMDE_PATH
 
-q = pytest.importorskip("engine.kernels._quants", reason="build the kernels: python setup.py build_ext --inplace")
+q = pytest.importorskip("engine.kernels._kernels", reason="build the kernels: python setup.py build_ext --inplace")
 
 NATIVE_PATHS = ["scalar", "avx2", "avx512"]
-# Kernel tests run each path of the product module (engine.kernels._quants as q) and the SIMDe
+# Kernel tests run each path of the product module (engine.kernels._kernels as q) and the SIMDe
 # build's avx512 path; the `kern` fixture (conftest.py) gives (module, path name in it).
 PATHS = NATIVE_PATHS + [SIMDE_PATH]
 FAST_PATHS = ["avx2", "avx512", SIMDE_PATH]
@@ -134,36 +134,10 @@ def test_path_selection():
     q.set_path(old)
 
 
-def test_one_kernel_path_for_quants_and_forward():
-    """quants.c is compiled once, into engine.kernels._kernels: a path set through _quants is the
-    forward pass's and one set through _forward is the quantized kernels' (once each extension
-    had its own copy of the kernels and of the path)."""
-    from engine.kernels import _forward
-
-    paths = [p for p in NATIVE_PATHS if q.cpu_supports(p)]
-    rng = np.random.default_rng(12)
-    W = qp.random_rows(T.Q4_K, 1, 512, rng)[0]
-    x = _x(rng, 1, 512)[0]
-    old = q.kernel_path()
-    try:
-        for p in paths:
-            q.set_path(p)
-            assert _forward.kernel_path() == p
-        for p in paths:
-            _forward.set_kernel_path(p)
-            assert q.kernel_path() == p
-            # and the kernels dispatch on it: the current path's dot is that path's
-            assert q.vec_dot(int(T.Q4_K), W, x) == q.vec_dot(int(T.Q4_K), W, x, path=p)
-        _forward.set_kernel_path("scalar")
-        assert q.vec_dot(int(T.Q4_K), W, x) == q.vec_dot_ref(int(T.Q4_K), W, x)
-    finally:
-        q.set_path(old)
-
-
 @pytest.mark.parametrize("path", NATIVE_PATHS)
 def test_env_forces_path(path):
     _need(path)
-    code = "from engine.kernels import _quants as q; print(q.kernel_path())"
+    code = "from engine.kernels import _kernels as q; print(q.kernel_path())"
     env = dict(os.environ, RQLLM_KERNEL=path)
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), check=True)
@@ -171,7 +145,7 @@ def test_env_forces_path(path):
 
 
 def test_default_path_is_best():
-    code = "from engine.kernels import _quants as q; print(q.kernel_path())"
+    code = "from engine.kernels import _kernels as q; print(q.kernel_path())"
     env = {k: v for k, v in os.environ.items() if k != "RQLLM_KERNEL"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), check=True)

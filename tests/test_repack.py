@@ -340,7 +340,7 @@ def test_the_worker_logs_its_weight_layout_and_no_repack_reaches_it(model_copy, 
 
 
 def _real_r16_or_skip():
-    from engine.kernels import _quants as q
+    from engine.kernels import _kernels as q
 
     if repack.r16_kernels() is None:
         pytest.skip("the kernels have no R16 entry points")

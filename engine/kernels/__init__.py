@@ -1,4 +1,4 @@
-"""The compiled kernels (one extension, engine.kernels._kernels; _quants and _forward re-export it).
+"""The compiled kernels: one extension, engine.kernels._kernels (setup.py).
 
 libgomp reads GOMP_SPINCOUNT once, when the extension loads it, so the default is set here first.
 Its own default spins a waiting thread ~300k times at every barrier before it sleeps: when another

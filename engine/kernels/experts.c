@@ -1,5 +1,6 @@
 /* A mixture-of-experts feed-forward layer: route, group by expert, multiply, combine (experts.h). */
 #include "experts.h"
+#include "attention.h"   /* rq_exp, rq_gated_act */
 
 #include <math.h>
 #include <omp.h>

@@ -129,23 +129,4 @@ int rq_model_set_threads(rq_model *m, int n);
  * (l = 1..n_layer) at buf[(l * max_tokens + t) * n_embd]. NULL stops recording. */
 void rq_model_record_layers(rq_model *m, float *buf, int max_tokens);
 
-/* g[i] = act(g[i]) * up[i], act SiLU or (gelu) GELU-tanh, on the current kernel path (every path
- * gives the scalar one's values bit for bit). */
-void rq_gated_act(float *g, const float *up, size_t n, int gelu);
-
-/* Test hook: y[i] = e^x[i] as the softmax and the gated activations compute it, on the current
- * kernel path (the SIMD paths give the scalar one's values bit for bit). */
-void rq_exp(const float *x, float *y, int n);
-
-/* Test hook: the attention of n tokens at positions pos0.. (q, out: [n][n_head * hd]) over the KV
- * ring k, v ([slots][n_head_kv * hd] of f32, or of f16 when f16 is set; position p in slot p % slots;
- * window > 0: a token sees only
- * the last `window` positions) as the forward pass runs it, in blocks of `tokens` consecutive
- * tokens x `heads` query heads of one KV head (0: the pass's choice), on n_threads threads.
- * softcap > 0: scores become softcap * tanh(score / softcap) before the softmax.
- * Returns -1 on bad arguments (the ring must hold every position a call reads). */
-int rq_attention(const float *q, const void *k, const void *v, int f16, float *out, int n, int pos0, int n_head,
-                 int n_head_kv, int hd, int slots, int window, float scale, float softcap, int tokens, int heads,
-                 int n_threads);
-
 #endif

@@ -1,5 +1,5 @@
 # Python handle on the compiled forward pass (forward.c). Included by _kernels.pyx after
-# quants.pxi (whose declarations of quants.h it uses); re-exported by engine.kernels._forward.
+# quants.pxi (whose declarations of quants.h it uses).
 #
 # Weights are passed as raw addresses into the mapped GGUF file and KV memory as numpy arrays;
 # this object keeps references to both so they outlive the C model.
@@ -51,10 +51,6 @@ cdef extern from "forward.h":
     int rq_forward(rq_model *m, const int32_t *tokens, int n, int pos0, float *logits, int all_logits) nogil
     int rq_model_set_threads(rq_model *m, int n)
     void rq_model_record_layers(rq_model *m, float *buf, int max_tokens)
-    void rq_exp(const float *x, float *y, int n) nogil
-    int rq_attention(const float *q, const void *k, const void *v, int f16, float *out, int n, int pos0, int n_head,
-                     int n_head_kv, int hd, int slots, int window, float scale, float softcap, int tokens, int heads,
-                     int n_threads) nogil
 
 
 def config_fields() -> tuple:
@@ -224,55 +220,3 @@ cdef class ForwardModel:
         self.record_buf = arr
         rq_model_record_layers(self.model, <float *>cnp.PyArray_DATA(arr), max_tokens)
 
-
-KERNEL_PATHS = {"scalar": 0, "avx2": 1, "avx512": 2}
-
-
-def set_kernel_path(str name):
-    """Force the kernel path (tests): the one path of every kernel in this process (set_path's
-    twin that raises ValueError); raises if the CPU cannot run it. kernel_path() (quants.pxi)
-    reads it back."""
-    rq_kernels_init()
-    if name not in KERNEL_PATHS or rq_set_kernel_path(KERNEL_PATHS[name]) != 0:
-        raise ValueError(f"kernel path {name!r} is not available on this CPU")
-
-
-def exp_f32(x, path=None):
-    """Test hook: e^x as the forward pass computes it (rq_exp), on `path` (None: the current one)."""
-    cdef cnp.ndarray xa = np.ascontiguousarray(x, dtype=np.float32)
-    cdef cnp.ndarray ya = np.empty_like(xa)
-    g = _PathGuard(path)
-    try:
-        rq_exp(<const float *>cnp.PyArray_DATA(xa), <float *>cnp.PyArray_DATA(ya), <int>xa.size)
-    finally:
-        g.restore()
-    return ya
-
-
-def attention_f32(q, k, v, int pos0, int window=0, float scale=1.0, int tokens=0, int heads=0, int threads=1,
-                  path=None, float softcap=0.0):
-    """Test hook: the forward pass's attention (rq_attention) of q [n, n_head, hd] (f32) at positions
-    pos0.. over the KV ring k, v [slots, n_head_kv, hd], both float16 (an f16 cache, read as halves)
-    or else taken as float32; softcap > 0: scores capped to softcap * tanh(score / softcap) before
-    the softmax (gemma2); returns [n, n_head, hd] (f32)."""
-    cdef int f16 = np.asarray(k).dtype == np.float16 and np.asarray(v).dtype == np.float16
-    kv_dtype = np.float16 if f16 else np.float32
-    cdef cnp.ndarray qa = np.ascontiguousarray(q, dtype=np.float32)
-    cdef cnp.ndarray ka = np.ascontiguousarray(k, dtype=kv_dtype)
-    cdef cnp.ndarray va = np.ascontiguousarray(v, dtype=kv_dtype)
-    if qa.ndim != 3 or ka.ndim != 3 or ka.shape[0] != va.shape[0] or ka.shape[1] != va.shape[1] or \
-            ka.shape[2] != qa.shape[2] or va.shape[2] != qa.shape[2]:
-        raise ValueError("q [n, n_head, hd], k and v [slots, n_head_kv, hd]")
-    cdef cnp.ndarray out = np.zeros_like(qa)
-    cdef int rc
-    g = _PathGuard(path)
-    try:
-        rc = rq_attention(<const float *>cnp.PyArray_DATA(qa), <const void *>cnp.PyArray_DATA(ka),
-                          <const void *>cnp.PyArray_DATA(va), f16, <float *>cnp.PyArray_DATA(out), qa.shape[0],
-                          pos0, qa.shape[1], ka.shape[1], qa.shape[2], ka.shape[0], window, scale, softcap, tokens,
-                          heads, threads)
-    finally:
-        g.restore()
-    if rc != 0:
-        raise ValueError("bad attention arguments")
-    return out

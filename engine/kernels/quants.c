@@ -27,7 +27,7 @@
  *   pf8.c          x86: the AVX2 8-token prefill driver
  *   v16.c          x86: the AVX-512 VNNI prefill driver on the GGUF layout
  *   r16.c          the R16 drivers: repacking, AVX-512 and AVX2 kernels on repacked groups
- *   tables.c       TRAITS, the type table, the scalar by-type switches, KERNELS
+ *   tables.c       OPS, one row per type: layout, dequantization, reference dot, SIMD entry points
  *   dispatch.c     kernel path selection, per-path kernel lookup, rq_quantize_act, rq_vec_dot
  *   matmul.c       matmul drivers and threading, R16 matmuls, rq_matmul_ref
  */

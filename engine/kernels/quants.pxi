@@ -1,5 +1,5 @@
 # numpy-friendly wrappers around the quantized kernels (quants.h), mainly for tests and benchmarks.
-# Included by _kernels.pyx (and re-exported by engine.kernels._quants).
+# Included by _kernels.pyx.
 import numpy as np
 cimport numpy as cnp
 from libc.stdint cimport int8_t, int32_t, uint8_t, uint16_t
@@ -93,10 +93,12 @@ def kernel_path():
 
 
 def set_path(path):
-    """Force a kernel path; raises if this CPU cannot run it."""
+    """Force the kernel path, the one path of every kernel in this process (tests); ValueError if
+    the name is unknown or this CPU cannot run it."""
+    rq_kernels_init()
     cdef int p = path_id(path)
     if rq_set_kernel_path(p) != 0:
-        raise RuntimeError(f"this CPU cannot run kernel path {path!r}")
+        raise ValueError(f"kernel path {path!r} is not available on this CPU")
 
 
 def cpu_supports(path):

@@ -1,6 +1,6 @@
 /* Part of quants.c's single translation unit (#included there, in a fixed order; not compiled
  * alone). What every type and kernel shares: block constants, the type_traits row and
- * its accessors (the TRAITS table itself is in tables.c, after the types' block structs), f16 /
+ * its accessors (the rows are in tables.c's OPS table, after the types' block structs), f16 /
  * bf16 conversions, byte loads, the K types' packed 12-byte scale format (Q4_K, Q5_K), kernel
  * macros. */
 
@@ -11,7 +11,7 @@
 #define QK_K 256
 
 /* ------------------------------------------------------------------------------------------ */
-/* Type traits: what every part of the kernels asks about a type (one table: TRAITS, tables.c) */
+/* Type traits: what every part of the kernels asks about a type (the layout of OPS, tables.c) */
 
 typedef struct {
     int block_elems, block_bytes;

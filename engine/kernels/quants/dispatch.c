@@ -1,5 +1,5 @@
 /* Part of quants.c's single translation unit (#included there, in a fixed order; not compiled
- * alone). Dispatch: which kernels a path uses for a type (from KERNELS), the
+ * alone). Dispatch: which kernels a path uses for a type (from OPS), the
  * kernel path (one process-wide state, g_path), the dispatched activation quantization and
  * single dot product. */
 
@@ -16,8 +16,8 @@ static int simd_kernels(int path, int t, kern_fn *k, rows_fn *rk, int *tmax, int
     if (path == RQ_PATH_AVX512) path = RQ_PATH_AVX2;   /* see the top of v16.c */
     if (path == RQ_PATH_AVX2) {
         *tmax = pf8_type(t, 1) ? 8 : TMAX2;   /* 8-token tiles: pf8_row_256 */
-        *k = kernels(t)->k256;
-        *rk = slot_packed(t, *ub) ? kernels(t)->r256 : NULL;
+        *k = ops(t)->k256;
+        *rk = slot_packed(t, *ub) ? ops(t)->r256 : NULL;
     }
 #else
     (void)path; (void)t;
@@ -31,8 +31,8 @@ static int simd_pf8(int path, int t, pf8_unpack_fn *u, pf8_rows_fn *r) {
     *r = NULL;
 #ifdef RQ_HAVE_X86
     if (path == RQ_PATH_AVX512 || path == RQ_PATH_AVX2) {
-        *u = kernels(t)->pf8u;
-        *r = kernels(t)->pf8r;
+        *u = ops(t)->pf8u;
+        *r = ops(t)->pf8r;
     }
 #else
     (void)path; (void)t;
@@ -74,12 +74,6 @@ void rq_kernels_init(void) {
         else if (!strcmp(env, "avx512")) want = RQ_PATH_AVX512;
         if (want >= 0 && rq_cpu_supports_path(want)) p = want;
     }
-#ifdef RQ_HAVE_X86
-    if (!kernel_table_agrees()) {   /* a programming error: fail loudly, not with a wrong kernel */
-        fputs("rqllm: quants.c TRAITS and KERNELS disagree on a type's kernel families\n", stderr);
-        abort();
-    }
-#endif
     int expected = -1;
     __atomic_compare_exchange_n(&g_path, &expected, p, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
 }

@@ -152,7 +152,7 @@ static int v16_use(int path, int t, int ntok) {
 #ifdef RQ_HAVE_X86
 static int v16_alloc(v16_set *vs, int t, int cols, int ntok, int nbuf) {
     const int nb = cols / QK;
-    vs->fn = kernels(t)->v16;
+    vs->fn = ops(t)->v16;
     vs->tk.nb = nb;
     vs->tk.ntiles = (ntok + 7) / 8;
     vs->tk.mem = aligned_alloc(64, (size_t)vs->tk.ntiles * nb * V16_TILE_BLOCK_BYTES);

@@ -1,7 +1,7 @@
 /* Part of quants.c's single translation unit (#included there, in a fixed order; not compiled
  * alone). x86: the AVX2 8-token prefill driver, generic over the types (each type's
  * pf8_unpack_* is in its file): unpacking a row chunk, the parity passes, the PF8_256 kernels
- * of the KERNELS table. */
+ * of the OPS table. */
 
 #ifdef RQ_HAVE_X86
 

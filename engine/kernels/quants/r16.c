@@ -1,8 +1,7 @@
 /* Part of quants.c's single translation unit (#included there, in a fixed order; not compiled
  * alone). The R16 drivers, generic over the types (layout: r16_layout.c; each type's
  * unit, repacking and block loaders: its file): group addressing and repacking, and on x86 the
- * AVX-512 and AVX2 kernels on repacked groups, the R16_GROUPS / R16_GROUPS_256 kernels of the
- * KERNELS table. */
+ * AVX-512 and AVX2 kernels on repacked groups, the R16_GROUPS kernels of the OPS table. */
 
 /* How far ahead (bytes) decode asks for a group's units, and into L1 (T0) or L2 (T1), per type:
  * rq_r16_set_prefetch, chosen by timing at load (engine/decode_tuning.py). */
@@ -218,55 +217,55 @@ A512 AINL void r16_tile(const int t, const r16_ptrs *p, int nb, const int T, con
 /* Tokens at or above this take the expand-then-v16 route. */
 #define R16_EXPAND_MIN_TOK 12
 
-/* Groups [g0, g1) of a repacked matrix (rows rows) against all token tiles. Many tokens: up to
- * gmax groups at a time are expanded into grp (gmax v16 group buffers) and every tile runs over
- * them; few tokens: straight from the packed data. */
+/* Groups [g0, g1) of a repacked matrix (rows rows) against all token tiles: the loops of r16_groups
+ * (AVX-512) and r16_groups_256 (AVX2), written once over the variables of their common signature.
+ * Many tokens: up to gmax groups at a time are expanded (EXPAND) into grp (gmax v16 group buffers)
+ * and every tile runs over them: EXPANDED_HEAD declares tile i's `tile` and T (its tokens, <= 8),
+ * EXPANDED_TILE runs it against expanded group g, rows r0.. (nr of them). Few tokens: straight from
+ * the packed data: PACKED_TILE runs tile i against the group at p. The hooks are statements, not
+ * functions: called as functions, the same code compiled to other instructions in the kernels they
+ * inline, and these loops must stay exactly the code they were. */
+#define R16_GROUPS_LOOPS(EXPAND, EXPANDED_HEAD, EXPANDED_TILE, PACKED_TILE)                                \
+    const size_t gbytes = r16_group_bytes_t(t, nb), vb = (v16_group_bytes(nb) + 63) & ~(size_t)63;            \
+    if (ntok >= R16_EXPAND_MIN_TOK) {                                                                          \
+        for (int c0 = g0; c0 < g1; c0 += gmax) {                                                               \
+            const int c1 = c0 + gmax < g1 ? c0 + gmax : g1;                                                    \
+            for (int g = c0; g < c1; g++) EXPAND(t, R + gbytes * (size_t)g, nb, grp + vb * (size_t)(g - c0)); \
+            for (int i = 0; i < tk->ntiles; i++) {                                                             \
+                EXPANDED_HEAD                                                                                  \
+                for (int g = c0; g < c1; g++) {                                                                \
+                    const int r0 = 16 * g, nr = rows - r0 < 16 ? rows - r0 : 16;                               \
+                    EXPANDED_TILE                                                                              \
+                }                                                                                              \
+            }                                                                                                  \
+        }                                                                                                      \
+        return;                                                                                                \
+    }                                                                                                          \
+    for (int g = g0; g < g1; g++) {                                                                            \
+        const r16_ptrs p = r16_group_ptrs(t, R + gbytes * (size_t)g, nb);                                      \
+        const int r0 = 16 * g, nr = rows - r0 < 16 ? rows - r0 : 16;                                           \
+        for (int i = 0; i < tk->ntiles; i++) {                                                                 \
+            const uint8_t *tile = tk->mem + (size_t)i * nb * V16_TILE_BLOCK_BYTES;                             \
+            PACKED_TILE                                                                                        \
+        }                                                                                                      \
+    }
+
+/* AVX-512: an expanded group through the v16 kernel; a packed one R16_TMAX tokens at a time. */
+#define R16_EXPANDED_HEAD_512                                                                                   \
+    const int k0 = 8 * i, T = ntok - k0 < 8 ? ntok - k0 : 8;                                                   \
+    const uint8_t *tile = tk->mem + (size_t)i * nb * V16_TILE_BLOCK_BYTES;
+#define R16_EXPANDED_TILE_512                                                                                   \
+    DISPATCH_T8(V16_TILE_T, t, grp + vb * (size_t)(g - c0), nb, tile, out + (size_t)k0 * ldo + r0, ldo, nr);
+#define R16_PACKED_TILE_512                                                                                     \
+    for (int k0 = 0; k0 < 8 && 8 * i + k0 < ntok; k0 += R16_TMAX) {                                            \
+        const int left = ntok - 8 * i - k0, T = left < R16_TMAX ? left : R16_TMAX;                             \
+        DISPATCH_T4(R16_TILE_T, t, &p, nb, tile, k0, out + (size_t)(8 * i + k0) * ldo + r0, ldo, nr);          \
+    }
+
 A512 AINL void r16_groups(const int t, const uint8_t *R, int rows, int g0, int g1, int nb, int ntok,
                           const v16_toks *tk, float *out, int ldo, uint8_t *grp, int gmax) {
-    const size_t gbytes = r16_group_bytes_t(t, nb), vb = (v16_group_bytes(nb) + 63) & ~(size_t)63;
-    if (ntok >= R16_EXPAND_MIN_TOK) {
-        for (int c0 = g0; c0 < g1; c0 += gmax) {
-            const int c1 = c0 + gmax < g1 ? c0 + gmax : g1;
-            for (int g = c0; g < c1; g++) r16_expand(t, R + gbytes * (size_t)g, nb, grp + vb * (size_t)(g - c0));
-            for (int i = 0; i < tk->ntiles; i++) {
-                const int k0 = 8 * i, T = ntok - k0 < 8 ? ntok - k0 : 8;
-                const uint8_t *tile = tk->mem + (size_t)i * nb * V16_TILE_BLOCK_BYTES;
-                for (int g = c0; g < c1; g++) {
-                    const int r0 = 16 * g, nr = rows - r0 < 16 ? rows - r0 : 16;
-                    DISPATCH_T8(V16_TILE_T, t, grp + vb * (size_t)(g - c0), nb, tile, out + (size_t)k0 * ldo + r0, ldo, nr);
-                }
-            }
-        }
-        return;
-    }
-    for (int g = g0; g < g1; g++) {
-        const r16_ptrs p = r16_group_ptrs(t, R + gbytes * (size_t)g, nb);
-        const int r0 = 16 * g, nr = rows - r0 < 16 ? rows - r0 : 16;
-        for (int i = 0; i < tk->ntiles; i++) {
-            const uint8_t *tile = tk->mem + (size_t)i * nb * V16_TILE_BLOCK_BYTES;
-            for (int k0 = 0; k0 < 8 && 8 * i + k0 < ntok; k0 += R16_TMAX) {
-                const int left = ntok - 8 * i - k0, T = left < R16_TMAX ? left : R16_TMAX;
-                DISPATCH_T4(R16_TILE_T, t, &p, nb, tile, k0, out + (size_t)(8 * i + k0) * ldo + r0, ldo, nr);
-            }
-        }
-    }
+    R16_GROUPS_LOOPS(r16_expand, R16_EXPANDED_HEAD_512, R16_EXPANDED_TILE_512, R16_PACKED_TILE_512)
 }
-
-#define R16_GROUPS(suffix, t)                                                                                   \
-    A512 static void r16g_##suffix(const uint8_t *R, int rows, int g0, int g1, int nb, int ntok, const v16_toks *tk, \
-                                   float *out, int ldo, uint8_t *grp, int gmax) {                               \
-        r16_groups(t, R, rows, g0, g1, nb, ntok, tk, out, ldo, grp, gmax);                                      \
-    }
-R16_GROUPS(q4_0, RQ_Q4_0)
-R16_GROUPS(q4_1, RQ_Q4_1)
-R16_GROUPS(q5_0, RQ_Q5_0)
-R16_GROUPS(q5_1, RQ_Q5_1)
-R16_GROUPS(q8_0, RQ_Q8_0)
-R16_GROUPS(q4_K, RQ_Q4_K)
-R16_GROUPS(q5_K, RQ_Q5_K)
-R16_GROUPS(q6_K, RQ_Q6_K)
-R16_GROUPS(iq4_nl, RQ_IQ4_NL)
-R16_GROUPS(iq4_xs, RQ_IQ4_XS)
 
 typedef void (*r16_groups_fn)(const uint8_t *R, int rows, int g0, int g1, int nb, int ntok, const v16_toks *tk,
                               float *out, int ldo, uint8_t *grp, int gmax);
@@ -696,60 +695,54 @@ A256 AINL void v8_tile_256(const int t, const uint8_t *grp, int nb, const int T,
         else IMPL(__VA_ARGS__, 2);                              \
     } while (0)
 
-/* r16_groups for AVX2 (same arguments and routes). */
+/* AVX2: an expanded group through the type's whole-tile kernel, else 4 tokens x 8 rows at a time;
+ * a packed one 2 tokens at a time (one token: all 16 rows at once where the type can). */
+#define R16_EXPANDED_HEAD_256                                                                                   \
+    const uint8_t *tile = tk->mem + (size_t)i * nb * V16_TILE_BLOCK_BYTES;                                     \
+    const int T = ntok - 8 * i < 8 ? ntok - 8 * i : 8;
+#define R16_EXPANDED_TILE_256                                                                                   \
+    if (r16_tile16_256(t, grp + vb * (size_t)(g - c0), nb, T, tile, out + (size_t)(8 * i) * ldo + r0, ldo, nr))     \
+        continue;                                                                                              \
+    for (int k0 = 0; k0 < 8 && 8 * i + k0 < ntok; k0 += 4) {                                                   \
+        const int left = ntok - 8 * i - k0, T = left < 4 ? left : 4;                                           \
+        for (int q = 0; q < 2 && 8 * q < nr; q++)                                                              \
+            DISPATCH_T4(V8_TILE_T, t, grp + vb * (size_t)(g - c0), nb, tile, k0, q,                             \
+                        out + (size_t)(8 * i + k0) * ldo + r0 + 8 * q, ldo, nr - 8 * q);                       \
+    }
+#define R16_PACKED_TILE_256                                                                                     \
+    for (int k0 = 0; k0 < 8 && 8 * i + k0 < ntok; k0 += 2) {                                                   \
+        const int left = ntok - 8 * i - k0, T = left < 2 ? left : 2;                                           \
+        if (T == 1 && r16_one16_256(t, &p, nb, tile, k0, out + (size_t)(8 * i + k0) * ldo + r0, nr)) continue; \
+        for (int q = 0; q < 2 && 8 * q < nr; q++)                                                              \
+            DISPATCH_T2(R16_HALF_T, t, &p, nb, tile, k0, q, out + (size_t)(8 * i + k0) * ldo + r0 + 8 * q, ldo,  \
+                        nr - 8 * q);                                                                           \
+    }
+
+/* r16_groups for AVX2: the same loops and routes, 8 rows per vector. */
 A256 AINL void r16_groups_256(const int t, const uint8_t *R, int rows, int g0, int g1, int nb, int ntok,
                               const v16_toks *tk, float *out, int ldo, uint8_t *grp, int gmax) {
-    const size_t gbytes = r16_group_bytes_t(t, nb), vb = (v16_group_bytes(nb) + 63) & ~(size_t)63;
-    if (ntok >= R16_EXPAND_MIN_TOK) {
-        for (int c0 = g0; c0 < g1; c0 += gmax) {
-            const int c1 = c0 + gmax < g1 ? c0 + gmax : g1;
-            for (int g = c0; g < c1; g++) r16_expand_256(t, R + gbytes * (size_t)g, nb, grp + vb * (size_t)(g - c0));
-            for (int i = 0; i < tk->ntiles; i++) {
-                const uint8_t *tile = tk->mem + (size_t)i * nb * V16_TILE_BLOCK_BYTES;
-                const int Ti = ntok - 8 * i < 8 ? ntok - 8 * i : 8;
-                for (int g = c0; g < c1; g++) {
-                    const int r0 = 16 * g, nr = rows - r0 < 16 ? rows - r0 : 16;
-                    if (r16_tile16_256(t, grp + vb * (size_t)(g - c0), nb, Ti, tile, out + (size_t)(8 * i) * ldo + r0, ldo, nr)) continue;
-                    for (int k0 = 0; k0 < 8 && 8 * i + k0 < ntok; k0 += 4) {
-                        const int left = ntok - 8 * i - k0, T = left < 4 ? left : 4;
-                        for (int q = 0; q < 2 && 8 * q < nr; q++)
-                            DISPATCH_T4(V8_TILE_T, t, grp + vb * (size_t)(g - c0), nb, tile, k0, q,
-                                        out + (size_t)(8 * i + k0) * ldo + r0 + 8 * q, ldo, nr - 8 * q);
-                    }
-                }
-            }
-        }
-        return;
-    }
-    for (int g = g0; g < g1; g++) {
-        const r16_ptrs p = r16_group_ptrs(t, R + gbytes * (size_t)g, nb);
-        const int r0 = 16 * g, nr = rows - r0 < 16 ? rows - r0 : 16;
-        for (int i = 0; i < tk->ntiles; i++) {
-            const uint8_t *tile = tk->mem + (size_t)i * nb * V16_TILE_BLOCK_BYTES;
-            for (int k0 = 0; k0 < 8 && 8 * i + k0 < ntok; k0 += 2) {
-                const int left = ntok - 8 * i - k0, T = left < 2 ? left : 2;
-                if (T == 1 && r16_one16_256(t, &p, nb, tile, k0, out + (size_t)(8 * i + k0) * ldo + r0, nr)) continue;
-                for (int q = 0; q < 2 && 8 * q < nr; q++)
-                    DISPATCH_T2(R16_HALF_T, t, &p, nb, tile, k0, q, out + (size_t)(8 * i + k0) * ldo + r0 + 8 * q, ldo, nr - 8 * q);
-            }
-        }
-    }
+    R16_GROUPS_LOOPS(r16_expand_256, R16_EXPANDED_HEAD_256, R16_EXPANDED_TILE_256, R16_PACKED_TILE_256)
 }
 
-#define R16_GROUPS_256(suffix, t)                                                                               \
+/* Each R16 type's kernels of the OPS table (tables.c): r16g_* (AVX-512) and r16g256_* (AVX2). */
+#define R16_GROUPS(suffix, t)                                                                                   \
+    A512 static void r16g_##suffix(const uint8_t *R, int rows, int g0, int g1, int nb, int ntok, const v16_toks *tk, \
+                                   float *out, int ldo, uint8_t *grp, int gmax) {                               \
+        r16_groups(t, R, rows, g0, g1, nb, ntok, tk, out, ldo, grp, gmax);                                      \
+    }                                                                                                           \
     A256 static void r16g256_##suffix(const uint8_t *R, int rows, int g0, int g1, int nb, int ntok,               \
                                       const v16_toks *tk, float *out, int ldo, uint8_t *grp, int gmax) {        \
         r16_groups_256(t, R, rows, g0, g1, nb, ntok, tk, out, ldo, grp, gmax);                                  \
     }
-R16_GROUPS_256(q4_0, RQ_Q4_0)
-R16_GROUPS_256(q4_1, RQ_Q4_1)
-R16_GROUPS_256(q5_0, RQ_Q5_0)
-R16_GROUPS_256(q5_1, RQ_Q5_1)
-R16_GROUPS_256(q8_0, RQ_Q8_0)
-R16_GROUPS_256(q4_K, RQ_Q4_K)
-R16_GROUPS_256(q5_K, RQ_Q5_K)
-R16_GROUPS_256(q6_K, RQ_Q6_K)
-R16_GROUPS_256(iq4_nl, RQ_IQ4_NL)
-R16_GROUPS_256(iq4_xs, RQ_IQ4_XS)
+R16_GROUPS(q4_0, RQ_Q4_0)
+R16_GROUPS(q4_1, RQ_Q4_1)
+R16_GROUPS(q5_0, RQ_Q5_0)
+R16_GROUPS(q5_1, RQ_Q5_1)
+R16_GROUPS(q8_0, RQ_Q8_0)
+R16_GROUPS(q4_K, RQ_Q4_K)
+R16_GROUPS(q5_K, RQ_Q5_K)
+R16_GROUPS(q6_K, RQ_Q6_K)
+R16_GROUPS(iq4_nl, RQ_IQ4_NL)
+R16_GROUPS(iq4_xs, RQ_IQ4_XS)
 
 #endif /* x86 */

@@ -1,7 +1,7 @@
 /* Part of quants.c's single translation unit (#included there, in a fixed order; not compiled
  * alone). x86: the AVX-512 VNNI prefill kernels on the GGUF layout (v16_*),
  * generic over the types: token tiles, 16-row groups unpacked from each type's prefill form, the
- * passes, the V16_ROWS kernels of the KERNELS table. */
+ * passes, the V16_ROWS kernels of the OPS table. */
 
 #ifdef RQ_HAVE_X86
 
