@@ -2,9 +2,10 @@
 
 A decode pass streams every weight matrix once, and what is fastest depends on the CPU and on the
 thread count, not on its name:
-- Kernels. The R16 copies can be read by the path's own kernels (AVX-512 on the avx512 path), by
+- Kernels. The R16 copies can be read by the path's own kernels (AVX-512 on the avx512 path) or by
   the AVX2 R16 kernels (a core that splits 512-bit operations, or one that is compute-bound at the
-  worker's thread count, may stream faster with them), or skipped for the GGUF layout.
+  worker's thread count, may stream faster with them); RQLLM_DECODE_KERNELS=gguf skips them for the
+  GGUF layout.
 - Prefetch. The R16 kernels can ask for each group's units some way ahead, into L1 or L2. On the
   Zen 5 machines the kernels were tuned on, 6 KB ahead into L1 helped; on an AMD EPYC Zen 4 (one
   thread, one-token matmuls from DRAM) that setting streamed Q4_K at 15 GB/s and Q6_K at 7, no
@@ -104,10 +105,12 @@ def parse_kernels(text: str) -> str:
 
 
 def candidates(path: str) -> list[Decode]:
-    """Every way to run decode on kernel path `path`: the AVX2 R16 kernels are a separate candidate
-    only on the avx512 path; the GGUF layout does not prefetch."""
+    """The ways to run decode on kernel path `path` that are timed at load: the AVX2 R16 kernels are a
+    separate candidate only on the avx512 path. The GGUF layout is not timed: reading its matrices would
+    map their pages into the worker beside the repacked copy (what the memory guard counts on not
+    happening), so it runs only when RQLLM_DECODE_KERNELS=gguf asks for it."""
     kernels = ["r16", "r16-256"] if path == "avx512" else ["r16"]
-    return [Decode(k, p) for k in kernels for p in PREFETCHES] + [Decode("gguf", OFF)]
+    return [Decode(k, p) for k in kernels for p in PREFETCHES]
 
 
 def _narrowed(path: str, environ) -> tuple[list[Decode], list[str]]:
@@ -117,7 +120,7 @@ def _narrowed(path: str, environ) -> tuple[list[Decode], list[str]]:
         kernels = parse_kernels(environ[ENV_KERNELS])
         if kernels == "r16-256" and path != "avx512":
             kernels = "r16"  # the AVX2 path's R16 kernels are the 256-bit ones
-        cands = [c for c in cands if c.kernels == kernels]
+        cands = [c for c in cands if c.kernels == kernels] or [Decode("gguf", OFF)]
         used.append(ENV_KERNELS)
     if environ.get(ENV) is not None:
         prefetch = parse(environ[ENV])

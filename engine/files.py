@@ -33,8 +33,8 @@ def fsync_dir(directory: Path) -> None:
 @contextlib.contextmanager
 def atomic_path(path: Path, *, tmp: Path | None = None, durable: bool = False) -> Iterator[Path]:
     """A temporary name for a file the caller writes (a writer that takes a path, or a mapping); when the
-    block ends without an error it is renamed to `path`, else removed. tmp: that name (it must not exist;
-    default: a fresh one beside `path`). durable: also sync the directory, so the rename survives a crash
+    block ends without an error it is renamed to `path`, else removed. tmp: that name (default: a fresh
+    one beside `path`). durable: also sync the directory, so the rename survives a crash
     (the caller has synced the file's data)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     if tmp is None:
@@ -60,21 +60,14 @@ def atomic_write(path: Path, mode: str = "wb", *, tmp_dir: Path | None = None, d
     made if missing). durable: fsync the data and the directory, so a crash leaves the whole file or none.
     permissions: the file's mode (mkstemp makes it 0600; a cache other users' processes read wants 0644)."""
     directory = tmp_dir or path.parent
-    for d in {directory, path.parent}:
-        d.mkdir(parents=True, exist_ok=True)
+    directory.mkdir(parents=True, exist_ok=True)
     fd, name = tempfile.mkstemp(dir=directory, prefix=f".{path.name}.", suffix=".tmp")
-    tmp = Path(name)
-    try:
-        with os.fdopen(fd, mode, **({"encoding": "utf-8"} if "b" not in mode else {})) as out:
+    os.close(fd)
+    with atomic_path(path, tmp=Path(name), durable=durable) as tmp:
+        with open(tmp, mode, **({"encoding": "utf-8"} if "b" not in mode else {})) as out:
             yield out
             if durable:
                 out.flush()
                 os.fsync(out.fileno())
         if permissions is not None:
             os.chmod(tmp, permissions)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    if durable:
-        fsync_dir(path.parent)

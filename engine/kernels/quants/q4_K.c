@@ -73,27 +73,38 @@ static inline void r16_layout_q4k(r16_ptrs *p) {
     p->bpu = 8; p->nib = 0; p->kd = 2048; p->kdm = 2080; p->ksc = 2112; p->kmn = 2240; p->ub = 2368;
 }
 
+/* One super-block of Q4_K or Q5_K (whose d, dmin, scales and qs are alike; qh: Q5_K's fifth bits,
+ * NULL for Q4_K) of row r (0..15) into the group's unit u. */
+static void r16_repack_unit_k45(const uint8_t *u, const r16_ptrs *p, int r, uint16_t d, uint16_t dmin,
+                                const uint8_t *scales, const uint8_t *qs4, const uint8_t *qh) {
+    uint8_t q[32];
+    r16_w16(u + p->kd, r, d);
+    r16_w16(u + p->kdm, r, dmin);
+    for (int j = 0; j < 8; j++) {
+        int sc, mn;
+        scale_min_k4(j, scales, &sc, &mn);
+        ((uint8_t *)u)[p->ksc + 16 * j + r] = (uint8_t)sc;
+        ((uint8_t *)u)[p->kmn + 16 * j + r] = (uint8_t)mn;
+        const uint8_t *qs = qs4 + 32 * (j / 2);
+        for (int l = 0; l < 32; l++) q[l] = (j & 1) ? (qs[l] >> 4) : (qs[l] & 0xF);
+        uint32_t hb = 0;
+        for (int g = 0; g < 4; g++) {
+            uint32_t v = 0;
+            for (int i = 0; i < 4; i++) v |= (uint32_t)(q[4 * g + i] | (q[16 + 4 * g + i] << 4)) << (8 * i);
+            r16_w32(u + p->nib + 64 * (4 * j + g), r, v);
+            if (qh)   /* HB bit 8i + 4h + g: the fifth bit of element 16h + 4g + i */
+                for (int h = 0; h < 2; h++)
+                    for (int i = 0; i < 4; i++) hb |= (uint32_t)((qh[16 * h + 4 * g + i] >> j) & 1) << (8 * i + 4 * h + g);
+        }
+        if (qh) r16_w32(u + p->hb + 64 * j, r, hb);
+    }
+}
+
 /* Row r (0..15) of a group: its super-blocks' bits, scales and mins into the group's units. */
 static void r16_repack_row_q4k(const uint8_t *row, int nb, const r16_ptrs *p, int r) {
-    uint8_t q[32];
     for (int s = 0; s < nb / 8; s++) {
         const blk_q4_K *x = (const blk_q4_K *)row + s;
-        const uint8_t *u = p->g + (size_t)s * p->ub;
-        r16_w16(u + p->kd, r, x->d);
-        r16_w16(u + p->kdm, r, x->dmin);
-        for (int j = 0; j < 8; j++) {
-            int sc, mn;
-            scale_min_k4(j, x->scales, &sc, &mn);
-            ((uint8_t *)u)[p->ksc + 16 * j + r] = (uint8_t)sc;
-            ((uint8_t *)u)[p->kmn + 16 * j + r] = (uint8_t)mn;
-            const uint8_t *qs = x->qs + 32 * (j / 2);
-            for (int l = 0; l < 32; l++) q[l] = (j & 1) ? (qs[l] >> 4) : (qs[l] & 0xF);
-            for (int g = 0; g < 4; g++) {
-                uint32_t v = 0;
-                for (int i = 0; i < 4; i++) v |= (uint32_t)(q[4 * g + i] | (q[16 + 4 * g + i] << 4)) << (8 * i);
-                r16_w32(u + p->nib + 64 * (4 * j + g), r, v);
-            }
-        }
+        r16_repack_unit_k45(p->g + (size_t)s * p->ub, p, r, x->d, x->dmin, x->scales, x->qs, NULL);
     }
 }
 

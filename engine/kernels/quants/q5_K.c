@@ -71,31 +71,11 @@ static inline void r16_layout_q5k(r16_ptrs *p) {
     p->bpu = 8; p->nib = 0; p->hb = 2048; p->kd = 2560; p->kdm = 2592; p->ksc = 2624; p->kmn = 2752; p->ub = 2880;
 }
 
-/* Row r (0..15) of a group: its super-blocks' bits, scales and mins into the group's units. */
+/* Row r (0..15) of a group: its super-blocks' bits, scales and mins into the group's units (q4_K.c). */
 static void r16_repack_row_q5k(const uint8_t *row, int nb, const r16_ptrs *p, int r) {
-    uint8_t q[32];
     for (int s = 0; s < nb / 8; s++) {
         const blk_q5_K *x = (const blk_q5_K *)row + s;
-        const uint8_t *u = p->g + (size_t)s * p->ub;
-        r16_w16(u + p->kd, r, x->d);
-        r16_w16(u + p->kdm, r, x->dmin);
-        for (int j = 0; j < 8; j++) {
-            int sc, mn;
-            scale_min_k4(j, x->scales, &sc, &mn);
-            ((uint8_t *)u)[p->ksc + 16 * j + r] = (uint8_t)sc;
-            ((uint8_t *)u)[p->kmn + 16 * j + r] = (uint8_t)mn;
-            const uint8_t *qs = x->qs + 32 * (j / 2);
-            for (int l = 0; l < 32; l++) q[l] = (j & 1) ? (qs[l] >> 4) : (qs[l] & 0xF);
-            uint32_t hb = 0;
-            for (int g = 0; g < 4; g++) {
-                uint32_t v = 0;
-                for (int i = 0; i < 4; i++) v |= (uint32_t)(q[4 * g + i] | (q[16 + 4 * g + i] << 4)) << (8 * i);
-                r16_w32(u + p->nib + 64 * (4 * j + g), r, v);
-                for (int h = 0; h < 2; h++)
-                    for (int i = 0; i < 4; i++) hb |= (uint32_t)((x->qh[16 * h + 4 * g + i] >> j) & 1) << (8 * i + 4 * h + g);
-            }
-            r16_w32(u + p->hb + 64 * j, r, hb);
-        }
+        r16_repack_unit_k45(p->g + (size_t)s * p->ub, p, r, x->d, x->dmin, x->scales, x->qs, x->qh);
     }
 }
 
