@@ -134,7 +134,7 @@ Matrix = tuple[np.ndarray, np.ndarray, int, int]  # (GGUF bytes, R16 bytes, rows
 
 
 def _type_name(t: int) -> str:
-    from gguf import GGMLQuantizationType
+    from engine.gguf_constants import GGMLQuantizationType  # not the gguf package: the engine starts without it
 
     return GGMLQuantizationType(t).name
 
