@@ -189,10 +189,7 @@ def _time_candidates(cands: list[Decode], t: int, matrices: list[Matrix], thread
         c.apply(t)
         total = 0.0
         for (w, r, rows, cols), x in zip(matrices, xs):
-            if c.kernels == "gguf":
-                total += q.bench_matmul(t, w, rows, cols, x, threads, 1)
-            else:
-                total += q.matmul_r16(t, w, r, rows, cols, x, threads, None, 1)  # one call's seconds
+            total += q.matmul_r16(t, w, r, rows, cols, x, threads, None, 1)  # one call's seconds
         return total
 
     seconds(cands[0])  # warm-up: pages the matrices in
