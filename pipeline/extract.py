@@ -21,7 +21,7 @@ from pydantic import ValidationError
 from engine.defaults import DEFAULT_KV_BUDGET, DEFAULT_MODEL
 from engine.params import SamplingParams
 from jobs.defaults import JOB_TIMEOUT
-from jobs.redis_conn import connect, reachable, redis_url_from_env
+from jobs.redis_conn import reachable, redis_url_from_env
 from jobs.schemas import GenerationJob, JobResult, describe_errors
 from pipeline.client import TASK_GENERATE, Client
 from pipeline.defaults import RUN_RESULT_TTL, RUN_STREAM_TTL
@@ -29,9 +29,9 @@ from pipeline.enqueue import TaskCall
 from pipeline.extract_merge import chunk_messages, join_arrays, reduce_messages
 from pipeline.summarize.documents import DEFAULT_MAX_BYTES, Skipped, collect_documents
 from pipeline.summarize.errors import SummarizeError
-from pipeline.summarize.plan import PromptMeter, kv_capacity, worker_kv_budget
+from pipeline.summarize.plan import PromptMeter, kv_capacity
 from pipeline.summarize.report import Progress, extraction_html, extraction_markdown
-from pipeline.summarize.run import check_model, open_model, remote_plan
+from pipeline.summarize.run import check_model, open_model, remote_plan, run_embedded
 
 DEFAULT_MAX_TOKENS = 512
 FORMATS = ("jsonl", "csv", "md", "html")  # md, html: a report at the end (pipeline.summarize.report)
@@ -259,15 +259,8 @@ def extract(paths: Sequence[str], *, schema: dict[str, Any], output: IO[str], fm
         if remote is not None:
             run(remote, None)
         else:
-            from pipeline.embedded import choose_embedded_split, embedded_cluster
-
-            worker_budget = worker_kv_budget(info, budget_text)
-            split = choose_embedded_split(model, chunks, workers=workers, threads=threads, kv_budget=worker_budget,
-                                          repack=repack, info=info)
-            with embedded_cluster(model, workers=split.workers, threads=split.threads, kv_budget=worker_budget,
-                                  repack=repack, split_reason=split.reason) as cluster:
-                err.write(f"embedded: {cluster.split}\n")
-                run(connect(cluster.redis_url), cluster.check)
+            run_embedded(model, chunks, info=info, kv_budget=budget_text, workers=workers, threads=threads,
+                         repack=repack, err=err, run=run)
         extractions = [r.extraction for r in runs]
         report.extractions = extractions
         report.wall_seconds = time.monotonic() - t0

@@ -264,13 +264,8 @@ def _summarize(paths: Sequence[str], *, output: IO[str], fmt: str, model: str, w
     else:
         # map jobs, roughly (4 characters a token): enough to tell one worker's worth from several
         jobs = sum(max(1, len(d.text) // 4 // max(1, budget.prompt_limit) + 1) for d in docs)
-        worker_budget = worker_kv_budget(info, budget_text)
-        split = choose_embedded_split(model, jobs, workers=workers, threads=threads, kv_budget=worker_budget,
-                                      repack=repack, info=info)
-        with embedded_cluster(model, workers=split.workers, threads=split.threads, kv_budget=worker_budget,
-                              repack=repack, split_reason=split.reason) as cluster:
-            err.write(f"embedded: {cluster.split}\n")
-            states = run(connect(cluster.redis_url), cluster.check, False)
+        states = run_embedded(model, jobs, info=info, kv_budget=budget_text, workers=workers, threads=threads,
+                              repack=repack, err=err, run=lambda conn, check: run(conn, check, False))
     wall = time.monotonic() - t0
     out.finish(skipped, wall_seconds=wall)
     records = [s.record(model) for s in states]
@@ -283,3 +278,16 @@ def _summarize(paths: Sequence[str], *, output: IO[str], fmt: str, model: str, w
     err.write(f"done: {report.summarised} summarised, {report.failed} failed, {len(skipped)} skipped; "
               f"{report.tokens_in:,} tokens in, {report.tokens_out:,} out; {wall:.1f} s\n")
     return report
+
+
+def run_embedded(model: str, jobs: int, *, info: Any, kv_budget: str, workers: int | None, threads: int | None,
+                 repack: bool, err: IO[str], run: Callable[[Any, Callable[[], None]], Any]) -> Any:
+    """run(connection, health check) against an embedded cluster sized for `jobs` jobs of `model` (the split
+    of workers and threads chosen for this machine, each worker's share of the KV budget); its result."""
+    worker_budget = worker_kv_budget(info, kv_budget)
+    split = choose_embedded_split(model, jobs, workers=workers, threads=threads, kv_budget=worker_budget,
+                                  repack=repack, info=info)
+    with embedded_cluster(model, workers=split.workers, threads=split.threads, kv_budget=worker_budget,
+                          repack=repack, split_reason=split.reason) as cluster:
+        err.write(f"embedded: {cluster.split}\n")
+        return run(connect(cluster.redis_url), cluster.check)
