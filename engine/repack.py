@@ -29,7 +29,8 @@ too), writes `.<final name>.<pid>.tmp` (space reserved with posix_fallocate firs
 fills up gives ENOSPC here rather than SIGBUS in the middle of the mapped writes), fsyncs it and
 renames it to the final name. A builder that dies leaves only a temporary file, which the next
 builder (holding the lock, so no one else can be writing it) deletes. The kernel drops a dead
-process's flock, so nobody waits on it.
+process's flock, so nobody waits on it. Before writing, a builder also deletes the caches nothing
+will open again (remove_stale): earlier versions of its own source, and caches of deleted sources.
 
 LAYOUT_VERSION covers this file format (FORMAT_VERSION: bump it when the header or table changes)
 and the kernels' R16 layout (quants.c's R16_V, read from the extension), so caches from older
@@ -470,22 +471,32 @@ def remove_leftovers(final: Path) -> None:
             log.info("removed %s, left by a repack that did not finish", tmp)
 
 
-def remove_superseded(final: Path, source_path: str) -> None:
-    """Caches of earlier versions of the same source file (same path, other key): 4.6 GB each for
-    an 8B model. Workers still mapping one keep their pages until they exit."""
+def remove_stale(final: Path, source_path: str) -> None:
+    """Other caches in the directory that nothing will open again, removed before a build so that
+    their space is free for it: those of earlier versions of the same source file (same path, other
+    key: 4.6 GB each for an 8B model), and orphans, whose source file was deleted (its folder is
+    still here, the file is not; a folder that is missing may be a mount this container lacks, so
+    those are kept). Workers still mapping one keep their pages until they exit."""
     for other in final.parent.glob("*.r16"):
         if other == final:
             continue
         try:
             source = read_header(other).get("source")
-            if not isinstance(source, dict) or source.get("path") != source_path:
-                continue
+            recorded = source.get("path") if isinstance(source, dict) else None
         except (StaleCache, OSError):
+            continue
+        if not isinstance(recorded, str):
+            continue
+        if recorded == source_path:
+            why = f"the repacked cache of an earlier version of {source_path}"
+        elif Path(recorded).parent.is_dir() and not Path(recorded).exists():
+            why = f"the repacked cache of {recorded}, which was deleted"
+        else:
             continue
         with contextlib.suppress(OSError):
             other.unlink()
             other.with_name(other.name + ".lock").unlink(missing_ok=True)
-            log.info("removed %s, the repacked cache of an earlier version of %s", other, source_path)
+            log.info("removed %s, %s", other, why)
 
 
 def _page_range(offset: int, nbytes: int) -> tuple[int, int]:
@@ -597,12 +608,12 @@ def load_or_build(gguf: Any, names: Sequence[str], *, threads: int = 1, progress
             if cached is not None:
                 return cached
             remove_leftovers(final)
+            remove_stale(final, plan.source.path)
             log.info("repacking %d weight matrices of %s into %s (%.2f GB, %d thread(s))", len(plan.tensors),
                      plan.model, final, plan.file_size / 1e9, threads)
             seconds = build(plan, final, api, threads=threads, progress=progress)
             log.info("repacked %s in %.1f s (%.0f MB/s)", final.name, seconds,
                      plan.data_bytes / 1e6 / max(seconds, 1e-9))
-            remove_superseded(final, plan.source.path)
     except OSError as exc:
         raise RepackError(f"cannot write the repacked weight cache in {root}: {exc}. Run with --no-repack "
                           f"({ENV_SWITCH}=0) to compute on the GGUF's own layout.") from exc

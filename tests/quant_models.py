@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -436,6 +437,9 @@ def _key(src: Path, *parts: str) -> str:
 
 
 def _cached(name: str, make) -> Path:
+    """cache_dir()/name, made by make(tmp) when missing; the earlier versions of the same model
+    (same name, another key: the source or this code changed) are deleted then, so the cache holds
+    one file per model, not one per change (CI's disk filled up with them)."""
     out = cache_dir() / name
     if out.is_file():
         return out
@@ -446,7 +450,18 @@ def _cached(name: str, make) -> Path:
         os.replace(tmp, out)
     finally:
         tmp.unlink(missing_ok=True)
+    _remove_earlier_versions(out)
     return out
+
+
+def _remove_earlier_versions(out: Path) -> None:
+    """Files named as `out` but for its 12-hex-digit key, and the sidecars the engine wrote beside
+    them (the tokenizer's cache: <file>.tokenizer-*.json)."""
+    stem, key = out.name.removesuffix(".gguf").rsplit("-", 1)
+    pattern = re.compile(re.escape(stem) + r"-[0-9a-f]{%d}\.gguf(\..*)?" % len(key))
+    for other in out.parent.iterdir():
+        if not other.name.startswith(out.name) and pattern.fullmatch(other.name):
+            other.unlink(missing_ok=True)
 
 
 def requantized(src: str | os.PathLike, type_name: str, untied: bool = False) -> Path:

@@ -104,6 +104,19 @@ REQUANT_ERROR_BOUND = {"F32": 0.0, "F16": 1e-3, "BF16": 5e-3, "Q8_0": 0.01, "Q5_
                        "Q4_0": 0.13, "Q4_1": 0.13}
 
 
+def test_a_new_test_model_replaces_its_earlier_versions_in_the_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("RQLLM_CACHE", str(tmp_path))
+    folder = QM.cache_dir()
+    folder.mkdir()
+    for name in ("m-Q8_0-aaaaaaaaaaaa.gguf", "m-Q8_0-aaaaaaaaaaaa.gguf.tokenizer-v2.json",
+                 "m-Q8_0-untied-bbbbbbbbbbbb.gguf", "m-Q4_0-cccccccccccc.gguf"):
+        (folder / name).write_bytes(b"old")
+    made = QM._cached("m-Q8_0-dddddddddddd.gguf", lambda tmp: tmp.write_bytes(b"new"))
+    assert made.read_bytes() == b"new"
+    assert sorted(p.name for p in folder.iterdir()) == [
+        "m-Q4_0-cccccccccccc.gguf", "m-Q8_0-dddddddddddd.gguf", "m-Q8_0-untied-bbbbbbbbbbbb.gguf"]
+
+
 @pytest.mark.parametrize("name", CASES)
 def test_requantized_model_has_the_types_and_metadata(name, smollm2_path):
     path = model_file(name, smollm2_path)

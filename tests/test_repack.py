@@ -15,6 +15,7 @@ import sys
 import textwrap
 import time
 from collections import namedtuple
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -96,6 +97,26 @@ def test_rebuilt_when_the_source_changes(model_copy, tmp_path):
     assert third.built and third.path != new.path and third.plan.source.mtime_ns == st.st_mtime_ns
     assert _finals(root) == [third.path]
     third.close()
+
+
+def test_a_build_removes_the_caches_of_deleted_sources_but_not_of_unmounted_folders(model_copy, tmp_path):
+    root, fake = tmp_path / "cache", FakeR16()
+    deleted = model_copy.with_name("deleted.gguf")
+    shutil.copyfile(model_copy, deleted)
+    orphan = _build(deleted, root, fake)
+    orphan.close()
+    deleted.unlink()  # its folder is still here: the file was deleted, its cache is of no use
+    elsewhere = tmp_path / "mount" / "elsewhere.gguf"
+    elsewhere.parent.mkdir()
+    shutil.copyfile(model_copy, elsewhere)
+    kept = _build(elsewhere, root, fake)
+    kept.close()
+    shutil.rmtree(elsewhere.parent)  # a folder that is missing may be another container's mount
+    current = _build(model_copy, root, fake)
+    assert current.built
+    assert _finals(root) == sorted([current.path, kept.path])
+    assert not orphan.path.with_name(orphan.path.name + ".lock").exists()
+    current.close()
 
 
 @pytest.mark.parametrize("damage", ["truncate", "extend", "header_byte", "magic", "version", "table"])
@@ -357,16 +378,18 @@ def _quant_model(smollm2_path: Path, name: str) -> Path:
 
 
 @pytest.fixture(scope="module")
-def real_cache(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("r16-real")
+def real_cache(tmp_path_factory) -> Iterator[Path]:
+    folder = tmp_path_factory.mktemp("r16-real")
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)  # ~1 GB of repacked caches
 
 
 @pytest.mark.parametrize("which", ["smollm2", "gemma3", "Q4_0", "Q5_0", "Q8_0", "Q4_K", "Q6_K", "IQ4_NL", "IQ4_XS"])
 def test_logits_on_the_repacked_cache_equal_the_gguf_layout_bit_for_bit(which, smollm2_path, gemma3_path,
                                                                         real_cache, monkeypatch):
     _real_r16_or_skip()
-    monkeypatch.setenv("RQLLM_CACHE", str(real_cache))
     path = {"smollm2": smollm2_path, "gemma3": gemma3_path}.get(which) or _quant_model(smollm2_path, which)
+    monkeypatch.setenv("RQLLM_CACHE", str(real_cache))  # after the test model is found in the usual cache
     ids = [(7 + 13 * i) % 30000 + 100 for i in range(70)]  # prefill tiles, then decode steps
     plain = Model.load(path, threads=2, kv_budget="16MiB", repack=False)
     want = plain.forward_all(ids)
