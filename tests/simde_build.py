@@ -158,6 +158,10 @@ def _build_into(tmp: Path, include: Path) -> None:
     pyx.write_text((kdir / "_kernels.pyx").read_text())   # its `include`s resolve to kdir
     ext = cfg["kernel_extension"](name=MODULE, pyx=str(pyx), root=str(src), define_macros=[(MACRO, "1")])
     ext.extra_compile_args.append("-Wno-psabi")   # SIMDe passes 512-bit vectors to AVX2 functions by value
+    # No debug info: quants.c with SIMDe's emulation inlined then compiles in ~225 s instead of ~300 s
+    # (most of a fresh CI run's build). Not -O2 (~100 s): the plain C loops must be vectorized as in
+    # the native -O3 build, or their float sums come out in another order than the AVX2 path's.
+    ext.extra_compile_args.append("-g0")
     if include not in (Path("/usr/include"), Path("/usr/local/include")):
         ext.include_dirs.append(str(include))
     exts = cythonize([ext], language_level=3, compiler_directives=cfg["CYTHON_DIRECTIVES"],

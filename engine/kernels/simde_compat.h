@@ -65,12 +65,27 @@ RQ_SC simde__m512i rq_sc_mm512_cvtps_epi32(simde__m512 a) {
 }
 #define _mm512_cvtps_epi32(a) rq_sc_mm512_cvtps_epi32(a)
 
-RQ_SC simde__m512 rq_sc_mm512_cvtph_ps(simde__m256i a) {
-    simde__m512_private r_;
-    r_.m256[0] = _mm256_cvtph_ps(_mm256_castsi256_si128(a));
-    r_.m256[1] = _mm256_cvtph_ps(_mm256_extracti128_si256(a, 1));
-    return simde__m512_from_private(r_);
-}
+/* The widening conversions: two 256-bit ones over the source's halves (lo, hi). */
+#define RQ_SC_WIDEN_PS(name, src, widen, halves) RQ_SC_WIDEN_PS_(name, src, widen, halves)
+#define RQ_SC_WIDEN_EPI(name, src, widen, halves) RQ_SC_WIDEN_EPI_(name, src, widen, halves)
+#define RQ_SC_WIDEN_PS_(name, src, widen, lo, hi)  \
+    RQ_SC simde__m512 rq_sc_##name(src a) {        \
+        simde__m512_private r_;                    \
+        r_.m256[0] = widen(lo);                    \
+        r_.m256[1] = widen(hi);                    \
+        return simde__m512_from_private(r_);       \
+    }
+#define RQ_SC_WIDEN_EPI_(name, src, widen, lo, hi) \
+    RQ_SC simde__m512i rq_sc_##name(src a) {       \
+        simde__m512i_private r_;                   \
+        r_.m256i[0] = widen(lo);                   \
+        r_.m256i[1] = widen(hi);                   \
+        return simde__m512i_from_private(r_);      \
+    }
+#define RQ_SC_HALVES_256 _mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1)
+#define RQ_SC_HALVES_128 a, _mm_srli_si128(a, 8)
+
+RQ_SC_WIDEN_PS(mm512_cvtph_ps, simde__m256i, _mm256_cvtph_ps, RQ_SC_HALVES_256)
 #define _mm512_cvtph_ps(a) rq_sc_mm512_cvtph_ps(a)
 
 #define _mm512_cvtps_ph(a, imm)                                                                   \
@@ -79,45 +94,16 @@ RQ_SC simde__m512 rq_sc_mm512_cvtph_ps(simde__m256i a) {
         _mm256_set_m128i(_mm256_cvtps_ph(a_.m256[1], (imm)), _mm256_cvtps_ph(a_.m256[0], (imm))); \
     })
 
-/* 16 bytes (low 8 / high 8) -> 16 dwords */
-RQ_SC simde__m512i rq_sc_mm512_cvtepi8_epi32(simde__m128i a) {
-    simde__m512i_private r_;
-    r_.m256i[0] = _mm256_cvtepi8_epi32(a);
-    r_.m256i[1] = _mm256_cvtepi8_epi32(_mm_srli_si128(a, 8));
-    return simde__m512i_from_private(r_);
-}
+/* 16 bytes (low 8 / high 8) -> 16 dwords; 32 bytes -> 32 words; 16 words -> 16 dwords */
+RQ_SC_WIDEN_EPI(mm512_cvtepi8_epi32, simde__m128i, _mm256_cvtepi8_epi32, RQ_SC_HALVES_128)
 #define _mm512_cvtepi8_epi32(a) rq_sc_mm512_cvtepi8_epi32(a)
-
-RQ_SC simde__m512i rq_sc_mm512_cvtepu8_epi32(simde__m128i a) {
-    simde__m512i_private r_;
-    r_.m256i[0] = _mm256_cvtepu8_epi32(a);
-    r_.m256i[1] = _mm256_cvtepu8_epi32(_mm_srli_si128(a, 8));
-    return simde__m512i_from_private(r_);
-}
+RQ_SC_WIDEN_EPI(mm512_cvtepu8_epi32, simde__m128i, _mm256_cvtepu8_epi32, RQ_SC_HALVES_128)
 #define _mm512_cvtepu8_epi32(a) rq_sc_mm512_cvtepu8_epi32(a)
-
-RQ_SC simde__m512i rq_sc_mm512_cvtepu8_epi16(simde__m256i a) {
-    simde__m512i_private r_;
-    r_.m256i[0] = _mm256_cvtepu8_epi16(_mm256_castsi256_si128(a));
-    r_.m256i[1] = _mm256_cvtepu8_epi16(_mm256_extracti128_si256(a, 1));
-    return simde__m512i_from_private(r_);
-}
+RQ_SC_WIDEN_EPI(mm512_cvtepu8_epi16, simde__m256i, _mm256_cvtepu8_epi16, RQ_SC_HALVES_256)
 #define _mm512_cvtepu8_epi16(a) rq_sc_mm512_cvtepu8_epi16(a)
-
-RQ_SC simde__m512i rq_sc_mm512_cvtepi16_epi32(simde__m256i a) {
-    simde__m512i_private r_;
-    r_.m256i[0] = _mm256_cvtepi16_epi32(_mm256_castsi256_si128(a));
-    r_.m256i[1] = _mm256_cvtepi16_epi32(_mm256_extracti128_si256(a, 1));
-    return simde__m512i_from_private(r_);
-}
+RQ_SC_WIDEN_EPI(mm512_cvtepi16_epi32, simde__m256i, _mm256_cvtepi16_epi32, RQ_SC_HALVES_256)
 #define _mm512_cvtepi16_epi32(a) rq_sc_mm512_cvtepi16_epi32(a)
-
-RQ_SC simde__m512i rq_sc_mm512_cvtepu16_epi32(simde__m256i a) {
-    simde__m512i_private r_;
-    r_.m256i[0] = _mm256_cvtepu16_epi32(_mm256_castsi256_si128(a));
-    r_.m256i[1] = _mm256_cvtepu16_epi32(_mm256_extracti128_si256(a, 1));
-    return simde__m512i_from_private(r_);
-}
+RQ_SC_WIDEN_EPI(mm512_cvtepu16_epi32, simde__m256i, _mm256_cvtepu16_epi32, RQ_SC_HALVES_256)
 #define _mm512_cvtepu16_epi32(a) rq_sc_mm512_cvtepu16_epi32(a)
 
 /* vpmovdb / vpmovdw: truncate */

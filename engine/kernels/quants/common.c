@@ -113,6 +113,30 @@ static inline int dot32_u(const uint8_t *w, const int8_t *q) {
     return s;
 }
 
+/* The K types whose scales cover 16 values (Q2_K, Q3_K, Q6_K): the integer sums of super-block i's
+ * unpacked values u[256] against its activations, per 16 values (half[2j], half[2j + 1]: block j). */
+static inline void dot16_halves(const uint8_t *u, const rq_act *x, int i, int half[16]) {
+    for (int j = 0; j < 8; j++) {
+        const int8_t *xq = x->qs + 32 * (i * 8 + j);
+        int i0 = 0, i1 = 0;
+        for (int l = 0; l < 16; l++) { i0 += u[32 * j + l] * xq[l]; i1 += u[32 * j + 16 + l] * xq[16 + l]; }
+        half[2 * j] = i0;
+        half[2 * j + 1] = i1;
+    }
+}
+
+/* Q3_K and Q6_K: add super-block i (values u - off, signed scales sc[16], scale d) to *s, block by block. */
+static inline void dot16_signed_add(const uint8_t *u, const int8_t *sc, int off, float d, const rq_act *x, int i,
+                                    float *s) {
+    int half[16];
+    dot16_halves(u, x, i, half);
+    for (int j = 0; j < 8; j++) {
+        const int blk = i * 8 + j;
+        const int i0 = half[2 * j] - off * x->sum16[2 * blk], i1 = half[2 * j + 1] - off * x->sum16[2 * blk + 1];
+        *s += d * x->d[blk] * (float)(sc[2 * j] * i0 + sc[2 * j + 1] * i1);
+    }
+}
+
 typedef float (*dot_fn)(int n, const void *row, const rq_act *x);
 
 /* ------------------------------------------------------------------------------------------ */

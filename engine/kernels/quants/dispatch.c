@@ -1,43 +1,79 @@
 /* Part of quants.c's single translation unit (#included there, in a fixed order; not compiled
- * alone). Dispatch: which kernels a path uses for a type (from OPS), the
+ * alone). Dispatch: the planner (which kernel family and entry points from OPS a matmul uses), the
  * kernel path (one process-wide state, g_path), the dispatched activation quantization and
  * single dot product. */
 
-/* Kernels for (path, type) and the largest token tile they take; 0: use the scalar reference.
- * *k: one row against a tile, or NULL; *rk: the multi-row kernel of the slot-packed types, or
- * NULL: they pack (row, token) slots (see legacy_slots_256, krows_256), need the tile's
- * td4/nq4/ds4 arrays, and run every tile a matmul gives them (the legacy types have no *k). */
-static int simd_kernels(int path, int t, kern_fn *k, rows_fn *rk, int *tmax, int *ub) {
-    *k = NULL;
-    *rk = NULL;
-    *tmax = 1;
-    *ub = 1;
-#ifdef RQ_HAVE_X86
-    if (path == RQ_PATH_AVX512) path = RQ_PATH_AVX2;   /* see the top of v16.c */
-    if (path == RQ_PATH_AVX2) {
-        *tmax = pf8_type(t, 1) ? 8 : TMAX2;   /* 8-token tiles: pf8_row_256 */
-        *k = ops(t)->k256;
-        *rk = slot_packed(t, *ub) ? ops(t)->r256 : NULL;
-    }
-#else
-    (void)path; (void)t;
-#endif
-    return *k || *rk;
-}
+/* ------------------------------------------------------------------------------------------ */
+/* The planner: how a matmul computes                                                          */
 
-/* 8-token prefill kernels for (path, type) (see pf8_row_256): 0 if none. */
-static int simd_pf8(int path, int t, pf8_unpack_fn *u, pf8_rows_fn *r) {
-    *u = NULL;
-    *r = NULL;
+/* How decode-sized calls (one token tile: ntok <= 8) with R16 copies compute: chosen by timing at
+ * load (engine/decode_tuning.py), since which is fastest depends on the CPU (a core that splits
+ * 512-bit operations can stream faster with the AVX2 kernels) and on the thread count. Every mode
+ * gives the same results bit for bit. */
+static signed char decode_mode[RQ_BF16 + 1];   /* per type; 0: RQ_DECODE_R16 */
+
+enum {
+    PLAN_NONE,    /* the type is not supported: the drivers write NaN */
+    PLAN_REF,     /* the scalar reference, row by row */
+    PLAN_TILES,   /* GGUF layout, rows against token tiles: k or rk, with pf8 for tiles of T >= PF8_MIN_T */
+    PLAN_V16,     /* GGUF layout, AVX-512 prefill: rows expanded 16 at a time (v16.c) */
+    PLAN_R16,     /* R16 copies (r16.c): packed, or expanded when `expand` */
+};
+
+/* A matmul's plan: the kernel family and its entry points and tiling. The GGUF-layout tile kernels
+ * are filled in whenever the path has them, also under PLAN_V16: they are what a driver falls back
+ * to when the V16 buffers cannot be allocated. */
+typedef struct {
+    int family;
+    kern_fn k;             /* one row against a token tile, or NULL */
+    rows_fn rk;            /* slot-packed rows (see legacy_slots_256, krows_256), or NULL; needs the tile's
+                            * td4/nq4/ds4 arrays, and runs every tile a matmul gives it */
+    int tmax, ub;          /* the largest token tile, the tile's slot unit */
+    pf8_unpack_fn pf8u;    /* 8-token prefill (see pf8_row_256), when ntok >= PF8_MIN_T, or NULL */
+    pf8_rows_fn pf8r;
+    v16_rows_fn v16;       /* PLAN_V16 */
+    r16_groups_fn r16;     /* PLAN_R16 */
+    int expand;            /* PLAN_R16: the expanding (prefill) form, which needs group buffers */
+} matmul_plan;
+
+/* The one routing between the kernel families, used by every matmul driver and the dispatched
+ * dot: a call of ntok tokens of type t on a path, on R16 copies when `r16` (the caller has them).
+ * - R16 copies are used on the x86 paths, except for decode-sized calls of a type whose timed
+ *   decode mode is RQ_DECODE_GGUF; in RQ_DECODE_R16_256 the avx512 path decodes with the AVX2
+ *   R16 kernels (same tiles, same results).
+ * - On the GGUF layout the avx512 path takes V16 for calls of V16_MIN_TOK tokens or more, and the
+ *   AVX2 tile kernels below that (see the top of v16.c); tiles hold up to TMAX2 tokens, 8 for the
+ *   pf8 types. */
+static matmul_plan plan(int path, int t, int ntok, int r16) {
+    matmul_plan p = {.family = rq_type_supported(t) ? PLAN_REF : PLAN_NONE, .tmax = 1, .ub = 1};
+    if (p.family == PLAN_NONE || path == RQ_PATH_SCALAR) return p;
 #ifdef RQ_HAVE_X86
-    if (path == RQ_PATH_AVX512 || path == RQ_PATH_AVX2) {
-        *u = ops(t)->pf8u;
-        *r = ops(t)->pf8r;
+    const int decode = ntok <= 8, mode = decode ? decode_mode[t] : RQ_DECODE_R16;
+    if (r16 && r16_type(t) && mode != RQ_DECODE_GGUF) {
+        const int kpath = mode == RQ_DECODE_R16_256 ? RQ_PATH_AVX2 : path;
+        p.r16 = kpath == RQ_PATH_AVX512 ? ops(t)->r16_512 : ops(t)->r16_256;
+        if (p.r16) {
+            p.family = PLAN_R16;
+            p.expand = ntok >= R16_EXPAND_MIN_TOK;
+            return p;
+        }
+    }
+    p.tmax = pf8_type(t, 1) ? 8 : TMAX2;
+    p.k = ops(t)->k256;
+    p.rk = slot_packed(t, p.ub) ? ops(t)->r256 : NULL;
+    if (p.k || p.rk) p.family = PLAN_TILES;
+    if (p.family == PLAN_TILES && p.tmax >= PF8_MIN_T && ntok >= PF8_MIN_T && ops(t)->pf8r) {
+        p.pf8u = ops(t)->pf8u;
+        p.pf8r = ops(t)->pf8r;
+    }
+    if (path == RQ_PATH_AVX512 && v16_type(t) && ntok >= V16_MIN_TOK && ops(t)->v16) {
+        p.v16 = ops(t)->v16;
+        p.family = PLAN_V16;
     }
 #else
-    (void)path; (void)t;
+    (void)ntok; (void)r16;
 #endif
-    return *r != NULL;
+    return p;
 }
 
 /* ------------------------------------------------------------------------------------------ */
@@ -103,20 +139,18 @@ void rq_quantize_act(const float *x, int n, rq_act *a) {
 }
 
 float rq_vec_dot(int t, int n, const void *row, const rq_act *x) {
-    int path = rq_kernel_path(), tmax, ub;
-    kern_fn k;
-    rows_fn rk;
-    if (path == RQ_PATH_SCALAR || !simd_kernels(path, t, &k, &rk, &tmax, &ub)) return rq_vec_dot_ref(t, n, row, x);
+    const matmul_plan p = plan(rq_kernel_path(), t, 1, 0);
+    if (p.family != PLAN_TILES) return rq_vec_dot_ref(t, n, row, x);
     int nb = n / QK;
-    size_t need = tile_bytes(t, ub, 1, nb);
+    size_t need = tile_bytes(t, p.ub, 1, nb);
     _Alignas(64) uint8_t sbuf[8192];
     uint8_t *mem = need <= sizeof(sbuf) ? sbuf : aligned_alloc(64, need);
     if (!mem) return rq_vec_dot_ref(t, n, row, x);
     tile tl;
-    prep_tile(t, ub, x, 1, nb, mem, &tl);
+    prep_tile(t, p.ub, x, 1, nb, mem, &tl);
     float res = 0.0f;
-    if (rk) rk(row, rq_row_bytes(t, n), 0, 1, n, &tl, &res, 1, 0);
-    else k(row, n, &tl, &res);
+    if (p.rk) p.rk(row, rq_row_bytes(t, n), 0, 1, n, &tl, &res, 1, 0);
+    else p.k(row, n, &tl, &res);
     if (mem != sbuf) free(mem);
     return res;
 }

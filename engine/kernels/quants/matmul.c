@@ -32,16 +32,18 @@ typedef struct {
 /* Rows of weights unpacked at a time for the prefill kernels: about 96 KiB, stays in L2. */
 #define PF8_CHUNK_BYTES (96 * 1024)
 
-static int tiles_alloc(tileset *ts, int path, int t, rows_fn rk, int tmax, int ub, int cols, int ntok, int nthreads) {
-    ts->rk = rk;
+static int tiles_alloc(tileset *ts, const matmul_plan *p, int t, int cols, int ntok, int nthreads) {
+    const int tmax = p->tmax;
+    ts->rk = p->rk;
     ts->ntiles = (ntok + tmax - 1) / tmax;
     ts->tmax = tmax;
-    ts->ub = ub;
+    ts->ub = p->ub;
     ts->nb = cols / QK;
-    ts->full = tile_bytes(t, ub, ntok < tmax ? ntok : tmax, ts->nb);   /* no tile holds more tokens */
+    ts->full = tile_bytes(t, p->ub, ntok < tmax ? ntok : tmax, ts->nb);   /* no tile holds more tokens */
     ts->pf8_buf = NULL;
     ts->pf8_nbuf = 0;
-    if (!(tmax >= PF8_MIN_T && ntok >= PF8_MIN_T && simd_pf8(path, t, &ts->pf8u, &ts->pf8r))) ts->pf8r = NULL;
+    ts->pf8u = p->pf8u;
+    ts->pf8r = p->pf8r;
     ts->tl = malloc(sizeof(tile) * (size_t)ts->ntiles);
     ts->mem = ts->full ? aligned_alloc(64, ts->full * (size_t)ts->ntiles) : NULL;
     if (ts->pf8r) {
@@ -140,19 +142,10 @@ typedef struct {
     uint8_t *buf;   /* nbuf x (tmp + gmax groups) */
 } v16_set;
 
-static int v16_use(int path, int t, int ntok) {
 #ifdef RQ_HAVE_X86
-    return path == RQ_PATH_AVX512 && v16_type(t) && ntok >= V16_MIN_TOK;
-#else
-    (void)path; (void)t; (void)ntok;
-    return 0;
-#endif
-}
-
-#ifdef RQ_HAVE_X86
-static int v16_alloc(v16_set *vs, int t, int cols, int ntok, int nbuf) {
+static int v16_alloc(v16_set *vs, const matmul_plan *p, int cols, int ntok, int nbuf) {
     const int nb = cols / QK;
-    vs->fn = ops(t)->v16;
+    vs->fn = p->v16;
     vs->tk.nb = nb;
     vs->tk.ntiles = (ntok + 7) / 8;
     vs->tk.mem = aligned_alloc(64, (size_t)vs->tk.ntiles * nb * V16_TILE_BLOCK_BYTES);
@@ -184,10 +177,10 @@ static void v16_run(const v16_set *vs, int t, const uint8_t *W, int cols, int r0
 }
 
 /* Single-threaded: rows [r0, r1). Returns 0 when done, -1 when out of memory (nothing written). */
-static int v16_matmul_rows(int t, const uint8_t *W, int cols, int r0, int r1, const rq_act *acts, int ntok,
-                           float *out, int ldo) {
+static int v16_matmul_rows(const matmul_plan *p, int t, const uint8_t *W, int cols, int r0, int r1,
+                           const rq_act *acts, int ntok, float *out, int ldo) {
     v16_set vs;
-    if (v16_alloc(&vs, t, cols, ntok, 1) != 0) return -1;
+    if (v16_alloc(&vs, p, cols, ntok, 1) != 0) return -1;
     for (int i = 0; i < vs.tk.ntiles; i++) v16_prep_tile(t, acts, ntok, i, &vs.tk);
     v16_run(&vs, t, W, cols, r0, r1, ntok, out, ldo, 0);
     v16_free(&vs);
@@ -200,24 +193,24 @@ static void fill_nan(int r0, int r1, int ntok, float *out, int ldo) {
         for (int r = r0; r < r1; r++) out[(size_t)k * ldo + r] = NAN;
 }
 
+/* The plan has GGUF-layout tile kernels (PLAN_TILES, and PLAN_V16's fallback). */
+static inline int plan_has_tiles(const matmul_plan *p) { return p->k || p->rk; }
+
 void rq_matmul_rows(int t, const void *W, int cols, int r0, int r1,
                     const rq_act *acts, int ntok, float *out, int ldo) {
     if (r1 <= r0 || ntok <= 0) return;
-    if (!rq_type_supported(t)) {
+    const matmul_plan p = plan(rq_kernel_path(), t, ntok, 0);
+    if (p.family == PLAN_NONE) {
         fill_nan(r0, r1, ntok, out, ldo);
         return;
     }
-    int path = rq_kernel_path(), tmax, ub;
 #ifdef RQ_HAVE_X86
-    if (v16_use(path, t, ntok) && v16_matmul_rows(t, W, cols, r0, r1, acts, ntok, out, ldo) == 0) return;
+    if (p.family == PLAN_V16 && v16_matmul_rows(&p, t, W, cols, r0, r1, acts, ntok, out, ldo) == 0) return;
 #endif
-    kern_fn k = NULL;
-    rows_fn rk = NULL;
-    const int simd = path != RQ_PATH_SCALAR && simd_kernels(path, t, &k, &rk, &tmax, &ub);
     tileset ts;
-    if (simd && tiles_alloc(&ts, path, t, rk, tmax, ub, cols, ntok, 1) == 0) {
+    if (plan_has_tiles(&p) && tiles_alloc(&ts, &p, t, cols, ntok, 1) == 0) {
         for (int i = 0; i < ts.ntiles; i++) tiles_prep(&ts, t, acts, ntok, i);
-        tiles_run(&ts, k, t, W, cols, r0, r1, out, ldo);
+        tiles_run(&ts, p.k, t, W, cols, r0, r1, out, ldo);
         tiles_free(&ts);
         return;
     }
@@ -252,23 +245,21 @@ static int chunk_rows(int t, int cols, int rows, int nth, int prefill) {
 static void matmul_in_team(int t, const uint8_t *W, int rows, int cols,
                            const rq_act *acts, int ntok, float *out, int ldo, int barrier) {
     int nth = omp_get_num_threads();
-    int path = rq_kernel_path(), tmax = 1, ub = 1;
-    kern_fn k = NULL;
-    rows_fn rk = NULL;
-    const int simd = path != RQ_PATH_SCALAR && rq_type_supported(t) && simd_kernels(path, t, &k, &rk, &tmax, &ub);
-    if (!rq_type_supported(t)) {
+    const matmul_plan p = plan(rq_kernel_path(), t, ntok, 0);
+    if (p.family == PLAN_NONE) {
 #pragma omp single
         fill_nan(0, rows, ntok, out, ldo);
         return;
     }
+    const int simd = plan_has_tiles(&p);
 #ifdef RQ_HAVE_X86
-    if (v16_use(path, t, ntok)) {
+    if (p.family == PLAN_V16) {
         v16_set *vs = NULL;
         int ok = 0;
 #pragma omp single copyprivate(vs, ok)
         {
             vs = malloc(sizeof(v16_set));
-            ok = vs && v16_alloc(vs, t, cols, ntok, nth) == 0;
+            ok = vs && v16_alloc(vs, &p, cols, ntok, nth) == 0;
             if (!ok) { free(vs); vs = NULL; }
         }
         if (ok) {
@@ -289,19 +280,19 @@ static void matmul_in_team(int t, const uint8_t *W, int rows, int cols,
         }
     }
 #endif
-    int prefill = simd && ntok > 2 * tmax;
+    int prefill = simd && ntok > 2 * p.tmax;
     int cr = chunk_rows(t, cols, rows, nth, prefill);
     int nch = (rows + cr - 1) / cr;
     if (!prefill) {
         /* decode-sized: each thread prepares its own (small) token tiles, no extra barrier */
         tileset ts;
-        int have = simd && tiles_alloc(&ts, path, t, rk, tmax, ub, cols, ntok, 1) == 0;
+        int have = simd && tiles_alloc(&ts, &p, t, cols, ntok, 1) == 0;
         if (have)
             for (int i = 0; i < ts.ntiles; i++) tiles_prep(&ts, t, acts, ntok, i);
 #pragma omp for schedule(static, 1) nowait
         for (int c = 0; c < nch; c++) {
             int r0 = c * cr, r1 = r0 + cr < rows ? r0 + cr : rows;
-            if (have) tiles_run(&ts, k, t, W, cols, r0, r1, out, ldo);
+            if (have) tiles_run(&ts, p.k, t, W, cols, r0, r1, out, ldo);
             else matmul_rows_ref(t, W, cols, r0, r1, acts, ntok, out, ldo);
         }
         if (have) tiles_free(&ts);
@@ -316,7 +307,7 @@ static void matmul_in_team(int t, const uint8_t *W, int rows, int cols,
 #pragma omp single copyprivate(ts, ok)
     {
         ts = malloc(sizeof(tileset));
-        ok = ts && tiles_alloc(ts, path, t, rk, tmax, ub, cols, ntok, nth) == 0;
+        ok = ts && tiles_alloc(ts, &p, t, cols, ntok, nth) == 0;
         if (!ok) { free(ts); ts = NULL; }
     }
     if (!ok) {
@@ -332,7 +323,7 @@ static void matmul_in_team(int t, const uint8_t *W, int rows, int cols,
 #pragma omp for schedule(dynamic, 1)
     for (int c = 0; c < nch; c++) {
         int r0 = c * cr, r1 = r0 + cr < rows ? r0 + cr : rows;
-        tiles_run(ts, k, t, W, cols, r0, r1, out, ldo);
+        tiles_run(ts, p.k, t, W, cols, r0, r1, out, ldo);
     }
 #pragma omp single nowait
     {
@@ -387,12 +378,7 @@ size_t rq_r16_set_prefetch(int t, size_t bytes, int to_l2, int *was_to_l2) {
     return before;
 }
 
-/* How decode-sized calls (one token tile: ntok <= 8) with R16 copies compute: chosen by timing at
- * load (engine/decode_tuning.py), since which is fastest depends on the CPU (a core that splits
- * 512-bit operations can stream faster with the AVX2 kernels) and on the thread count. Every mode
- * gives the same results bit for bit. */
-static signed char decode_mode[RQ_BF16 + 1];   /* per type; 0: RQ_DECODE_R16 */
-
+/* The decode mode of a type (dispatch.c's decode_mode: how plan() routes decode-sized calls). */
 int rq_set_decode_mode(int t, int mode) {
     if (mode != RQ_DECODE_R16 && mode != RQ_DECODE_R16_256 && mode != RQ_DECODE_GGUF) return -1;
     if (t > RQ_BF16) return -1;
@@ -400,11 +386,6 @@ int rq_set_decode_mode(int t, int mode) {
     const int before = decode_mode[all ? RQ_Q4_K : t];   /* for all types, Q4_K's is reported */
     for (int i = first; i <= last; i++) decode_mode[i] = (signed char)mode;
     return before;
-}
-
-/* Does a call of ntok tokens of type t skip its R16 copies (RQ_DECODE_GGUF)? */
-static inline int decode_on_gguf(int t, int ntok) {
-    return ntok <= 8 && t >= 0 && t <= RQ_BF16 && decode_mode[t] == RQ_DECODE_GGUF;
 }
 
 int rq_r16_usable(void) {
@@ -435,18 +416,10 @@ void rq_r16_repack(int t, const void *W, int rows, int cols, void *R, int g0, in
 }
 
 #ifdef RQ_HAVE_X86
-/* The R16 kernels for a call of ntok tokens of type t: the kernel path's, or for decode-sized calls
- * on the avx512 path in RQ_DECODE_R16_256 the AVX2 ones (same tiles, same results). */
-static r16_groups_fn r16_kernel_for(int t, int ntok) {
-    int path = rq_kernel_path();
-    if (ntok <= 8 && decode_mode[t] == RQ_DECODE_R16_256 && path == RQ_PATH_AVX512) path = RQ_PATH_AVX2;
-    return r16_path_kernel(path, t);
-}
-
-static void r16_matmul(int t, const uint8_t *R, int rows, int cols, const rq_act *acts, int ntok, float *out,
-                       int ldo, int nthreads) {
+static void r16_matmul(const matmul_plan *p, int t, const uint8_t *R, int rows, int cols, const rq_act *acts,
+                       int ntok, float *out, int ldo, int nthreads) {
     const int nb = cols / QK, ng = (rows + 15) / 16;
-    const int expand = ntok >= R16_EXPAND_MIN_TOK;
+    const int expand = p->expand;
     v16_toks tk = {nb, (ntok + 7) / 8, NULL};
     tk.mem = aligned_alloc(64, (size_t)tk.ntiles * nb * V16_TILE_BLOCK_BYTES);
     int nt = 1;
@@ -459,7 +432,7 @@ static void r16_matmul(int t, const uint8_t *R, int rows, int cols, const rq_act
     int gmax = (int)(V16_L2_BYTES / vb);
     gmax = gmax < 1 ? 1 : gmax > 8 ? 8 : gmax;
     uint8_t *grp = expand ? aligned_alloc(64, vb * (size_t)gmax * (size_t)nt) : NULL;
-    r16_groups_fn fn = r16_kernel_for(t, ntok);
+    const r16_groups_fn fn = p->r16;
     if (!tk.mem || (expand && !grp)) {   /* out of memory: NaN, as for an unsupported type */
         free(tk.mem);
         free(grp);
@@ -500,9 +473,12 @@ void rq_matmul_r16(int t, const void *W, const void *R, int rows, int cols, cons
                    float *out, int ldo, int nthreads) {
     rq_kernels_init();
 #ifdef RQ_HAVE_X86
-    if (R && rows > 0 && ntok > 0 && r16_type(t) && rq_r16_usable() && !decode_on_gguf(t, ntok)) {
-        r16_matmul(t, R, rows, cols, acts, ntok, out, ldo, nthreads);
-        return;
+    if (R && rows > 0 && ntok > 0) {
+        const matmul_plan p = plan(rq_kernel_path(), t, ntok, 1);
+        if (p.family == PLAN_R16) {
+            r16_matmul(&p, t, R, rows, cols, acts, ntok, out, ldo, nthreads);
+            return;
+        }
     }
 #endif
     rq_matmul(t, W, rows, cols, acts, ntok, out, ldo, nthreads);
@@ -539,10 +515,13 @@ static inline int op_ntok(const rq_matmul_op *op, int ntok) { return op->acts ? 
 static int r16_matmul_multi(const rq_matmul_op *ops, int nops, int cols, const rq_act *acts, int ntok, int nthreads) {
     _Static_assert(8 < R16_EXPAND_MIN_TOK, "the multi-op job runs the packed kernels, never the expanding ones");
     if (nops <= 0) return 0;
+    const int path = rq_kernel_path();
     size_t total = 0;
     for (int i = 0; i < nops; i++) {
         const int nk = op_ntok(&ops[i], ntok);
-        if (!ops[i].r16 || !r16_type(ops[i].type) || nk > 8) return -1;
+        if (!ops[i].r16 || nk > 8) return -1;
+        const matmul_plan p = plan(path, ops[i].type, nk, 1);
+        if (p.family != PLAN_R16 || p.expand) return -1;
         total += r16_group_bytes_t(ops[i].type, cols / QK) * (size_t)((ops[i].rows + 15) / 16);
     }
     const int nb = cols / QK;
@@ -581,9 +560,11 @@ static int r16_matmul_multi(const rq_matmul_op *ops, int nops, int cols, const r
             const int ng = (ops[i].rows + 15) / 16;
             const size_t gb = r16_group_bytes_t(ops[i].type, nb), end = base + gb * (size_t)ng;
             int g0, g1;
-            if (end > lo && base < hi && rq_r16_multi_share(lo, hi, base, gb, ng, &g0, &g1))
-                r16_kernel_for(ops[i].type, op_ntok(&ops[i], ntok))(ops[i].r16, ops[i].rows, g0, g1, nb, op_ntok(&ops[i], ntok),
-                                                                    &tk[i], ops[i].out, ops[i].ldo, NULL, 1);
+            if (end > lo && base < hi && rq_r16_multi_share(lo, hi, base, gb, ng, &g0, &g1)) {
+                const int nk = op_ntok(&ops[i], ntok);
+                plan(path, ops[i].type, nk, 1).r16(ops[i].r16, ops[i].rows, g0, g1, nb, nk, &tk[i], ops[i].out,
+                                                   ops[i].ldo, NULL, 1);
+            }
             base = end;
         }
     }
@@ -595,21 +576,34 @@ static int r16_matmul_multi(const rq_matmul_op *ops, int nops, int cols, const r
 
 void rq_matmul_multi(const rq_matmul_op *ops, int nops, int cols, const rq_act *acts, int ntok, int nthreads) {
     rq_kernels_init();
-    int gguf = 0;   /* an op whose type decodes on the GGUF layout: every op on its own */
-    for (int i = 0; i < nops; i++) gguf |= decode_on_gguf(ops[i].type, op_ntok(&ops[i], ntok));
-    if (rq_r16_usable() && !gguf) {
-        int any = 0;
-        for (int i = 0; i < nops; i++) any |= ops[i].r16 != NULL;
-        if (any) {
-#ifdef RQ_HAVE_X86
-            if (r16_matmul_multi(ops, nops, cols, acts, ntok, nthreads) == 0) return;
-#endif
-            /* many tokens or mixed ops: one by one (each splits its groups across the threads) */
-            for (int i = 0; i < nops; i++)
-                rq_matmul_r16(ops[i].type, ops[i].W, ops[i].r16, ops[i].rows, cols, op_acts(&ops[i], acts),
-                              op_ntok(&ops[i], ntok), ops[i].out, ops[i].ldo, nthreads);
+    const int path = rq_kernel_path();
+    int n16 = 0;   /* ops planned on their R16 copies */
+    for (int i = 0; i < nops; i++)
+        n16 += ops[i].r16 && plan(path, ops[i].type, op_ntok(&ops[i], ntok), 1).family == PLAN_R16;
+    if (n16 > 0 && n16 < nops) {   /* mixed: the R16 ops as one call, the GGUF-layout ones as another */
+        rq_matmul_op *split = malloc(sizeof(rq_matmul_op) * (size_t)nops);
+        if (split) {
+            int a = 0, b = n16;
+            for (int i = 0; i < nops; i++) {
+                const int on16 = ops[i].r16 && plan(path, ops[i].type, op_ntok(&ops[i], ntok), 1).family == PLAN_R16;
+                split[on16 ? a++ : b++] = ops[i];
+                if (!on16) split[b - 1].r16 = NULL;
+            }
+            rq_matmul_multi(split, n16, cols, acts, ntok, nthreads);
+            rq_matmul_multi(split + n16, nops - n16, cols, acts, ntok, nthreads);
+            free(split);
             return;
         }
+    }
+    if (n16 > 0) {
+#ifdef RQ_HAVE_X86
+        if (r16_matmul_multi(ops, nops, cols, acts, ntok, nthreads) == 0) return;
+#endif
+        /* many tokens (or out of memory): one by one (each splits its groups across the threads) */
+        for (int i = 0; i < nops; i++)
+            rq_matmul_r16(ops[i].type, ops[i].W, ops[i].r16, ops[i].rows, cols, op_acts(&ops[i], acts),
+                          op_ntok(&ops[i], ntok), ops[i].out, ops[i].ldo, nthreads);
+        return;
     }
     size_t total = 0;
     int simple = 0;

@@ -86,13 +86,12 @@ static float dot_q2_K_ref(int n, const void *row, const rq_act *x) {
             for (int sh = 0; sh < 8; sh += 2)
                 for (int l = 0; l < 32; l++) *up++ = (q[l] >> sh) & 3;
         float d = F16(b[i].d), dmin = F16(b[i].dmin);
+        int half[16];
+        dot16_halves(u, x, i, half);
         for (int j = 0; j < 8; j++) {
             int blk = i * 8 + j;
-            const int8_t *xq = x->qs + 32 * blk;
             int sc0 = b[i].scales[2 * j], sc1 = b[i].scales[2 * j + 1];
-            int i0 = 0, i1 = 0;
-            for (int l = 0; l < 16; l++) { i0 += u[32 * j + l] * xq[l]; i1 += u[32 * j + 16 + l] * xq[16 + l]; }
-            int isc = (sc0 & 0xF) * i0 + (sc1 & 0xF) * i1;
+            int isc = (sc0 & 0xF) * half[2 * j] + (sc1 & 0xF) * half[2 * j + 1];
             int imn = (sc0 >> 4) * x->sum16[2 * blk] + (sc1 >> 4) * x->sum16[2 * blk + 1];
             s += x->d[blk] * (d * (float)isc - dmin * (float)imn);
         }
@@ -112,17 +111,7 @@ static float dot_q3_K_ref(int n, const void *row, const rq_act *x) {
                 for (int l = 0; l < 32; l++) *up++ = (uint8_t)(((q[l] >> sh) & 3) | ((b[i].hmask[l] & m) ? 4 : 0));
         int8_t sc[16];
         q3k_scales(b[i].scales, sc);
-        float d = F16(b[i].d);
-        for (int j = 0; j < 8; j++) {
-            int blk = i * 8 + j;
-            const int8_t *xq = x->qs + 32 * blk;
-            int i0 = 0, i1 = 0;
-            for (int l = 0; l < 16; l++) { i0 += u[32 * j + l] * xq[l]; i1 += u[32 * j + 16 + l] * xq[16 + l]; }
-            /* value = u - 4 */
-            i0 -= 4 * x->sum16[2 * blk];
-            i1 -= 4 * x->sum16[2 * blk + 1];
-            s += d * x->d[blk] * (float)(sc[2 * j] * i0 + sc[2 * j + 1] * i1);
-        }
+        dot16_signed_add(u, sc, 4, F16(b[i].d), x, i, &s);   /* value = u - 4 */
     }
     return s;
 }

@@ -25,20 +25,48 @@ _Static_assert(sizeof(blk_q4_K) == 144, "q4_K");
 /* ------------------------------------------------------------------------------------------ */
 /* Dequantization (ground truth)                                                               */
 
+/* Q4_K and Q5_K differ only in Q5_K's fifth bits (qh): their scalar references are one body, with
+ * qh NULL for Q4_K. Value l of block j of a super-block: */
+static inline int k45_value(const uint8_t *qs, const uint8_t *qh, int j, int l) {
+    const uint8_t q = qs[32 * (j / 2) + l];
+    return ((j & 1) ? q >> 4 : q & 0xF) | (qh ? ((qh[l] >> j) & 1) << 4 : 0);
+}
+
+/* A super-block's fields, wherever its type keeps them. */
+typedef struct { uint16_t d, dmin; const uint8_t *scales, *qs, *qh; } k45_block;
+
+static void dequant_k45(const k45_block *b, float *y) {
+    const float d = F16(b->d), dmin = F16(b->dmin);
+    for (int j = 0; j < 8; j++) {
+        int sc, m;
+        scale_min_k4(j, b->scales, &sc, &m);
+        const float dj = d * (float)sc, mj = dmin * (float)m;
+        for (int l = 0; l < 32; l++) *y++ = dj * (float)k45_value(b->qs, b->qh, j, l) - mj;
+    }
+}
+
+/* Add super-block i to *s. */
+static void dot_k45_add(const k45_block *b, const rq_act *x, int i, float *s) {
+    const float d = F16(b->d), dmin = F16(b->dmin);
+    uint8_t u[32];
+    for (int j = 0; j < 8; j++) {
+        for (int l = 0; l < 32; l++) u[l] = (uint8_t)k45_value(b->qs, b->qh, j, l);
+        int sc, m;
+        scale_min_k4(j, b->scales, &sc, &m);
+        int blk = i * 8 + j;
+        int S = x->sum16[2 * blk] + x->sum16[2 * blk + 1];
+        int isum = dot32_u(u, x->qs + 32 * blk);
+        *s += x->d[blk] * (d * (float)(sc * isum) - dmin * (float)(m * S));
+    }
+}
+
+static inline k45_block q4k_fields(const blk_q4_K *b) { return (k45_block){b->d, b->dmin, b->scales, b->qs, NULL}; }
+
 static void dequant_q4_K(const void *row, float *y, int n) {
     const blk_q4_K *b = row;
-    for (int i = 0; i < n / QK_K; i++) {
-        float d = F16(b[i].d), dmin = F16(b[i].dmin);
-        const uint8_t *q = b[i].qs;
-        for (int c = 0; c < 4; c++, q += 32) {
-            int sc, m;
-            scale_min_k4(2 * c, b[i].scales, &sc, &m);
-            float d1 = d * (float)sc, m1 = dmin * (float)m;
-            scale_min_k4(2 * c + 1, b[i].scales, &sc, &m);
-            float d2 = d * (float)sc, m2 = dmin * (float)m;
-            for (int l = 0; l < 32; l++) *y++ = d1 * (float)(q[l] & 0xF) - m1;
-            for (int l = 0; l < 32; l++) *y++ = d2 * (float)(q[l] >> 4) - m2;
-        }
+    for (int i = 0; i < n / QK_K; i++, y += QK_K) {
+        const k45_block f = q4k_fields(&b[i]);
+        dequant_k45(&f, y);
     }
 }
 
@@ -48,19 +76,9 @@ static void dequant_q4_K(const void *row, float *y, int n) {
 static float dot_q4_K_ref(int n, const void *row, const rq_act *x) {
     const blk_q4_K *b = row;
     float s = 0.0f;
-    uint8_t u[32];
     for (int i = 0; i < n / QK_K; i++) {
-        float d = F16(b[i].d), dmin = F16(b[i].dmin);
-        for (int j = 0; j < 8; j++) {
-            const uint8_t *q = b[i].qs + 32 * (j / 2);
-            for (int l = 0; l < 32; l++) u[l] = (j & 1) ? (q[l] >> 4) : (q[l] & 0xF);
-            int sc, m;
-            scale_min_k4(j, b[i].scales, &sc, &m);
-            int blk = i * 8 + j;
-            int S = x->sum16[2 * blk] + x->sum16[2 * blk + 1];
-            int isum = dot32_u(u, x->qs + 32 * blk);
-            s += x->d[blk] * (d * (float)(sc * isum) - dmin * (float)(m * S));
-        }
+        const k45_block f = q4k_fields(&b[i]);
+        dot_k45_add(&f, x, i, &s);
     }
     return s;
 }
@@ -220,32 +238,41 @@ A256 AINL void pf8_unpack_q4k(const uint8_t *row, int nb, uint8_t *ur) {
 
 /* --- R16 (see r16.c) -------------------------------------------------------------------------- */
 
+/* The scales of block j of a Q4_K or Q5_K unit u (the two types' R16 units keep them alike): the
+ * super-block scales d, the block scales as floats, and the mins times -dmin. */
+A512 AINL void r16_k45_scales(const r16_ptrs *p, const uint8_t *u, size_t j, __m512 *d, __m512 *sc, __m512 *mn) {
+    *d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(u + p->kd)));
+    const __m512 dm = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(u + p->kdm)));
+    *sc = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(u + p->ksc + 16 * j))));
+    const __m512 m = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(u + p->kmn + 16 * j))));
+    *mn = _mm512_mul_ps(m, _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(dm), _mm512_set1_epi32((int)0x80000000))));
+}
+
+/* The same for rows 8q..8q+7, AVX2. */
+A256 AINL void r16_k45_scales_256(const r16_ptrs *p, const uint8_t *u, size_t j, const int q, __m256 *d, __m256 *sc,
+                                  __m256 *mn) {
+    const size_t o16 = 16 * (size_t)q, o8 = 8 * (size_t)q;
+    *d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(u + p->kd + o16)));
+    const __m256 dm = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(u + p->kdm + o16)));
+    *sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(u + p->ksc + 16 * j + o8))));
+    const __m256 m = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(u + p->kmn + 16 * j + o8))));
+    *mn = _mm256_mul_ps(m, _mm256_xor_ps(dm, _mm256_set1_ps(-0.0f)));
+}
+
 /* Block b (j within its unit u) of a Q4_K group: the v16 U vectors W[4h + g], the block scales
- * (integers, as floats) in *wd0, the super-block scales d in *wd1, and the mins (see r16_block). */
+ * (integers, as floats) in *wd0, the super-block scales d in *wd1, and the mins (see r16_block);
+ * as q4k_scales_256: float(sc), float(m) * -dmin. */
 A512 AINL void r16_block_q4k(const r16_ptrs *p, const uint8_t *u, size_t j, __m512i *W, __m512 *wd0, __m512 *wd1,
                              __m512 *mn) {
     r16_nib_512(p, u, j, W);
-    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(u + p->kd)));
-    const __m512 dm = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(u + p->kdm)));
-    const __m512 sc = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(u + p->ksc + 16 * j))));
-    const __m512 m = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(u + p->kmn + 16 * j))));
-    *wd0 = sc;
-    *wd1 = d;   /* as q4k_scales_256: float(sc), float(m) * -dmin */
-    *mn = _mm512_mul_ps(m, _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(dm), _mm512_set1_epi32((int)0x80000000))));
+    r16_k45_scales(p, u, j, wd1, wd0, mn);
 }
 
 /* The same for rows 8q..8q+7, AVX2 (see r16_block_256). */
 A256 AINL void r16_block_q4k_256(const r16_ptrs *p, const uint8_t *u, size_t j, const int q, __m256i *W, __m256 *wd0,
                                  __m256 *wd1, __m256 *mn) {
     r16_nib_256(p, u, j, 32 * (size_t)q, W);
-    const size_t o16 = 16 * (size_t)q, o8 = 8 * (size_t)q;
-    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(u + p->kd + o16)));
-    const __m256 dm = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(u + p->kdm + o16)));
-    const __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(u + p->ksc + 16 * j + o8))));
-    const __m256 m = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(u + p->kmn + 16 * j + o8))));
-    *wd0 = sc;
-    *wd1 = d;
-    *mn = _mm256_mul_ps(m, _mm256_xor_ps(dm, _mm256_set1_ps(-0.0f)));
+    r16_k45_scales_256(p, u, j, q, wd1, wd0, mn);
 }
 
 #endif /* x86 */

@@ -19,22 +19,14 @@ _Static_assert(sizeof(blk_q5_K) == 176, "q5_K");
 /* ------------------------------------------------------------------------------------------ */
 /* Dequantization (ground truth)                                                               */
 
+/* (the body is Q4_K's: q4_K.c) */
+static inline k45_block q5k_fields(const blk_q5_K *b) { return (k45_block){b->d, b->dmin, b->scales, b->qs, b->qh}; }
+
 static void dequant_q5_K(const void *row, float *y, int n) {
     const blk_q5_K *b = row;
-    for (int i = 0; i < n / QK_K; i++) {
-        float d = F16(b[i].d), dmin = F16(b[i].dmin);
-        const uint8_t *q = b[i].qs;
-        for (int c = 0; c < 4; c++, q += 32) {
-            int sc, m;
-            scale_min_k4(2 * c, b[i].scales, &sc, &m);
-            float d1 = d * (float)sc, m1 = dmin * (float)m;
-            scale_min_k4(2 * c + 1, b[i].scales, &sc, &m);
-            float d2 = d * (float)sc, m2 = dmin * (float)m;
-            for (int l = 0; l < 32; l++)
-                *y++ = d1 * (float)((q[l] & 0xF) | (((b[i].qh[l] >> (2 * c)) & 1) << 4)) - m1;
-            for (int l = 0; l < 32; l++)
-                *y++ = d2 * (float)((q[l] >> 4) | (((b[i].qh[l] >> (2 * c + 1)) & 1) << 4)) - m2;
-        }
+    for (int i = 0; i < n / QK_K; i++, y += QK_K) {
+        const k45_block f = q5k_fields(&b[i]);
+        dequant_k45(&f, y);
     }
 }
 
@@ -44,20 +36,9 @@ static void dequant_q5_K(const void *row, float *y, int n) {
 static float dot_q5_K_ref(int n, const void *row, const rq_act *x) {
     const blk_q5_K *b = row;
     float s = 0.0f;
-    uint8_t u[32];
     for (int i = 0; i < n / QK_K; i++) {
-        float d = F16(b[i].d), dmin = F16(b[i].dmin);
-        for (int j = 0; j < 8; j++) {
-            const uint8_t *q = b[i].qs + 32 * (j / 2);
-            for (int l = 0; l < 32; l++)
-                u[l] = (uint8_t)(((j & 1) ? (q[l] >> 4) : (q[l] & 0xF)) | (((b[i].qh[l] >> j) & 1) << 4));
-            int sc, m;
-            scale_min_k4(j, b[i].scales, &sc, &m);
-            int blk = i * 8 + j;
-            int S = x->sum16[2 * blk] + x->sum16[2 * blk + 1];
-            int isum = dot32_u(u, x->qs + 32 * blk);
-            s += x->d[blk] * (d * (float)(sc * isum) - dmin * (float)(m * S));
-        }
+        const k45_block f = q5k_fields(&b[i]);
+        dot_k45_add(&f, x, i, &s);
     }
     return s;
 }
@@ -189,12 +170,9 @@ A512 AINL void r16_block_q5k(const r16_ptrs *p, const uint8_t *u, size_t j, __m5
                              __m512 *mn) {
     r16_nib_512(p, u, j, W);
     r16_hb5_512(u + p->hb + 64 * j, W);
-    const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(u + p->kd)));
-    const __m512 dm = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(u + p->kdm)));
-    const __m512 sc = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(u + p->ksc + 16 * j))));
-    const __m512 m = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(u + p->kmn + 16 * j))));
+    __m512 d, sc;
+    r16_k45_scales(p, u, j, &d, &sc, mn);
     *wd0 = *wd1 = _mm512_mul_ps(sc, d);   /* as q5k_scales_256: float(sc) * d, float(m) * -dmin */
-    *mn = _mm512_mul_ps(m, _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(dm), _mm512_set1_epi32((int)0x80000000))));
 }
 
 /* The same for rows 8q..8q+7, AVX2 (see r16_block_256). */
@@ -202,13 +180,9 @@ A256 AINL void r16_block_q5k_256(const r16_ptrs *p, const uint8_t *u, size_t j, 
                                  __m256 *wd1, __m256 *mn) {
     r16_nib_256(p, u, j, 32 * (size_t)q, W);
     r16_hb5_256(u + p->hb + 64 * j + 32 * (size_t)q, W);
-    const size_t o16 = 16 * (size_t)q, o8 = 8 * (size_t)q;
-    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(u + p->kd + o16)));
-    const __m256 dm = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(u + p->kdm + o16)));
-    const __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(u + p->ksc + 16 * j + o8))));
-    const __m256 m = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(u + p->kmn + 16 * j + o8))));
+    __m256 d, sc;
+    r16_k45_scales_256(p, u, j, q, &d, &sc, mn);
     *wd0 = *wd1 = _mm256_mul_ps(sc, d);
-    *mn = _mm256_mul_ps(m, _mm256_xor_ps(dm, _mm256_set1_ps(-0.0f)));
 }
 
 #endif /* x86 */

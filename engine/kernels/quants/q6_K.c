@@ -51,17 +51,7 @@ static float dot_q6_K_ref(int n, const void *row, const rq_act *x) {
                 up[l + 96] = (uint8_t)((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4));
             }
         }
-        const int8_t *sc = b[i].scales;
-        float d = F16(b[i].d);
-        for (int j = 0; j < 8; j++) {
-            int blk = i * 8 + j;
-            const int8_t *xq = x->qs + 32 * blk;
-            int i0 = 0, i1 = 0;
-            for (int l = 0; l < 16; l++) { i0 += u[32 * j + l] * xq[l]; i1 += u[32 * j + 16 + l] * xq[16 + l]; }
-            i0 -= 32 * x->sum16[2 * blk];
-            i1 -= 32 * x->sum16[2 * blk + 1];
-            s += d * x->d[blk] * (float)(sc[2 * j] * i0 + sc[2 * j + 1] * i1);
-        }
+        dot16_signed_add(u, b[i].scales, 32, F16(b[i].d), x, i, &s);   /* value = u - 32 */
     }
     return s;
 }

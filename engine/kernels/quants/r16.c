@@ -273,7 +273,14 @@ typedef void (*r16_groups_fn)(const uint8_t *R, int rows, int g0, int g1, int nb
 /* ---- R16 on AVX2: the same layout and float sequence, 8 rows per vector (the low or high 32
  * bytes of each 64-byte entry: rows 0-7 or 8-15 of the group), vpmaddubsw + vpmaddwd for the
  * exact integer sums (as the AVX2 prefill kernels: 4-bit and 5-bit values add up in int16, Q6_K
- * in pairs, the signed types (type_s8: Q8_0, IQ4_NL, IQ4_XS) through the sign trick). ---- */
+ * in pairs, the signed types (type_s8: Q8_0, IQ4_NL, IQ4_XS) through the sign trick). ----
+ *
+ * Deliberate twins: every R16 helper and kernel has an AVX-512 form (16 rows per vector) and an
+ * AVX2 form (8 rows, the `_256` names, here and in the types' files). The AVX2 path needs them on
+ * CPUs without AVX-512, and on cores that split 512-bit operations they decode faster (timed at
+ * load: engine/decode_tuning.py). They cannot share a body: the vector widths differ, and so do the
+ * integer sums (VNNI vpdpbusd against vpmaddubsw + vpmaddwd); they share the float sequence, so
+ * their results are equal bit for bit (tests/test_r16.py). */
 
 /* Block b of a group, rows 8q..8q+7: the v16 U vectors (the signed types: their signed values),
  * half scales and mins. */

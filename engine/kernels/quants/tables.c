@@ -3,7 +3,7 @@
  * (type_traits: what every part of the kernels asks about a type), its dequantization and reference
  * dot product (the scalar ground truth), and on x86 the entry point of every SIMD kernel family
  * that covers it. Adding a type is one row here (and its file). Then the public type table and the
- * scalar entry points, which read it; dispatch.c and matmul.c pick a row's kernels per path. */
+ * scalar entry points, which read it; dispatch.c's plan() picks a row's kernels for a matmul. */
 
 typedef void (*dequant_fn)(const void *row, float *y, int n);
 
@@ -98,10 +98,3 @@ float rq_vec_dot_ref(int t, int n, const void *row, const rq_act *x) {
     dot_fn f = ref_dot(t);
     return f ? f(n, row, x) : NAN;
 }
-
-#ifdef RQ_HAVE_X86
-/* The R16 kernels of a path (avx512 or avx2) for type t, or NULL. */
-static r16_groups_fn r16_path_kernel(int path, int t) {
-    return path == RQ_PATH_AVX512 ? ops(t)->r16_512 : path == RQ_PATH_AVX2 ? ops(t)->r16_256 : NULL;
-}
-#endif /* x86 */
