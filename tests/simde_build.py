@@ -122,12 +122,13 @@ def build(log=None) -> Path:
     return _built(dest)
 
 
-def _prune(keep: Path, newest: int = 4, days: float = 7.0) -> None:
-    """Drop builds of other sources: all but the newest few, once a week old."""
+def _prune(keep: Path, newest: int = 3, minutes: float = 30.0) -> None:
+    """Drop builds of other sources (~200 MB each, one per change of the kernels): all but the
+    newest few, once they are half an hour old (another checkout's run may still be loading one)."""
     builds = sorted((d for d in keep.parent.iterdir() if d.is_dir() and not d.name.startswith("tmp-") and d != keep),
                     key=lambda d: d.stat().st_mtime, reverse=True)
     for d in builds[newest - 1:]:
-        if time.time() - d.stat().st_mtime > days * 86400:
+        if time.time() - d.stat().st_mtime > minutes * 60:
             shutil.rmtree(d, ignore_errors=True)
             with contextlib.suppress(OSError):
                 (d.parent / (d.name + ".lock")).unlink()
