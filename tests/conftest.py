@@ -47,12 +47,33 @@ def gemma3_path() -> Path:
 SIMDE_PATH = "avx512-simde"
 
 
+def pytest_collection_modifyitems(config, items):
+    """The modules with tests on the SIMDe build run last, and the build (when this source has none
+    yet) starts now in a child process: the rest of the suite runs during its ~4 minutes of one core
+    instead of waiting for it (CI has 20 minutes on 2 cores)."""
+    needs = {getattr(item, "module", None) for item in items
+             if SIMDE_PATH in item.nodeid or "kernels_simde" in getattr(item, "fixturenames", ())}
+    if not needs:
+        return
+    late = [i for i in items if getattr(i, "module", None) in needs]
+    items[:] = [i for i in items if getattr(i, "module", None) not in needs] + late
+    from tests import simde_build
+
+    config._simde_build = simde_build.start_in_background()
+
+
+def pytest_unconfigure(config):
+    build = getattr(config, "_simde_build", None)
+    if build is not None:
+        build.wait()  # a session that ends sooner leaves no half-written build (it is cached for the next)
+
+
 @pytest.fixture(scope="session")
 def kernels_simde(request):
     """engine.kernels._kernels_simde: the kernels built again with SIMDe emulating AVX-512 on AVX2
     (tests/simde_build.py), so the AVX-512 code runs on machines without it. Built on first use
-    into a cache keyed by the sources (about a minute; later runs reuse it); skips when SIMDe's
-    headers or AVX2 + FMA + F16C are missing."""
+    into a cache keyed by the sources (started in the background at collection; later runs reuse
+    it); skips when SIMDe's headers or AVX2 + FMA + F16C are missing."""
     from tests import simde_build
 
     reporter = request.config.pluginmanager.get_plugin("terminalreporter")

@@ -9,8 +9,9 @@ and on machines with it the two builds must agree bit for bit. Never imported by
 
 Built on demand by the `kernels_simde` session fixture (tests/conftest.py) into
 $RQLLM_SIMDE_CACHE (default ~/.cache/rqllm/simde-kernels)/<hash of the kernel sources, this
-file, SIMDe, the compiler and Python>, so a run builds it at most once (about a minute) and later
-runs reuse it until a source changes. Prebuild: python -m tests.simde_build
+file, SIMDe, the compiler and Python>, so a run builds it at most once (about four minutes, in the
+background from the start of the session: tests/conftest.py) and later runs reuse it until a source
+changes. Prebuild: python -m tests.simde_build
 Needs SIMDe's headers (Debian: libsimde-dev; .ci/run installs it), else the tests skip; another
 location: RQLLM_SIMDE_INCLUDE=<dir holding simde/>.
 """
@@ -120,6 +121,16 @@ def build(log=None) -> Path:
             log(f"built {MODULE} in {time.monotonic() - t0:.0f} s: {dest}")
     _prune(dest)
     return _built(dest)
+
+
+def start_in_background() -> subprocess.Popen | None:
+    """Start the build in a child process when this key has none yet (None otherwise), so that a
+    test session runs other tests during its ~4 minutes; build() then waits for it on the lock."""
+    include = simde_include_dir()
+    if platform.machine() not in ("x86_64", "AMD64") or include is None or _built(cache_root() / build_key(ROOT, include)):
+        return None
+    return subprocess.Popen([sys.executable, "-m", "tests.simde_build"], cwd=str(ROOT),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def _prune(keep: Path, newest: int = 3, minutes: float = 30.0) -> None:
