@@ -9,7 +9,7 @@ thread count, not on its name:
 - Prefetch. The R16 kernels can ask for each group's units some way ahead, into L1 or L2. On the
   Zen 5 machines the kernels were tuned on, 6 KB ahead into L1 helped; on an AMD EPYC Zen 4 (one
   thread, one-token matmuls from DRAM) that setting streamed Q4_K at 15 GB/s and Q6_K at 7, no
-  prefetch at 18 and 11, and into L2 6-24 KB ahead at 21 and 16.
+  prefetch at 18 and 11, and into L2 6-24 KB ahead at 21 and 16 (12 KB: Q4_K's best at 23).
 So at load the engine times one-token matmuls of the model's own repacked matrices of each weight
 type under each candidate (in rounds, after a warm-up that pages them in), with the worker's
 threads, and keeps the fastest for that type: what suits the Q6_K output matrix need not suit the
@@ -30,7 +30,7 @@ import numpy as np
 
 ENV = "RQLLM_DECODE_PREFETCH"
 ENV_KERNELS = "RQLLM_DECODE_KERNELS"
-ROUNDS = 3
+ROUNDS = 5  # with 3, the choice between close candidates flipped from load to load on a busy host
 STREAM_BYTES = 96 << 20  # per type timed: past the last-level cache of the CPUs we know (32 MB on Zen 4)
 KERNELS = ("r16", "r16-256", "gguf")  # _kernels.DECODE_MODES
 EVERY_TYPE = -1
@@ -53,7 +53,7 @@ class Prefetch:
 
 OFF = Prefetch(0)
 TUNED_ZEN5 = Prefetch(6144)  # the kernels' setting before it was measured per machine
-PREFETCHES = (OFF, TUNED_ZEN5, Prefetch(6144, True), Prefetch(24576, True))
+PREFETCHES = (OFF, TUNED_ZEN5, Prefetch(6144, True), Prefetch(12288, True), Prefetch(24576, True))
 
 
 @dataclass(frozen=True)

@@ -121,7 +121,7 @@ def test_environment_narrows_the_candidates():
     assert cands == [decode_tuning.Decode("r16", decode_tuning.OFF)]
     cands, _ = left({"RQLLM_DECODE_KERNELS": "r16-256", "RQLLM_DECODE_PREFETCH": "128:l2"}, path="avx2")
     assert cands == [decode_tuning.Decode("r16", decode_tuning.Prefetch(128, True))]
-    assert len(left({})[0]) == 8
+    assert len(left({})[0]) == 10  # r16 and r16-256 (avx512 path), each with off, 6K-L1 and 6K/12K/24K-L2
 
 
 @pytest.mark.parametrize("var, value, message", [
