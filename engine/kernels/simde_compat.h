@@ -66,21 +66,15 @@ RQ_SC simde__m512i rq_sc_mm512_cvtps_epi32(simde__m512 a) {
 #define _mm512_cvtps_epi32(a) rq_sc_mm512_cvtps_epi32(a)
 
 /* The widening conversions: two 256-bit ones over the source's halves (lo, hi). */
-#define RQ_SC_WIDEN_PS(name, src, widen, halves) RQ_SC_WIDEN_PS_(name, src, widen, halves)
-#define RQ_SC_WIDEN_EPI(name, src, widen, halves) RQ_SC_WIDEN_EPI_(name, src, widen, halves)
-#define RQ_SC_WIDEN_PS_(name, src, widen, lo, hi)  \
-    RQ_SC simde__m512 rq_sc_##name(src a) {        \
-        simde__m512_private r_;                    \
-        r_.m256[0] = widen(lo);                    \
-        r_.m256[1] = widen(hi);                    \
-        return simde__m512_from_private(r_);       \
-    }
-#define RQ_SC_WIDEN_EPI_(name, src, widen, lo, hi) \
-    RQ_SC simde__m512i rq_sc_##name(src a) {       \
-        simde__m512i_private r_;                   \
-        r_.m256i[0] = widen(lo);                   \
-        r_.m256i[1] = widen(hi);                   \
-        return simde__m512i_from_private(r_);      \
+#define RQ_SC_WIDEN_PS(name, src, widen, halves) RQ_SC_WIDEN_(name, m512, m256, src, widen, halves)
+#define RQ_SC_WIDEN_EPI(name, src, widen, halves) RQ_SC_WIDEN_(name, m512i, m256i, src, widen, halves)
+#define RQ_SC_WIDEN_(...) RQ_SC_WIDEN__(__VA_ARGS__)
+#define RQ_SC_WIDEN__(name, vec, lane, src, widen, lo, hi) \
+    RQ_SC simde__##vec rq_sc_##name(src a) {                \
+        simde__##vec##_private r_;                          \
+        r_.lane[0] = widen(lo);                             \
+        r_.lane[1] = widen(hi);                             \
+        return simde__##vec##_from_private(r_);             \
     }
 #define RQ_SC_HALVES_256 _mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1)
 #define RQ_SC_HALVES_128 a, _mm_srli_si128(a, 8)
