@@ -506,6 +506,11 @@ int rq_r16_multi_share(size_t lo, size_t hi, size_t base, size_t gb, int ng, int
 static inline const rq_act *op_acts(const rq_matmul_op *op, const rq_act *acts) { return op->acts ? op->acts : acts; }
 static inline int op_ntok(const rq_matmul_op *op, int ntok) { return op->acts ? op->ntok : ntok; }
 
+/* An op's plan on the path (on its R16 copies when it has them). */
+static inline matmul_plan op_plan(int path, const rq_matmul_op *op, int ntok) {
+    return plan(path, op->type, op_ntok(op, ntok), op->r16 != NULL);
+}
+
 #ifdef RQ_HAVE_X86
 /* Decode- and speculation-sized calls (ntok <= 8: one token tile per op) whose ops all have R16 copies: one
  * parallel job over the ops' concatenated groups, split by bytes (q/k/v or gate/up of a decode step pay
@@ -517,11 +522,15 @@ static int r16_matmul_multi(const rq_matmul_op *ops, int nops, int cols, const r
     if (nops <= 0) return 0;
     const int path = rq_kernel_path();
     size_t total = 0;
+    r16_groups_fn *fn = malloc(sizeof(r16_groups_fn) * (size_t)nops);   /* each op's planned kernel */
+    if (!fn) return -1;
     for (int i = 0; i < nops; i++) {
-        const int nk = op_ntok(&ops[i], ntok);
-        if (!ops[i].r16 || nk > 8) return -1;
-        const matmul_plan p = plan(path, ops[i].type, nk, 1);
-        if (p.family != PLAN_R16 || p.expand) return -1;
+        const matmul_plan p = op_plan(path, &ops[i], ntok);
+        if (op_ntok(&ops[i], ntok) > 8 || p.family != PLAN_R16 || p.expand) {
+            free(fn);
+            return -1;
+        }
+        fn[i] = p.r16;
         total += r16_group_bytes_t(ops[i].type, cols / QK) * (size_t)((ops[i].rows + 15) / 16);
     }
     const int nb = cols / QK;
@@ -531,6 +540,7 @@ static int r16_matmul_multi(const rq_matmul_op *ops, int nops, int cols, const r
     if (!mem || !tk) {
         free(mem);
         free(tk);
+        free(fn);
         return -1;
     }
     int nt = 1;
@@ -561,15 +571,15 @@ static int r16_matmul_multi(const rq_matmul_op *ops, int nops, int cols, const r
             const size_t gb = r16_group_bytes_t(ops[i].type, nb), end = base + gb * (size_t)ng;
             int g0, g1;
             if (end > lo && base < hi && rq_r16_multi_share(lo, hi, base, gb, ng, &g0, &g1)) {
-                const int nk = op_ntok(&ops[i], ntok);
-                plan(path, ops[i].type, nk, 1).r16(ops[i].r16, ops[i].rows, g0, g1, nb, nk, &tk[i], ops[i].out,
-                                                   ops[i].ldo, NULL, 1);
+                fn[i](ops[i].r16, ops[i].rows, g0, g1, nb, op_ntok(&ops[i], ntok), &tk[i], ops[i].out, ops[i].ldo,
+                      NULL, 1);
             }
             base = end;
         }
     }
     free(mem);
     free(tk);
+    free(fn);
     return 0;
 }
 #endif
@@ -578,14 +588,13 @@ void rq_matmul_multi(const rq_matmul_op *ops, int nops, int cols, const rq_act *
     rq_kernels_init();
     const int path = rq_kernel_path();
     int n16 = 0;   /* ops planned on their R16 copies */
-    for (int i = 0; i < nops; i++)
-        n16 += ops[i].r16 && plan(path, ops[i].type, op_ntok(&ops[i], ntok), 1).family == PLAN_R16;
+    for (int i = 0; i < nops; i++) n16 += op_plan(path, &ops[i], ntok).family == PLAN_R16;
     if (n16 > 0 && n16 < nops) {   /* mixed: the R16 ops as one call, the GGUF-layout ones as another */
         rq_matmul_op *split = malloc(sizeof(rq_matmul_op) * (size_t)nops);
         if (split) {
             int a = 0, b = n16;
             for (int i = 0; i < nops; i++) {
-                const int on16 = ops[i].r16 && plan(path, ops[i].type, op_ntok(&ops[i], ntok), 1).family == PLAN_R16;
+                const int on16 = op_plan(path, &ops[i], ntok).family == PLAN_R16;
                 split[on16 ? a++ : b++] = ops[i];
                 if (!on16) split[b - 1].r16 = NULL;
             }
