@@ -189,7 +189,11 @@ def _time_candidates(cands: list[Decode], t: int, matrices: list[Matrix], thread
         c.apply(t)
         total = 0.0
         for (w, r, rows, cols), x in zip(matrices, xs):
-            total += q.matmul_r16(t, w, r, rows, cols, x, threads, None, 1)  # one call's seconds
+            # one call's seconds, no untimed call first: each matrix was last read a whole sweep
+            # (>= STREAM_BYTES) ago, so it comes from memory as in a pass. After an untimed call, a
+            # matrix that fits the last-level cache is read from there (Q4_K of a 1.5B model showed
+            # 42 GB/s on one Zen 4 thread, 25 in a pass), which favours the fastest-computing kernels.
+            total += q.matmul_r16(t, w, r, rows, cols, x, threads, None, 1, warm_up=False)
         return total
 
     seconds(cands[0])  # warm-up: pages the matrices in

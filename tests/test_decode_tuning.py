@@ -109,6 +109,29 @@ def test_measured_choice_is_made_per_type_among_the_candidates_and_says_why(smol
             assert re.search(rf"(^| ){re.escape(candidate.short())} \d+\.\d", timed), (name, candidate)
 
 
+def test_the_timing_reads_each_matrix_cold_once_per_candidate(monkeypatch):
+    """A decode pass reads a matrix a whole pass after it last did: the timing must not multiply a
+    matrix just before timing it (that left one smaller than the last-level cache there, and the
+    kernels that compute fastest won over those that stream fastest)."""
+    rng = np.random.default_rng(3)
+    t, rows, cols = 12, 32, 256  # Q4_K
+    W = qp.random_rows(t, rows, cols, rng)
+    R = np.zeros(q.r16_bytes(t, rows, cols), np.uint8)
+    q.r16_repack(t, W, rows, cols, R, 0, rows // 16)
+    reads = []
+    real = q.matmul_r16
+
+    def counting(t_, w, r, rows_, cols_, x, threads, path=None, reps=0, warm_up=True):
+        reads.append(max(reps, 1) + (1 if warm_up and reps > 0 else 0))  # the kernel's calls
+        return real(t_, w, r, rows_, cols_, x, threads, path, reps, warm_up)
+
+    monkeypatch.setattr(q, "matmul_r16", counting)
+    cands = decode_tuning.candidates(q.kernel_path())[:2]
+    decode_tuning._time_candidates(cands, t, [(W, R, rows, cols)], 1)
+    assert len(reads) == 1 + decode_tuning.ROUNDS * len(cands)  # the paging-in sweep, then one per candidate and round
+    assert reads == [1] * len(reads)  # each call multiplies once: the timed call is the only read
+
+
 def test_environment_narrows_the_candidates():
     def left(env, path="avx512"):
         return decode_tuning._narrowed(path, env)

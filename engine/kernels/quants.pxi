@@ -515,9 +515,11 @@ def r16_repack(int t, W, int rows, int cols, out, int g0, int g1, int nthreads=1
         rq_r16_repack(t, &wv[0], rows, cols, &ov[0], g0, g1, nthreads)
 
 
-def matmul_r16(int t, W, R, int rows, int cols, X, int nthreads=1, path=None, int reps=0):
+def matmul_r16(int t, W, R, int rows, int cols, X, int nthreads=1, path=None, int reps=0, bint warm_up=True):
     """rq_matmul_r16: out[k, r] with the R16 copy R of W (when the path uses it). reps > 0: return
-    seconds per call instead (timing, like bench_matmul)."""
+    seconds per call instead (timing, like bench_matmul), after an untimed call unless warm_up is
+    False (then the weights are read from wherever they are: memory, for a matrix last read a pass
+    ago, where the untimed call would have left one that fits the last-level cache there)."""
     import time
     wb, act = _mm_prep(t, W, rows, cols, X, path)
     cdef const cnp.uint8_t[::1] wv = wb
@@ -528,8 +530,9 @@ def matmul_r16(int t, W, R, int rows, int cols, X, int nthreads=1, path=None, in
     cdef int ntok = a.ntok, i, n = reps if reps > 0 else 1
     g = _PathGuard(path)
     try:
-        with nogil:
-            rq_matmul_r16(t, &wv[0], &rv[0], rows, cols, a.acts, ntok, &ov[0, 0], rows, nthreads)
+        if warm_up or reps <= 0:
+            with nogil:
+                rq_matmul_r16(t, &wv[0], &rv[0], rows, cols, a.acts, ntok, &ov[0, 0], rows, nthreads)
         t0 = time.perf_counter()
         if reps > 0:
             with nogil:
