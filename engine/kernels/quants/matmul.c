@@ -520,27 +520,21 @@ static inline matmul_plan op_plan(int path, const rq_matmul_op *op, int ntok) {
 static int r16_matmul_multi(const rq_matmul_op *ops, int nops, int cols, const rq_act *acts, int ntok, int nthreads) {
     _Static_assert(8 < R16_EXPAND_MIN_TOK, "the multi-op job runs the packed kernels, never the expanding ones");
     if (nops <= 0) return 0;
-    const int path = rq_kernel_path();
-    size_t total = 0;
-    r16_groups_fn *fn = malloc(sizeof(r16_groups_fn) * (size_t)nops);   /* each op's planned kernel */
-    if (!fn) return -1;
-    for (int i = 0; i < nops; i++) {
-        const matmul_plan p = op_plan(path, &ops[i], ntok);
-        if (op_ntok(&ops[i], ntok) > 8 || p.family != PLAN_R16 || p.expand) {
-            free(fn);
-            return -1;
-        }
-        fn[i] = p.r16;
-        total += r16_group_bytes_t(ops[i].type, cols / QK) * (size_t)((ops[i].rows + 15) / 16);
-    }
-    const int nb = cols / QK;
+    const int path = rq_kernel_path(), nb = cols / QK;
     const size_t tbytes = (size_t)nb * V16_TILE_BLOCK_BYTES;
+    struct { v16_toks tk; r16_groups_fn fn; } *op = malloc(sizeof(*op) * (size_t)nops);   /* each op's tile and kernel */
     uint8_t *mem = aligned_alloc(64, tbytes * (size_t)nops);
-    v16_toks *tk = malloc(sizeof(v16_toks) * (size_t)nops);
-    if (!mem || !tk) {
+    size_t total = 0;
+    int fits = op && mem;
+    for (int i = 0; fits && i < nops; i++) {
+        const matmul_plan p = op_plan(path, &ops[i], ntok);
+        fits = op_ntok(&ops[i], ntok) <= 8 && p.family == PLAN_R16 && !p.expand;
+        op[i].fn = p.r16;
+        total += r16_group_bytes_t(ops[i].type, nb) * (size_t)((ops[i].rows + 15) / 16);
+    }
+    if (!fits) {   /* an op the job does not run, or out of memory */
+        free(op);
         free(mem);
-        free(tk);
-        free(fn);
         return -1;
     }
     int nt = 1;
@@ -559,10 +553,8 @@ static int r16_matmul_multi(const rq_matmul_op *ops, int nops, int cols, const r
 #pragma omp for schedule(static)
 #endif
         for (int i = 0; i < nops; i++) {   /* one tile per op: nq depends on the type's offset */
-            tk[i].nb = nb;
-            tk[i].ntiles = 1;
-            tk[i].mem = mem + tbytes * (size_t)i;
-            v16_prep_tile(ops[i].type, op_acts(&ops[i], acts), op_ntok(&ops[i], ntok), 0, &tk[i]);
+            op[i].tk = (v16_toks){nb, 1, mem + tbytes * (size_t)i};
+            v16_prep_tile(ops[i].type, op_acts(&ops[i], acts), op_ntok(&ops[i], ntok), 0, &op[i].tk);
         }
         const size_t lo = total * (size_t)me / (size_t)nth, hi = total * (size_t)(me + 1) / (size_t)nth;
         size_t base = 0;
@@ -571,15 +563,14 @@ static int r16_matmul_multi(const rq_matmul_op *ops, int nops, int cols, const r
             const size_t gb = r16_group_bytes_t(ops[i].type, nb), end = base + gb * (size_t)ng;
             int g0, g1;
             if (end > lo && base < hi && rq_r16_multi_share(lo, hi, base, gb, ng, &g0, &g1)) {
-                fn[i](ops[i].r16, ops[i].rows, g0, g1, nb, op_ntok(&ops[i], ntok), &tk[i], ops[i].out, ops[i].ldo,
-                      NULL, 1);
+                op[i].fn(ops[i].r16, ops[i].rows, g0, g1, nb, op_ntok(&ops[i], ntok), &op[i].tk, ops[i].out,
+                         ops[i].ldo, NULL, 1);
             }
             base = end;
         }
     }
     free(mem);
-    free(tk);
-    free(fn);
+    free(op);
     return 0;
 }
 #endif
