@@ -10,6 +10,11 @@ Each figure is weight bytes read per second per core (GB/s) and per cycle (B/cyc
 candidate runs once, interleaved. Ours includes quantising the activation column, as ggml's does.
 ggml runs from its plain buffer (its vec_dot kernels) and, for the types llama-bench repacks on x86,
 from CPU_REPACK; the ratio is against the faster of the two.
+
+The R16 kernels run with their prefetch off unless --prefetch says otherwise: it asks for each unit
+a few KB ahead of a stream from DRAM, and here the weights are already in cache, so it would only
+add instructions. A decode pass uses what engine.decode_tuning measures fastest on the machine, and
+off is among its choices.
 """
 from __future__ import annotations
 
@@ -23,6 +28,7 @@ import click  # noqa: E402
 import numpy as np  # noqa: E402
 from gguf import GGMLQuantizationType as T  # noqa: E402
 
+from engine import decode_tuning  # noqa: E402
 from bench.ggml_matvec import REPACKED_ON_X86, Ggml, MatVec  # noqa: E402
 from engine.kernels import _kernels as q  # noqa: E402
 from tests import quant_pack as qp  # noqa: E402
@@ -70,15 +76,18 @@ def _quantize_seconds(x: np.ndarray, reps: int, path: str) -> float:
 @click.option("--ggml-lib", default=lambda: os.environ.get("LLAMA_CPP_LIB_PATH", ""),
               help="a llama.cpp build's directory of libggml*.so")
 @click.option("--ghz", type=float, default=0.0, help="clock for B/cycle (default: /proc/cpuinfo)")
-def main(types, rows, cols, rounds, target_ms, ggml_lib, ghz):
+@click.option("--prefetch", default="off", help='R16 prefetch, as RQLLM_DECODE_PREFETCH: "off", "<bytes>", "<bytes>:l2"')
+def main(types, rows, cols, rounds, target_ms, ggml_lib, ghz, prefetch):
     if not ggml_lib:
         raise click.UsageError("no llama.cpp build: pass --ggml-lib DIR or set LLAMA_CPP_LIB_PATH")
+    pf = decode_tuning.parse(prefetch)
+    q.r16_set_prefetch(pf.distance, pf.to_l2)
     g = Ggml(ggml_lib)
     ghz = ghz or _clock_ghz()
     rng = np.random.default_rng(0)
     x = rng.standard_normal(cols).astype(np.float32)
     print(f"one-token matmul, {rows} x {cols}, 1 thread, cache-resident; GB/s of weights "
-          f"(B/cycle at {ghz:.2f} GHz), medians of {rounds} rounds")
+          f"(B/cycle at {ghz:.2f} GHz), medians of {rounds} rounds; R16 prefetch {pf}")
     for name in types:
         t = int(T[name])
         W = qp.random_rows(t, rows, cols, rng)

@@ -59,9 +59,15 @@ static float dot_q6_K_ref(int n, const void *row, const rq_act *x) {
 /* ------------------------------------------------------------------------------------------ */
 /* R16 (see r16_layout.c): a unit is one super-block of 8 blocks                               */
 
-/*   Q6_K: NIB [8 j][4 g][16] | HB [8 j][2 h][16] u32 | QD [16] f16 | QSC [16 sub][16] i8 */
+/*   Q6_K: SIX [8 j][2 h][3 c][16] u32 | QD [16] f16 | QSC [16 sub][16] i8
+ * SIX: the 6-bit values of the four 4-element groups g of half h in three entries: byte i of entry
+ * c (0..2) = value of elem 16h+4c+i | two bits of elem 16h+12+i (c = 0: its bits 4-5, 1: 2-3,
+ * 2: 0-1) << 6. Groups 0-2 come out with one mask each and group 3 with three masks, three
+ * shifts and two ors: 11 vector operations for four groups, where nibbles plus a separate plane of
+ * high bits took 17 (the AVX2 one-token kernel is bound by its operation count on cores that split
+ * 512-bit operations; the same bytes, so memory-bound decode is unchanged). */
 static inline void r16_layout_q6k(r16_ptrs *p) {
-    p->bpu = 8; p->nib = 0; p->hb = 2048; p->qd = 3072; p->qsc = 3104; p->ub = 3360;
+    p->bpu = 8; p->nib = 0; p->qd = 3072; p->qsc = 3104; p->ub = 3360;
 }
 
 /* Row r (0..15) of a group: its super-blocks' bits and scales into the group's units. */
@@ -80,17 +86,15 @@ static void r16_repack_row_q6k(const uint8_t *row, int nb, const r16_ptrs *p, in
                     q[l] = (uint8_t)(lo | (((qh[l] >> (2 * k)) & 3) << 4));
                 }
                 const int j = 4 * hh + k;
-                for (int g = 0; g < 4; g++) {
-                    uint32_t v = 0;
-                    for (int i = 0; i < 4; i++) v |= (uint32_t)((q[4 * g + i] & 0xF) | ((q[16 + 4 * g + i] & 0xF) << 4)) << (8 * i);
-                    r16_w32(u + p->nib + 64 * (4 * j + g), r, v);
-                }
-                for (int h = 0; h < 2; h++) {
-                    uint32_t v = 0;
-                    for (int g = 0; g < 4; g++)
-                        for (int i = 0; i < 4; i++) v |= (uint32_t)(q[16 * h + 4 * g + i] >> 4) << (8 * i + 2 * g);
-                    r16_w32(u + p->hb + 64 * (2 * j + h), r, v);
-                }
+                for (int h = 0; h < 2; h++)
+                    for (int c = 0; c < 3; c++) {
+                        uint32_t v = 0;
+                        for (int i = 0; i < 4; i++) {
+                            const uint32_t top = (q[16 * h + 12 + i] >> (4 - 2 * c)) & 3;
+                            v |= (uint32_t)(q[16 * h + 4 * c + i] | top << 6) << (8 * i);
+                        }
+                        r16_w32(u + p->nib + 64 * (6 * j + 3 * h + c), r, v);
+                    }
             }
         }
     }
@@ -202,14 +206,16 @@ A256 AINL void pf8_unpack_q6k(const uint8_t *row, int nb, uint8_t *ur) {
  * two high bits), the two half scales (see r16_block). */
 A512 AINL void r16_block_q6k(const r16_ptrs *p, const uint8_t *u, size_t j, __m512i *W, __m512 *wd0, __m512 *wd1,
                              __m512 *mn) {
-    r16_nib_512(p, u, j, W);
-    const __m512i m30 = _mm512_set1_epi8(0x30);
-    for (int h = 0; h < 2; h++) {
-        const __m512i hb = _mm512_loadu_si512(u + p->hb + 64 * (2 * j + h));
-        for (int g = 0; g < 4; g++) {   /* bits 8i + 2g, +1 -> 0x30 of byte i */
-            const __m512i hg = g < 2 ? _mm512_slli_epi32(hb, 4 - 2 * g) : _mm512_srli_epi32(hb, 2 * g - 4);
-            W[4 * h + g] = _mm512_or_si512(W[4 * h + g], _mm512_and_si512(hg, m30));
-        }
+    const __m512i m = _mm512_set1_epi8((char)0xC0);
+    for (int h = 0; h < 2; h++) {   /* the SIX entries (r16_layout_q6k) */
+        const uint8_t *c = u + p->nib + 64 * (6 * j + 3 * (size_t)h);
+        const __m512i C0 = _mm512_loadu_si512(c), C1 = _mm512_loadu_si512(c + 64), C2 = _mm512_loadu_si512(c + 128);
+        W[4 * h] = _mm512_andnot_si512(m, C0);
+        W[4 * h + 1] = _mm512_andnot_si512(m, C1);
+        W[4 * h + 2] = _mm512_andnot_si512(m, C2);
+        __m512i x = _mm512_srli_epi16(_mm512_and_si512(C2, m), 2);
+        x = _mm512_srli_epi16(_mm512_ternarylogic_epi32(x, C1, m, 0xF8), 2);   /* 0xF8: x | (C1 & m) */
+        W[4 * h + 3] = _mm512_srli_epi16(_mm512_ternarylogic_epi32(x, C0, m, 0xF8), 2);
     }
     const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(u + p->qd)));
     const int8_t *qs = (const int8_t *)(u + p->qsc + 16 * 2 * j);
@@ -220,15 +226,17 @@ A512 AINL void r16_block_q6k(const r16_ptrs *p, const uint8_t *u, size_t j, __m5
 
 /* The v16 U vectors W[4h + g] of block j of unit u, rows 8q..8q+7 (nibbles plus the two high bits), AVX2. */
 A256 AINL void r16_bits_q6k_256(const r16_ptrs *p, const uint8_t *u, size_t j, const int q, __m256i *W) {
-    const size_t o = 32 * (size_t)q;
-    r16_nib_256(p, u, j, o, W);
-    const __m256i m30 = _mm256_set1_epi8(0x30);
-    for (int h = 0; h < 2; h++) {
-        const __m256i hb = _mm256_loadu_si256((const __m256i *)(u + p->hb + 64 * (2 * j + h) + o));
-        for (int g = 0; g < 4; g++) {
-            const __m256i hg = g < 2 ? _mm256_slli_epi32(hb, 4 - 2 * g) : _mm256_srli_epi32(hb, 2 * g - 4);
-            W[4 * h + g] = _mm256_or_si256(W[4 * h + g], _mm256_and_si256(hg, m30));
-        }
+    const __m256i m = _mm256_set1_epi8((char)0xC0);
+    for (int h = 0; h < 2; h++) {   /* the SIX entries (r16_layout_q6k) */
+        const uint8_t *c = u + p->nib + 64 * (6 * j + 3 * (size_t)h) + 32 * (size_t)q;
+        const __m256i C0 = _mm256_loadu_si256((const __m256i *)c), C1 = _mm256_loadu_si256((const __m256i *)(c + 64)),
+                      C2 = _mm256_loadu_si256((const __m256i *)(c + 128));
+        W[4 * h] = _mm256_andnot_si256(m, C0);
+        W[4 * h + 1] = _mm256_andnot_si256(m, C1);
+        W[4 * h + 2] = _mm256_andnot_si256(m, C2);
+        __m256i x = _mm256_srli_epi16(_mm256_and_si256(C2, m), 2);
+        x = _mm256_srli_epi16(_mm256_or_si256(x, _mm256_and_si256(C1, m)), 2);
+        W[4 * h + 3] = _mm256_srli_epi16(_mm256_or_si256(x, _mm256_and_si256(C0, m)), 2);
     }
 }
 

@@ -14,11 +14,10 @@
  * a unit is one block (legacy types, IQ4_NL) or one super-block of 8 blocks (K types, IQ4_XS).
  * Entries marked [16] hold one value per row; j is the block within the unit:
  * (each type's unit is described in its file, beside its r16_layout_*):
- * NIB byte i = lo4(elem 4g+i) | lo4(elem 16+4g+i) << 4 (Q6_K: its low 4 bits); HB (Q5) bit
- * 8i + 4h + g = the 5th bit of elem 16h+4g+i; HB (Q6_K) bits 8i + 2g, +1 = the 2 high bits of
- * elem 16h+4g+i: one shift and one mask put them under the nibbles.
+ * NIB byte i = lo4(elem 4g+i) | lo4(elem 16+4g+i) << 4; HB (Q5) bit
+ * 8i + 4h + g = the 5th bit of elem 16h+4g+i. (Q6_K keeps its 6-bit values in its own way: q6_K.c.)
  */
-#define R16_V 3   /* layout version; bump when the layout (above or a type's r16_layout_*) changes */
+#define R16_V 4   /* layout version; bump when the layout (above or a type's r16_layout_*) changes */
 
 static inline int r16_type(int t) { return traits(t)->packed; }
 
