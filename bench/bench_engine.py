@@ -360,9 +360,7 @@ def main(model_names, thread_counts, reps, prefill_arg, decode_arg, llama_bench,
             def load_ours() -> Model:
                 return Model.load(path, threads=threads, kv_budget="256MiB", max_context=n_prefill + n_decode + 8)
 
-            if fresh_pages:
-                read_afresh(path)   # (the repacked cache, if any, from the second rep on)
-            ours = load_ours()
+            ours = load_ours()   # (builds the repacked cache if it is missing: its path is known after)
             repacked = getattr(getattr(ours, "layout", None), "repacked", None) is not None
             print(f"{name}: weights {'repacked (R16)' if repacked else 'GGUF layout'}", file=sys.stderr)
             cfg = ours.cfg
@@ -379,7 +377,9 @@ def main(model_names, thread_counts, reps, prefill_arg, decode_arg, llama_bench,
             if py_peer:
                 runs["llama-py"] = []
             for rep in range(reps):
-                if fresh_pages and rep > 0:   # the first rep's weights were read just above
+                if fresh_pages:   # every rep, the first too: its repacked cache may have been evicted by
+                    # the peers' runs of an earlier model, and a mixture of experts' warm-up touches only
+                    # the experts it routes to (one moe-shape rep decoded at 25 tok/s, the next two 57 and 45)
                     files = weight_files(ours, path)
                     del ours
                     gc.collect()   # unmaps the files, so that their pages can be dropped

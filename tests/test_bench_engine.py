@@ -175,10 +175,10 @@ def test_fresh_pages_reload_ours_and_drop_each_engines_files_before_its_runs(tmp
     result = CliRunner().invoke(bench_engine.main, args)
     assert result.exit_code == 0, result.output
     assert "read afresh before every run" in result.output
-    assert len(loads) == 3   # ours loaded again for reps 2 and 3
-    # before ours: the GGUF at the start, then each later rep its files (the GGUF and, when repacked, its
-    # cache); before each llama-bench run: the GGUF
-    assert dropped.count(Path(model)) == 1 + 2 + 3
+    assert len(loads) == 4   # ours loaded once to learn its files, then again for each rep
+    # before each of ours' reps: its files (the GGUF and, when repacked, its cache); before each
+    # llama-bench run: the GGUF
+    assert dropped.count(Path(model)) == 3 + 3
     dropped.clear(), loads.clear()
     result = CliRunner().invoke(bench_engine.main, args + ["--keep-pages"])
     assert result.exit_code == 0, result.output
