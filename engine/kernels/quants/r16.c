@@ -439,48 +439,31 @@ A256 AINL void r16_q4k16_256(const r16_ptrs *p, int nb, const uint8_t *tile, int
     r16_store16_256(_mm256_add_ps(acc0, accM0), _mm256_add_ps(acc1, accM1), out, nr);
 }
 
-/* Q6_K, one token (decode): block j of unit u, rows 8q.., against token k0 (tb: the token's block),
- * into the sums a0, a1 of its halves: r16_half_256's steps, with the values unpacked group by group
- * (r16_bits_q6k_256's operations) and each one used at once, so that few registers are live. */
-A256 AINL void r16_q6k_block1_256(const r16_ptrs *p, const uint8_t *u, size_t j, const uint8_t *tb, int k0,
-                                  const int q, __m256 dr, __m256 *a0, __m256 *a1) {
-    const __m256i m = _mm256_set1_epi8((char)0xC0), ones = _mm256_set1_epi16(1);
-    const uint8_t *qd = tb + 32 * k0;
-    const int32_t *nq = (const int32_t *)(tb + 256);
-    const __m256 dt = _mm256_set1_ps(((const float *)(tb + 320))[k0]);
-    const int8_t *qs = (const int8_t *)(u + p->qsc + 32 * j + 8 * (size_t)q);
-    for (int h = 0; h < 2; h++) {
-        const uint8_t *c = u + p->nib + 64 * (6 * j + 3 * (size_t)h) + 32 * (size_t)q, *a = qd + 16 * h;
-        const __m256i C0 = _mm256_loadu_si256((const __m256i *)c), C1 = _mm256_loadu_si256((const __m256i *)(c + 64)),
-                      C2 = _mm256_loadu_si256((const __m256i *)(c + 128));
-        const __m256i p01 = _mm256_add_epi16(
-            _mm256_maddubs_epi16(_mm256_andnot_si256(m, C0), _mm256_set1_epi32((int)load_u32(a))),
-            _mm256_maddubs_epi16(_mm256_andnot_si256(m, C1), _mm256_set1_epi32((int)load_u32(a + 4))));
-        __m256i x = _mm256_srli_epi16(_mm256_and_si256(C2, m), 2);
-        x = _mm256_srli_epi16(_mm256_or_si256(x, _mm256_and_si256(C1, m)), 2);
-        x = _mm256_srli_epi16(_mm256_or_si256(x, _mm256_and_si256(C0, m)), 2);
-        const __m256i p23 = _mm256_add_epi16(
-            _mm256_maddubs_epi16(_mm256_andnot_si256(m, C2), _mm256_set1_epi32((int)load_u32(a + 8))),
-            _mm256_maddubs_epi16(x, _mm256_set1_epi32((int)load_u32(a + 12))));
-        const __m256i P = _mm256_add_epi32(_mm256_add_epi32(_mm256_madd_epi16(p01, ones), _mm256_madd_epi16(p23, ones)),
-                                           _mm256_set1_epi32(nq[8 * h + k0]));
-        const __m256 wd = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(qs + 16 * h)))), dr);
-        if (h) *a1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(P), _mm256_mul_ps(wd, dt), *a1);
-        else *a0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(P), _mm256_mul_ps(wd, dt), *a0);
-    }
-}
-
 /* Q6_K, one token (decode): rows 8q.. of the super-block unit u against token k0 (tile: the token's
  * blocks), into the sums a[par][h] of r16_half_256's sequence (block parity, half): the unit's d read
- * once, blocks in pairs so that the parity is known where the sums are chosen and they stay in
- * registers. */
+ * once, the sums in registers (r16_half_256 kept them in memory, addressed by parity). */
 A256 AINL void r16_q6k_unit1_256(const r16_ptrs *p, const uint8_t *u, const uint8_t *tile, int k0, const int q,
                                  __m256 *a) {
     const __m256 dr = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(u + p->qd + 16 * q)));
     __m256 aE0 = a[0], aE1 = a[1], aO0 = a[2], aO1 = a[3];
-    for (int j = 0; j < 8; j += 2) {
-        r16_q6k_block1_256(p, u, (size_t)j, tile + (size_t)j * V16_TILE_BLOCK_BYTES, k0, q, dr, &aE0, &aE1);
-        r16_q6k_block1_256(p, u, (size_t)j + 1, tile + (size_t)(j + 1) * V16_TILE_BLOCK_BYTES, k0, q, dr, &aO0, &aO1);
+    for (int j = 0; j < 8; j++) {
+        const uint8_t *tb = tile + (size_t)j * V16_TILE_BLOCK_BYTES, *qd = tb + 32 * k0;
+        const int32_t *nq = (const int32_t *)(tb + 256);
+        const __m256 dt = _mm256_set1_ps(((const float *)(tb + 320))[k0]);
+        __m256i W[8], P[2];
+        r16_bits_q6k_256(p, u, (size_t)j, q, W);
+        for (int h = 0; h < 2; h++)
+            P[h] = _mm256_add_epi32(r16_dot_256(RQ_Q6_K, W + 4 * h, qd + 16 * h), _mm256_set1_epi32(nq[8 * h + k0]));
+        const uint8_t *qs = u + p->qsc + 32 * j + 8 * q;
+        const __m256 wd0 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)qs))), dr);
+        const __m256 wd1 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(qs + 16)))), dr);
+        if (j & 1) {
+            aO0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(P[0]), _mm256_mul_ps(wd0, dt), aO0);
+            aO1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(P[1]), _mm256_mul_ps(wd1, dt), aO1);
+        } else {
+            aE0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(P[0]), _mm256_mul_ps(wd0, dt), aE0);
+            aE1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(P[1]), _mm256_mul_ps(wd1, dt), aE1);
+        }
     }
     a[0] = aE0; a[1] = aE1; a[2] = aO0; a[3] = aO1;
 }
