@@ -485,11 +485,34 @@ A256 AINL void r16_q6k16_256(const r16_ptrs *p, int nb, const uint8_t *tile, int
     r16_store16_256(r[0], r[1], out, nr);
 }
 
-/* Decode (one token) with a type's own 16-row kernel, the group streamed once; 0: t has none. */
+/* The other types, one token (decode): all 16 rows of a packed group, both 8-row halves block by
+ * block, so the group streams once, as r16_q4k16_256 (half by half, the first pass used half of each
+ * line it brought in and the second found it in cache). Per lane the sequence of r16_half_256 and
+ * r16_store_256. */
+A256 AINL void r16_gen16_256(const int t, const r16_ptrs *p, int nb, const uint8_t *tile, int k0, float *out, int nr) {
+    __m256 aE[2][1][2], aO[2][1][2], mE[2][1], mO[2][1];   /* [rows 8q..][token][half] */
+    for (int q = 0; q < 2; q++) aE[q][0][0] = aE[q][0][1] = aO[q][0][0] = aO[q][0][1] = mE[q][0] = mO[q][0] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b += 2)   /* in pairs: the sums of each parity known at compile time */
+        for (int par = 0; par < 2 && b + par < nb; par++) {
+            const size_t bb = (size_t)(b + par);
+            r16_prefetch_ahead(p, bb);
+            for (int q = 0; q < 2; q++) {
+                __m256i W[8];
+                __m256 wd0, wd1, mn;
+                r16_block_256(t, p, bb, q, W, &wd0, &wd1, &mn);
+                r16_acc_256(t, W, wd0, wd1, mn, tile + bb * V16_TILE_BLOCK_BYTES, 1, k0, par ? aO[q] : aE[q],
+                            par ? mO[q] : mE[q]);
+            }
+        }
+    for (int q = 0; q < 2 && 8 * q < nr; q++) r16_store_256(t, nb, 1, aE[q], aO[q], mE[q], mO[q], out + 8 * q, 0, nr - 8 * q);
+}
+
+/* Decode (one token): all 16 rows of a packed group, streamed once (Q4_K and Q6_K with kernels of their
+ * own); 1: done (the caller's half-by-half route stays for two tokens). */
 A256 AINL int r16_one16_256(const int t, const r16_ptrs *p, int nb, const uint8_t *tile, int k0, float *out, int nr) {
     if (t == RQ_Q4_K) r16_q4k16_256(p, nb, tile, k0, out, nr);
     else if (t == RQ_Q6_K) r16_q6k16_256(p, nb, tile, k0, out, nr);
-    else return 0;
+    else r16_gen16_256(t, p, nb, tile, k0, out, nr);
     return 1;
 }
 
