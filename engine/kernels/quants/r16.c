@@ -485,6 +485,16 @@ A256 AINL void r16_q6k16_256(const r16_ptrs *p, int nb, const uint8_t *tile, int
     r16_store16_256(r[0], r[1], out, nr);
 }
 
+/* Block b of a packed group, rows 8q.., into the sums of T tokens (from k0): unpacked, then
+ * r16_acc_256. */
+A256 AINL void r16_step_256(const int t, const r16_ptrs *p, size_t b, const int q, const uint8_t *tile, const int T,
+                            int k0, __m256 (*acc)[2], __m256 *accM) {
+    __m256i W[8];
+    __m256 wd0, wd1, mn;
+    r16_block_256(t, p, b, q, W, &wd0, &wd1, &mn);
+    r16_acc_256(t, W, wd0, wd1, mn, tile + b * V16_TILE_BLOCK_BYTES, T, k0, acc, accM);
+}
+
 /* The other types, one token (decode): all 16 rows of a packed group, both 8-row halves block by
  * block, so the group streams once, as r16_q4k16_256 (half by half, the first pass used half of each
  * line it brought in and the second found it in cache). Per lane the sequence of r16_half_256 and
@@ -496,24 +506,18 @@ A256 AINL void r16_gen16_256(const int t, const r16_ptrs *p, int nb, const uint8
         for (int par = 0; par < 2 && b + par < nb; par++) {
             const size_t bb = (size_t)(b + par);
             r16_prefetch_ahead(p, bb);
-            for (int q = 0; q < 2; q++) {
-                __m256i W[8];
-                __m256 wd0, wd1, mn;
-                r16_block_256(t, p, bb, q, W, &wd0, &wd1, &mn);
-                r16_acc_256(t, W, wd0, wd1, mn, tile + bb * V16_TILE_BLOCK_BYTES, 1, k0, par ? aO[q] : aE[q],
-                            par ? mO[q] : mE[q]);
-            }
+            for (int q = 0; q < 2; q++)
+                r16_step_256(t, p, bb, q, tile, 1, k0, par ? aO[q] : aE[q], par ? mO[q] : mE[q]);
         }
     for (int q = 0; q < 2 && 8 * q < nr; q++) r16_store_256(t, nb, 1, aE[q], aO[q], mE[q], mO[q], out + 8 * q, 0, nr - 8 * q);
 }
 
 /* Decode (one token): all 16 rows of a packed group, streamed once (Q4_K and Q6_K with kernels of their
- * own); 1: done (the caller's half-by-half route stays for two tokens). */
-A256 AINL int r16_one16_256(const int t, const r16_ptrs *p, int nb, const uint8_t *tile, int k0, float *out, int nr) {
+ * own). */
+A256 AINL void r16_one16_256(const int t, const r16_ptrs *p, int nb, const uint8_t *tile, int k0, float *out, int nr) {
     if (t == RQ_Q4_K) r16_q4k16_256(p, nb, tile, k0, out, nr);
     else if (t == RQ_Q6_K) r16_q6k16_256(p, nb, tile, k0, out, nr);
     else r16_gen16_256(t, p, nb, tile, k0, out, nr);
-    return 1;
 }
 
 /* Rows 8q.. of a packed group against T <= 2 tokens, every block read once (decode). */
@@ -531,10 +535,7 @@ A256 AINL void r16_half_256(const int t, const r16_ptrs *p, int nb, const int T,
         for (int par = 0; par < 2 && b + par < nb; par++) {
             const size_t bb = (size_t)(b + par);
             if (q == 0) r16_prefetch_ahead(p, bb);
-            __m256i W[8];
-            __m256 wd0, wd1, mn;
-            r16_block_256(t, p, bb, q, W, &wd0, &wd1, &mn);
-            r16_acc_256(t, W, wd0, wd1, mn, tile + bb * V16_TILE_BLOCK_BYTES, T, k0, par ? aO : aE, par ? mO : mE);
+            r16_step_256(t, p, bb, q, tile, T, k0, par ? aO : aE, par ? mO : mE);
         }
     r16_store_256(t, nb, T, aE, aO, mE, mO, out, ldo, nr);
 }
@@ -731,7 +732,7 @@ A256 AINL void v8_tile_256(const int t, const uint8_t *grp, int nb, const int T,
     } while (0)
 
 /* AVX2: an expanded group through the type's whole-tile kernel, else 4 tokens x 8 rows at a time;
- * a packed one 2 tokens at a time (one token: all 16 rows at once where the type can). */
+ * a packed one 2 tokens at a time (one token: all 16 rows at once). */
 #define R16_EXPANDED_HEAD_256                                                                                   \
     const uint8_t *tile = tk->mem + (size_t)i * nb * V16_TILE_BLOCK_BYTES;                                     \
     const int T = ntok - 8 * i < 8 ? ntok - 8 * i : 8;
@@ -747,7 +748,10 @@ A256 AINL void v8_tile_256(const int t, const uint8_t *grp, int nb, const int T,
 #define R16_PACKED_TILE_256                                                                                     \
     for (int k0 = 0; k0 < 8 && 8 * i + k0 < ntok; k0 += 2) {                                                   \
         const int left = ntok - 8 * i - k0, T = left < 2 ? left : 2;                                           \
-        if (T == 1 && r16_one16_256(t, &p, nb, tile, k0, out + (size_t)(8 * i + k0) * ldo + r0, nr)) continue; \
+        if (T == 1) {                                                                                          \
+            r16_one16_256(t, &p, nb, tile, k0, out + (size_t)(8 * i + k0) * ldo + r0, nr);                     \
+            continue;                                                                                          \
+        }                                                                                                      \
         for (int q = 0; q < 2 && 8 * q < nr; q++)                                                              \
             DISPATCH_T2(R16_HALF_T, t, &p, nb, tile, k0, q, out + (size_t)(8 * i + k0) * ldo + r0 + 8 * q, ldo,  \
                         nr - 8 * q);                                                                           \
