@@ -90,10 +90,10 @@ def test_paths_without_r16_kernels_use_the_gguf_rows():
 
 
 def test_r16_multi_op_shares_cover_every_group_once():
-    """A multi-op call splits the ops' concatenated groups between threads by bytes: every group falls
-    in exactly one thread's share. (A share ending inside q once also took all of k and v, computed
-    again by the next thread: the 1.5B shape's decode qkv ran 96 groups on one thread and 64 on the
-    other.)"""
+    """A multi-op call splits the ops' concatenated groups into chunks of equal bytes (8 a thread, taken
+    by whichever thread is free): every group falls in exactly one chunk. (A share ending inside q once
+    also took all of k and v, computed again by the next thread: the 1.5B shape's decode qkv ran 96
+    groups on one thread and 64 on the other.)"""
     rng = np.random.default_rng(7)
     shapes = [[(T.Q4_K, 1536), (T.Q4_K, 256), (T.Q6_K, 256)],   # 1.5B shape q, k, v
               [(T.Q4_K, 4096), (T.Q4_K, 1024), (T.Q6_K, 1024)],  # 8B shape
@@ -106,7 +106,7 @@ def test_r16_multi_op_shares_cover_every_group_once():
             gb = [q.r16_bytes(int(t), 16, cols) for t, _ in ops]
             ng = [(rows + 15) // 16 for _, rows in ops]
             total = sum(g * n for g, n in zip(gb, ng))
-            for nth in (1, 2, 3, 4, 7):
+            for nth in (1, 2, 3, 4, 7, 16, 24, 56):   # chunks: 8 per thread
                 seen = [np.zeros(n, dtype=int) for n in ng]
                 for me in range(nth):
                     lo, hi, base = total * me // nth, total * (me + 1) // nth, 0
@@ -117,6 +117,30 @@ def test_r16_multi_op_shares_cover_every_group_once():
                         base += g * n
                 for i, s in enumerate(seen):
                     assert (s == 1).all(), (ops, cols, nth, i, s.min(), s.max())
+
+
+@pytest.mark.parametrize("path", ["avx2", "avx512"])
+def test_r16_decode_split_between_threads_is_exact(path):
+    """Decode-sized jobs big enough to be shared (above the serial threshold): chunks taken by whichever
+    thread is free, 2-4 threads, give 1 thread's results bit for bit, one op and a q/k/v-style multi-op
+    job of mixed types."""
+    if not q.cpu_supports(path):
+        pytest.skip(f"no {path}")
+    rng = np.random.default_rng(21)
+    n = 1536
+    specs = []
+    for t, rows in ((T.IQ4_XS, 1000), (T.Q4_K, 256), (T.Q5_K, 272), (T.Q6_K, 333)):
+        W = qp.random_rows(t, rows, n, rng)
+        specs.append((int(t), W, rows, _repack(t, W, rows, n)))
+    X = rng.standard_normal((1, n)).astype(np.float32)
+    t, W, rows, R = specs[0]
+    want = q.matmul_r16(t, W, R, rows, n, X, nthreads=1, path=path)
+    want_multi = q.matmul_multi(specs, n, X, nthreads=1, path=path)
+    for threads in (2, 3, 4):
+        for _ in range(3):
+            np.testing.assert_array_equal(q.matmul_r16(t, W, R, rows, n, X, nthreads=threads, path=path), want)
+            for got, w in zip(q.matmul_multi(specs, n, X, nthreads=threads, path=path), want_multi):
+                np.testing.assert_array_equal(got, w, err_msg=f"threads={threads}")
 
 
 @pytest.mark.parametrize("path", R16_PATHS)

@@ -416,6 +416,35 @@ void rq_r16_repack(int t, const void *W, int rows, int cols, void *R, int g0, in
 }
 
 #ifdef RQ_HAVE_X86
+/* Decode-sized R16 jobs share work by bytes: thread i owns chunks [i K, (i + 1) K) of an equal split
+ * of the job into nth K chunks, streams them in order (so its prefetch runs on into its next chunk),
+ * then takes what is left of the other threads' chunks. A share that runs slower (its memory
+ * requests queued behind the other core's, or the core lent to another process) no longer holds
+ * every thread at the region's closing barrier: with one static share each, two threads spent
+ * 4-8 % of a decode waiting there. Which thread computes a chunk does not change its results. */
+#define R16_CHUNKS_PER_THREAD 8
+typedef struct {
+    int next;
+    char pad[60];   /* one cursor per cache line */
+} r16_cursor;
+
+/* The next chunk for thread me of nth (cur: nth cursors, cursor i started at i K), or -1: none left. */
+static int r16_take_chunk(r16_cursor *cur, int me, int nth) {
+    for (int v = 0; v < nth; v++) {
+        const int o = (me + v) % nth;
+        if (__atomic_load_n(&cur[o].next, __ATOMIC_RELAXED) >= (o + 1) * R16_CHUNKS_PER_THREAD) continue;
+        const int c = __atomic_fetch_add(&cur[o].next, 1, __ATOMIC_RELAXED);
+        if (c < (o + 1) * R16_CHUNKS_PER_THREAD) return c;
+    }
+    return -1;
+}
+
+static void r16_cursors_init(r16_cursor *cur, int nth) {
+    for (int i = 0; i < nth; i++) cur[i].next = i * R16_CHUNKS_PER_THREAD;
+}
+#endif
+
+#ifdef RQ_HAVE_X86
 static void r16_matmul(const matmul_plan *p, int t, const uint8_t *R, int rows, int cols, const rq_act *acts,
                        int ntok, float *out, int ldo, int nthreads) {
     const int nb = cols / QK, ng = (rows + 15) / 16;
@@ -444,6 +473,9 @@ static void r16_matmul(const matmul_plan *p, int t, const uint8_t *R, int rows, 
         fn(R, rows, 0, ng, nb, ntok, &tk, out, ldo, grp, gmax);
     } else {
 #ifdef _OPENMP
+        r16_cursor cur[64];
+        if (nt > 64) nt = 64;
+        r16_cursors_init(cur, nt);
 #pragma omp parallel num_threads(nt)
         {
 #pragma omp for schedule(static)
@@ -456,10 +488,12 @@ static void r16_matmul(const matmul_plan *p, int t, const uint8_t *R, int rows, 
                     const int g0 = c * gmax, g1 = g0 + gmax < ng ? g0 + gmax : ng;
                     fn(R, rows, g0, g1, nb, ntok, &tk, out, ldo, mine, gmax);
                 }
-            } else {   /* decode-sized: one contiguous share of the groups per thread, by bytes */
-                const int me = omp_get_thread_num(), nth = omp_get_num_threads();
-                const int g0 = (int)((long)ng * me / nth), g1 = (int)((long)ng * (me + 1) / nth);
-                if (g1 > g0) fn(R, rows, g0, g1, nb, ntok, &tk, out, ldo, NULL, gmax);
+            } else {   /* decode-sized: chunks of equal bytes, each thread its own first (r16_take_chunk) */
+                const int me = omp_get_thread_num(), nth = omp_get_num_threads(), nc = nth * R16_CHUNKS_PER_THREAD;
+                for (int c; (c = r16_take_chunk(cur, me, nth)) >= 0;) {
+                    const int g0 = (int)((long)ng * c / nc), g1 = (int)((long)ng * (c + 1) / nc);
+                    if (g1 > g0) fn(R, rows, g0, g1, nb, ntok, &tk, out, ldo, NULL, gmax);
+                }
             }
         }
 #endif
@@ -542,6 +576,9 @@ static int r16_matmul_multi(const rq_matmul_op *ops, int nops, int cols, const r
     nt = nthreads > 0 ? nthreads : omp_get_max_threads();
     if (total < RQ_SERIAL_BYTES) nt = 1;
 #endif
+    r16_cursor cur[64];
+    if (nt > 64) nt = 64;
+    r16_cursors_init(cur, nt);
 #ifdef _OPENMP
 #pragma omp parallel num_threads(nt)
 #endif
@@ -556,17 +593,20 @@ static int r16_matmul_multi(const rq_matmul_op *ops, int nops, int cols, const r
             op[i].tk = (v16_toks){nb, 1, mem + tbytes * (size_t)i};
             v16_prep_tile(ops[i].type, op_acts(&ops[i], acts), op_ntok(&ops[i], ntok), 0, &op[i].tk);
         }
-        const size_t lo = total * (size_t)me / (size_t)nth, hi = total * (size_t)(me + 1) / (size_t)nth;
-        size_t base = 0;
-        for (int i = 0; i < nops; i++) {
-            const int ng = (ops[i].rows + 15) / 16;
-            const size_t gb = r16_group_bytes_t(ops[i].type, nb), end = base + gb * (size_t)ng;
-            int g0, g1;
-            if (end > lo && base < hi && rq_r16_multi_share(lo, hi, base, gb, ng, &g0, &g1)) {
-                op[i].fn(ops[i].r16, ops[i].rows, g0, g1, nb, op_ntok(&ops[i], ntok), &op[i].tk, ops[i].out,
-                         ops[i].ldo, NULL, 1);
+        const size_t nc = (size_t)nth * R16_CHUNKS_PER_THREAD;
+        for (int c; (c = r16_take_chunk(cur, me, nth)) >= 0;) {   /* chunks of equal bytes, own ones first */
+            const size_t lo = total * (size_t)c / nc, hi = total * ((size_t)c + 1) / nc;
+            size_t base = 0;
+            for (int i = 0; i < nops && base < hi; i++) {
+                const int ng = (ops[i].rows + 15) / 16;
+                const size_t gb = r16_group_bytes_t(ops[i].type, nb), end = base + gb * (size_t)ng;
+                int g0, g1;
+                if (end > lo && rq_r16_multi_share(lo, hi, base, gb, ng, &g0, &g1)) {
+                    op[i].fn(ops[i].r16, ops[i].rows, g0, g1, nb, op_ntok(&ops[i], ntok), &op[i].tk, ops[i].out,
+                             ops[i].ldo, NULL, 1);
+                }
+                base = end;
             }
-            base = end;
         }
     }
     free(mem);
