@@ -191,3 +191,22 @@ def test_read_afresh_leaves_the_file_as_it_was(tmp_path):
     f.write_bytes(data)
     bench_engine.read_afresh(f)   # page-cache advice and a read: the file is unchanged
     assert f.read_bytes() == data
+
+
+def test_ours_decodes_from_an_empty_context_as_llama_bench_does():
+    """llama-bench's generation test clears the cache and decodes from position 0; ours must too, or it
+    would be timed over the prompt's positions of attention as well. The positions ours is asked for are
+    recorded (a stand-in with the Model's forward signature: what is checked is the benchmark's protocol,
+    not the engine)."""
+    class Recorder:
+        def __init__(self) -> None:
+            self.calls: list[tuple[int, int]] = []
+
+        def forward(self, tokens: list[int], pos: int):
+            self.calls.append((len(tokens), pos))
+            return [0.0, 1.0, 0.0]
+
+    model = Recorder()
+    pp, tg = bench_engine.bench_ours(model, list(range(7)), 4)
+    assert model.calls == [(7, 0), (1, 0), (1, 1), (1, 2), (1, 3)]
+    assert pp > 0 and tg > 0
