@@ -418,10 +418,10 @@ void rq_r16_repack(int t, const void *W, int rows, int cols, void *R, int g0, in
 #ifdef RQ_HAVE_X86
 /* Decode-sized R16 jobs share work by bytes: thread i owns chunks [i K, (i + 1) K) of an equal split
  * of the job into nth K chunks, streams them in order (so its prefetch runs on into its next chunk),
- * then takes what is left of the other threads' chunks. A share that runs slower (its memory
- * requests queued behind the other core's, or the core lent to another process) no longer holds
- * every thread at the region's closing barrier: with one static share each, two threads spent
- * 4-8 % of a decode waiting there. Which thread computes a chunk does not change its results. */
+ * then takes what is left of the other threads' chunks. A share that runs slower (a slower type in
+ * a mixed job, its memory requests queued behind the other core's, the core lent to another
+ * process) then holds the other thread at the region's closing barrier for at most a chunk, not for
+ * the whole difference. Which thread computes a chunk does not change its results. */
 #define R16_CHUNKS_PER_THREAD 8
 typedef struct {
     int next;
