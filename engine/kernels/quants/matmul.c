@@ -423,6 +423,7 @@ void rq_r16_repack(int t, const void *W, int rows, int cols, void *R, int g0, in
  * process) then holds the other thread at the region's closing barrier for at most a chunk, not for
  * the whole difference. Which thread computes a chunk does not change its results. */
 #define R16_CHUNKS_PER_THREAD 8
+#define R16_MAX_THREADS 64   /* threads that share one decode-sized job (its cursors live on the stack) */
 typedef struct {
     int next;
     char pad[60];   /* one cursor per cache line */
@@ -439,8 +440,11 @@ static int r16_take_chunk(r16_cursor *cur, int me, int nth) {
     return -1;
 }
 
-static void r16_cursors_init(r16_cursor *cur, int nth) {
+/* Cursors for up to nth threads (at most R16_MAX_THREADS); returns the thread count to run. */
+static int r16_cursors_init(r16_cursor *cur, int nth) {
+    if (nth > R16_MAX_THREADS) nth = R16_MAX_THREADS;
     for (int i = 0; i < nth; i++) cur[i].next = i * R16_CHUNKS_PER_THREAD;
+    return nth;
 }
 #endif
 
@@ -473,9 +477,8 @@ static void r16_matmul(const matmul_plan *p, int t, const uint8_t *R, int rows, 
         fn(R, rows, 0, ng, nb, ntok, &tk, out, ldo, grp, gmax);
     } else {
 #ifdef _OPENMP
-        r16_cursor cur[64];
-        if (nt > 64) nt = 64;
-        r16_cursors_init(cur, nt);
+        r16_cursor cur[R16_MAX_THREADS];
+        nt = r16_cursors_init(cur, nt);
 #pragma omp parallel num_threads(nt)
         {
 #pragma omp for schedule(static)
@@ -576,9 +579,8 @@ static int r16_matmul_multi(const rq_matmul_op *ops, int nops, int cols, const r
     nt = nthreads > 0 ? nthreads : omp_get_max_threads();
     if (total < RQ_SERIAL_BYTES) nt = 1;
 #endif
-    r16_cursor cur[64];
-    if (nt > 64) nt = 64;
-    r16_cursors_init(cur, nt);
+    r16_cursor cur[R16_MAX_THREADS];
+    nt = r16_cursors_init(cur, nt);
 #ifdef _OPENMP
 #pragma omp parallel num_threads(nt)
 #endif
