@@ -163,6 +163,26 @@ def test_r16_experts_with_their_own_tokens_equal_one_by_one(path, kern):
 
 
 @pytest.mark.parametrize("path", R16_PATHS)
+def test_r16_experts_of_one_token_share_its_tile(path, kern):
+    """A decode step's experts all read the routed token: ops with the same activations and a type of
+    the same offset share one token tile (Q8_0 and IQ4_XS do, Q4_K and Q6_K do not: the tile's nq
+    differs), and every op still gets the GGUF layout's result."""
+    mod, p = kern
+    rng = np.random.default_rng(410)
+    n = 512
+    token, other = (rng.standard_normal((k, n)).astype(np.float32) for k in (1, 2))
+    specs = []
+    for i, t in enumerate((T.Q4_K, T.Q6_K, T.Q8_0, T.IQ4_XS, T.Q4_K, T.Q5_0, T.Q6_K, T.Q8_0, T.Q4_K, T.Q6_K)):
+        rows = 16 * (1 + i % 3)
+        W = qp.random_rows(t, rows, n, rng)
+        specs.append((int(t), W, rows, _repack(t, W, rows, n), other if i in (4, 7) else token))
+    for threads in (1, 2):
+        got = mod.matmul_multi(specs, n, None, nthreads=threads, path=p)
+        for (t, W, rows, R, X), out in zip(specs, got):
+            np.testing.assert_array_equal(out, q.matmul(t, W, rows, n, X, path="avx2"), err_msg=f"{T(t).name}")
+
+
+@pytest.mark.parametrize("path", R16_PATHS)
 @pytest.mark.parametrize("ntok", [1, 2, 3, 5, 8, 9])
 def test_r16_multi_op_matmul_equals_one_by_one(ntok, path, kern):
     """q/k/v-style calls with R16 copies of mixed types (different offsets: one token tile per op), as one

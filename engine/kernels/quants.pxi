@@ -308,11 +308,14 @@ def matmul_multi(list specs, int cols, X, int nthreads=2, path=None):
     cdef Act own
     keep, outs = [], []
     act = None
+    own_acts = {}  # ops given the same X array read one quantized copy of it, as a decode step's experts do
     cdef const cnp.uint8_t[::1] rv
     for i, spec in enumerate(specs):
         t, W, rows = spec[:3]
         has_own = len(spec) > 4 and spec[4] is not None
         wb, act_i = _mm_prep(t, W, rows, cols, spec[4] if has_own else X, path)
+        if has_own:
+            act_i = own_acts.setdefault(id(spec[4]), act_i)
         if not has_own:
             act = act if act is not None else act_i
         out = np.full((act_i.ntok, rows), np.nan, dtype=np.float32)

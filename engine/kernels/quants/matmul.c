@@ -549,6 +549,17 @@ static inline matmul_plan op_plan(int path, const rq_matmul_op *op, int ntok) {
 }
 
 #ifdef RQ_HAVE_X86
+/* Whether ops a and b get the same token tile: the same tokens (their acts hold the same values, as
+ * the routed copies of one token's do) and types with the same offset (the tile's nq). */
+static int same_tile(const rq_matmul_op *a, const rq_matmul_op *b, const rq_act *acts, int ntok) {
+    const int n = op_ntok(a, ntok);
+    if (n != op_ntok(b, ntok) || type_offset(a->type) != type_offset(b->type)) return 0;
+    const rq_act *x = op_acts(a, acts), *y = op_acts(b, acts);
+    for (int k = 0; k < n; k++)
+        if (x[k].qs != y[k].qs || x[k].d != y[k].d || x[k].sum16 != y[k].sum16) return 0;
+    return 1;
+}
+
 /* Decode- and speculation-sized calls (ntok <= 8: one token tile per op) whose ops all have R16 copies: one
  * parallel job over the ops' concatenated groups, split by bytes (q/k/v or gate/up of a decode step pay
  * for one region and one tile, not one per op; one by one, the small k and v matrices would each run
@@ -559,16 +570,29 @@ static int r16_matmul_multi(const rq_matmul_op *ops, int nops, int cols, const r
     if (nops <= 0) return 0;
     const int path = rq_kernel_path(), nb = cols / QK;
     const size_t tbytes = (size_t)nb * V16_TILE_BLOCK_BYTES;
-    struct { v16_toks tk; r16_groups_fn fn; } *op = malloc(sizeof(*op) * (size_t)nops);   /* each op's tile and kernel */
-    uint8_t *mem = aligned_alloc(64, tbytes * (size_t)nops);
+    /* each op's tile, kernel, and the op whose tile it reads: its own, or an earlier op's that holds the
+     * same one (the k experts of a decode step read one token, and k tiles of it would fill L2). Only the
+     * last few distinct tiles are compared, so that many experts with tokens of their own cost O(nops). */
+    struct { v16_toks tk; r16_groups_fn fn; int src, tile; } *op = malloc(sizeof(*op) * (size_t)nops);
     size_t total = 0;
-    int fits = op && mem;
+    int fits = op != NULL, ntiles = 0, recent[4], nrecent = 0;
     for (int i = 0; fits && i < nops; i++) {
         const matmul_plan p = op_plan(path, &ops[i], ntok);
         fits = op_ntok(&ops[i], ntok) <= 8 && p.family == PLAN_R16 && !p.expand;
         op[i].fn = p.r16;
         total += r16_group_bytes_t(ops[i].type, nb) * (size_t)((ops[i].rows + 15) / 16);
+        op[i].src = i;
+        for (int r = 0; r < nrecent && op[i].src == i; r++)
+            if (same_tile(&ops[i], &ops[recent[r]], acts, ntok)) op[i].src = recent[r];
+        if (op[i].src == i) {
+            recent[nrecent < 4 ? nrecent++ : ntiles % 4] = i;
+            op[i].tile = ntiles++;
+        }
     }
+    uint8_t *mem = fits ? aligned_alloc(64, tbytes * (size_t)ntiles) : NULL;
+    fits = fits && mem;
+    for (int i = 0; fits && i < nops; i++)
+        op[i].tk = (v16_toks){nb, 1, mem + tbytes * (size_t)op[op[i].src].tile};
     if (!fits) {   /* an op the job does not run, or out of memory */
         free(op);
         free(mem);
@@ -591,10 +615,8 @@ static int r16_matmul_multi(const rq_matmul_op *ops, int nops, int cols, const r
         nth = omp_get_num_threads();
 #pragma omp for schedule(static)
 #endif
-        for (int i = 0; i < nops; i++) {   /* one tile per op: nq depends on the type's offset */
-            op[i].tk = (v16_toks){nb, 1, mem + tbytes * (size_t)i};
-            v16_prep_tile(ops[i].type, op_acts(&ops[i], acts), op_ntok(&ops[i], ntok), 0, &op[i].tk);
-        }
+        for (int i = 0; i < nops; i++)
+            if (op[i].src == i) v16_prep_tile(ops[i].type, op_acts(&ops[i], acts), op_ntok(&ops[i], ntok), 0, &op[i].tk);
         const size_t nc = (size_t)nth * R16_CHUNKS_PER_THREAD;
         for (int c; (c = r16_take_chunk(cur, me, nth)) >= 0;) {   /* chunks of equal bytes, own ones first */
             const size_t lo = total * (size_t)c / nc, hi = total * ((size_t)c + 1) / nc;
