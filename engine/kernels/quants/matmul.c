@@ -575,17 +575,17 @@ static int r16_matmul_multi(const rq_matmul_op *ops, int nops, int cols, const r
      * last few distinct tiles are compared, so that many experts with tokens of their own cost O(nops). */
     struct { v16_toks tk; r16_groups_fn fn; int src, tile; } *op = malloc(sizeof(*op) * (size_t)nops);
     size_t total = 0;
-    int fits = op != NULL, ntiles = 0, recent[4], nrecent = 0;
+    int fits = op != NULL, ntiles = 0, recent[4];   /* recent[n % 4]: the op that made distinct tile n */
     for (int i = 0; fits && i < nops; i++) {
         const matmul_plan p = op_plan(path, &ops[i], ntok);
         fits = op_ntok(&ops[i], ntok) <= 8 && p.family == PLAN_R16 && !p.expand;
         op[i].fn = p.r16;
         total += r16_group_bytes_t(ops[i].type, nb) * (size_t)((ops[i].rows + 15) / 16);
         op[i].src = i;
-        for (int r = 0; r < nrecent && op[i].src == i; r++)
+        for (int r = 0; r < ntiles && r < 4 && op[i].src == i; r++)
             if (same_tile(&ops[i], &ops[recent[r]], acts, ntok)) op[i].src = recent[r];
         if (op[i].src == i) {
-            recent[nrecent < 4 ? nrecent++ : ntiles % 4] = i;
+            recent[ntiles % 4] = i;
             op[i].tile = ntiles++;
         }
     }
