@@ -512,11 +512,60 @@ A256 AINL void r16_gen16_256(const int t, const r16_ptrs *p, int nb, const uint8
     for (int q = 0; q < 2 && 8 * q < nr; q++) r16_store_256(t, nb, 1, aE[q], aO[q], mE[q], mO[q], out + 8 * q, 0, nr - 8 * q);
 }
 
+/* IQ4_NL, one token (decode): all 16 rows of a packed group, r16_gen16_256's float sequence with
+ * fewer integer steps. The sign goes on the weights' side: |q| is the same for all 16 rows, so a
+ * vector of products costs sign(w, q) and vpmaddubsw(|q|, +-w), where the sign trick costs
+ * sign(w, w), sign(q, w) and the vpmaddubsw; and each of the token's dwords (and its |q|) is
+ * broadcast once for both 8-row halves. Exact: |q| <= 127 and the table's |w| <= 127, so the pair
+ * sums fit in int16 (Q8_0 keeps the sign trick: its w = -128 would not survive sign(w, q)). */
+A256 AINL void r16_iq4nl16_256(const r16_ptrs *p, int nb, const uint8_t *tile, int k0, float *out, int nr) {
+    const __m256i ones = _mm256_set1_epi16(1), m0f = _mm256_set1_epi8(0x0F), tab = iq4_table_256(0);
+    __m256 aE[2][2], aO[2][2];   /* [rows 8q..][half h], by block parity */
+    for (int q = 0; q < 2; q++) aE[q][0] = aE[q][1] = aO[q][0] = aO[q][1] = _mm256_setzero_ps();
+    _Alignas(32) uint8_t aq[32];
+    for (int b = 0; b < nb; b += 2)   /* in pairs: the sums of each parity known at compile time */
+        for (int par = 0; par < 2 && b + par < nb; par++) {
+            const size_t bb = (size_t)(b + par), j = r16_j(p, bb);
+            const uint8_t *u = r16_unit(p, bb), *tb = tile + bb * V16_TILE_BLOCK_BYTES, *qd = tb + 32 * k0;
+            r16_prefetch_ahead(p, bb);
+            _mm256_store_si256((__m256i *)aq, _mm256_abs_epi8(_mm256_loadu_si256((const __m256i *)qd)));
+            /* read |q| back from memory as broadcasts: GCC would otherwise extract its dwords from the register */
+            __asm__ volatile("" ::: "memory");
+            __m256i S[2][2];   /* [q][h] */
+            for (int g = 0; g < 4; g++) {
+                const __m256i x0 = _mm256_set1_epi32((int)load_u32(qd + 4 * g)), x1 = _mm256_set1_epi32((int)load_u32(qd + 16 + 4 * g));
+                const __m256i a0 = _mm256_set1_epi32((int)load_u32(aq + 4 * g)), a1 = _mm256_set1_epi32((int)load_u32(aq + 16 + 4 * g));
+                for (int q = 0; q < 2; q++) {
+                    const __m256i v = _mm256_loadu_si256((const __m256i *)(u + p->nib + 64 * (4 * j + g) + 32 * q));
+                    const __m256i w0 = _mm256_shuffle_epi8(tab, _mm256_and_si256(v, m0f));
+                    const __m256i w1 = _mm256_shuffle_epi8(tab, _mm256_and_si256(_mm256_srli_epi16(v, 4), m0f));
+                    const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(a0, _mm256_sign_epi8(w0, x0)), ones);
+                    const __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(a1, _mm256_sign_epi8(w1, x1)), ones);
+                    S[q][0] = g ? _mm256_add_epi32(S[q][0], p0) : p0;
+                    S[q][1] = g ? _mm256_add_epi32(S[q][1], p1) : p1;
+                    __asm__("" : "+x"(S[q][0]), "+x"(S[q][1]));   /* chains in registers, not trees of spilled products */
+                }
+            }
+            const __m256 d = _mm256_set1_ps(((const float *)(tb + 320))[k0]);
+            for (int q = 0; q < 2; q++) {
+                const __m256 s = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(u + p->d + 16 * q))), d);
+                for (int h = 0; h < 2; h++) {
+                    __m256 *a = par ? &aO[q][h] : &aE[q][h];
+                    *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(S[q][h]), s, *a);
+                }
+            }
+        }
+    __m256 r[2];
+    for (int q = 0; q < 2; q++) r[q] = _mm256_add_ps(_mm256_add_ps(aE[q][0], aO[q][0]), _mm256_add_ps(aE[q][1], aO[q][1]));
+    r16_store16_256(r[0], r[1], out, nr);
+}
+
 /* Decode (one token): all 16 rows of a packed group, streamed once (Q4_K and Q6_K with kernels of their
  * own). */
 A256 AINL void r16_one16_256(const int t, const r16_ptrs *p, int nb, const uint8_t *tile, int k0, float *out, int nr) {
     if (t == RQ_Q4_K) r16_q4k16_256(p, nb, tile, k0, out, nr);
     else if (t == RQ_Q6_K) r16_q6k16_256(p, nb, tile, k0, out, nr);
+    else if (t == RQ_IQ4_NL) r16_iq4nl16_256(p, nb, tile, k0, out, nr);
     else r16_gen16_256(t, p, nb, tile, k0, out, nr);
 }
 
