@@ -20,7 +20,8 @@ C_SOURCES = ["quants.c", "forward.c", "attention.c", "experts.c"]
 # Parts of quants.c's translation unit (#included by it, not compiled alone): listed as depends so
 # that a change to one rebuilds the module.
 C_PARTS = "quants"
-COMPILE_ARGS = ["-O3", "-std=gnu11", "-fopenmp", "-fno-math-errno", "-Wall", "-Wno-unused-function"]
+COMPILE_ARGS = ["-O3", "-std=gnu11", "-fopenmp", "-fno-math-errno", "-Wall", "-Wno-unused-function",
+                "-Werror=implicit-function-declaration"]   # a kernel called before it is defined must not link as an undefined symbol
 CYTHON_DIRECTIVES = {"boundscheck": False, "wraparound": False}
 
 

@@ -439,33 +439,43 @@ A256 AINL void r16_q4k16_256(const r16_ptrs *p, int nb, const uint8_t *tile, int
     r16_store16_256(_mm256_add_ps(acc0, accM0), _mm256_add_ps(acc1, accM1), out, nr);
 }
 
-/* Q6_K, one token (decode): rows 8q.. of the super-block unit u against token k0 (tile: the token's
- * blocks), into the sums a[par][h] of r16_half_256's sequence (block parity, half): the unit's d read
- * once, the sums in registers (r16_half_256 kept them in memory, addressed by parity). */
-A256 AINL void r16_q6k_unit1_256(const r16_ptrs *p, const uint8_t *u, const uint8_t *tile, int k0, const int q,
-                                 __m256 *a) {
-    const __m256 dr = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(u + p->qd + 16 * q)));
-    __m256 aE0 = a[0], aE1 = a[1], aO0 = a[2], aO1 = a[3];
+/* Q6_K, one token (decode): both 8-row halves (q) of the super-block unit u against token k0, into
+ * the sums a[q][2 par + h] of r16_half_256's sequence (block parity, half h): the unit's d read once,
+ * each of the token's dwords broadcast once for all 16 rows (a kernel per 8-row half broadcast them
+ * twice: 16 % slower on Zen 4 running AVX2, where this kernel is bound by its vector operations). */
+A256 AINL void r16_q6k_unit2_256(const r16_ptrs *p, const uint8_t *u, const uint8_t *tile, int k0, __m256 (*a)[4]) {
+    const __m256i ones = _mm256_set1_epi16(1), m = _mm256_set1_epi8((char)0xC0);
+    __m256 dr[2];
+    for (int q = 0; q < 2; q++) dr[q] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(u + p->qd + 16 * q)));
     for (int j = 0; j < 8; j++) {
         const uint8_t *tb = tile + (size_t)j * V16_TILE_BLOCK_BYTES, *qd = tb + 32 * k0;
         const int32_t *nq = (const int32_t *)(tb + 256);
         const __m256 dt = _mm256_set1_ps(((const float *)(tb + 320))[k0]);
-        __m256i W[8], P[2];
-        r16_bits_q6k_256(p, u, (size_t)j, q, W);
-        for (int h = 0; h < 2; h++)
-            P[h] = _mm256_add_epi32(r16_dot_256(RQ_Q6_K, W + 4 * h, qd + 16 * h), _mm256_set1_epi32(nq[8 * h + k0]));
-        const uint8_t *qs = u + p->qsc + 32 * j + 8 * q;
-        const __m256 wd0 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)qs))), dr);
-        const __m256 wd1 = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(qs + 16)))), dr);
-        if (j & 1) {
-            aO0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(P[0]), _mm256_mul_ps(wd0, dt), aO0);
-            aO1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(P[1]), _mm256_mul_ps(wd1, dt), aO1);
-        } else {
-            aE0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(P[0]), _mm256_mul_ps(wd0, dt), aE0);
-            aE1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(P[1]), _mm256_mul_ps(wd1, dt), aE1);
+        for (int h = 0; h < 2; h++) {
+            __m256i x[4], P[2];
+            for (int g = 0; g < 4; g++) x[g] = _mm256_set1_epi32((int)load_u32(qd + 16 * h + 4 * g));
+            for (int q = 0; q < 2; q++) {   /* r16_bits_q6k_256's half h, then r16_dot_256 */
+                const uint8_t *c = u + p->nib + 64 * (6 * (size_t)j + 3 * (size_t)h) + 32 * (size_t)q;
+                const __m256i C0 = _mm256_loadu_si256((const __m256i *)c), C1 = _mm256_loadu_si256((const __m256i *)(c + 64)),
+                              C2 = _mm256_loadu_si256((const __m256i *)(c + 128));
+                __m256i y = _mm256_srli_epi16(_mm256_and_si256(C2, m), 2);
+                y = _mm256_srli_epi16(_mm256_or_si256(y, _mm256_and_si256(C1, m)), 2);
+                const __m256i W3 = _mm256_srli_epi16(_mm256_or_si256(y, _mm256_and_si256(C0, m)), 2);
+                const __m256i s01 = _mm256_add_epi16(_mm256_maddubs_epi16(_mm256_andnot_si256(m, C0), x[0]),
+                                                     _mm256_maddubs_epi16(_mm256_andnot_si256(m, C1), x[1]));
+                const __m256i s23 = _mm256_add_epi16(_mm256_maddubs_epi16(_mm256_andnot_si256(m, C2), x[2]),
+                                                     _mm256_maddubs_epi16(W3, x[3]));
+                P[q] = _mm256_add_epi32(_mm256_add_epi32(_mm256_madd_epi16(s01, ones), _mm256_madd_epi16(s23, ones)),
+                                        _mm256_set1_epi32(nq[8 * h + k0]));
+            }
+            for (int q = 0; q < 2; q++) {
+                const int8_t *qs = (const int8_t *)(u + p->qsc + 32 * j + 8 * q + 16 * h);
+                const __m256 wd = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)qs))), dr[q]);
+                __m256 *acc = &a[q][2 * (j & 1) + h];
+                *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(P[q]), _mm256_mul_ps(wd, dt), *acc);
+            }
         }
     }
-    a[0] = aE0; a[1] = aE1; a[2] = aO0; a[3] = aO1;
 }
 
 /* Q6_K, one token (decode): all 16 rows of a packed group, both 8-row halves unit by unit (the group
@@ -477,8 +487,7 @@ A256 AINL void r16_q6k16_256(const r16_ptrs *p, int nb, const uint8_t *tile, int
     for (int i = 0; i < nb / 8; i++) {
         const uint8_t *u = p->g + (size_t)i * p->ub, *t8 = tile + (size_t)(8 * i) * V16_TILE_BLOCK_BYTES;
         r16_prefetch_unit(p, u);
-        r16_q6k_unit1_256(p, u, t8, k0, 0, a[0]);
-        r16_q6k_unit1_256(p, u, t8, k0, 1, a[1]);
+        r16_q6k_unit2_256(p, u, t8, k0, a);
     }
     __m256 r[2];
     for (int q = 0; q < 2; q++) r[q] = _mm256_add_ps(_mm256_add_ps(a[q][0], a[q][2]), _mm256_add_ps(a[q][1], a[q][3]));
