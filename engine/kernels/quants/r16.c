@@ -569,12 +569,62 @@ A256 AINL void r16_iq4nl16_256(const r16_ptrs *p, int nb, const uint8_t *tile, i
     r16_store16_256(r[0], r[1], out, nr);
 }
 
+/* Q5_K, one token (decode): all 16 rows of a packed group, r16_gen16_256's float sequence, with
+ * each of the token's dwords broadcast once for both 8-row halves (as r16_q6k_unit2_256), the
+ * fifth bits of a block loaded once per half, and the int16 sums kept as chains (16 % faster than
+ * r16_gen16_256 on Zen 4 running AVX2). */
+A256 AINL void r16_q5k16_256(const r16_ptrs *p, int nb, const uint8_t *tile, int k0, float *out, int nr) {
+    const __m256i ones = _mm256_set1_epi16(1), m0f = _mm256_set1_epi8(0x0F), b5 = _mm256_set1_epi8(0x10);
+    __m256 aE[2][2], aO[2][2], mE[2], mO[2];   /* [rows 8q..][half h], by block parity */
+    for (int q = 0; q < 2; q++) aE[q][0] = aE[q][1] = aO[q][0] = aO[q][1] = mE[q] = mO[q] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b += 2)   /* in pairs: the sums of each parity known at compile time */
+        for (int par = 0; par < 2 && b + par < nb; par++) {
+            const size_t bb = (size_t)(b + par), j = r16_j(p, bb);
+            const uint8_t *u = r16_unit(p, bb), *tb = tile + bb * V16_TILE_BLOCK_BYTES, *qd = tb + 32 * k0;
+            r16_prefetch_ahead(p, bb);
+            __m256i S[2][2], hb[2];   /* [q][h] */
+            for (int q = 0; q < 2; q++) hb[q] = _mm256_loadu_si256((const __m256i *)(u + p->hb + 64 * j + 32 * q));
+            for (int g = 0; g < 4; g++) {   /* r16_nib_256 and r16_hb5_256's vectors g (half 0) and 4 + g (half 1) */
+                const __m256i x0 = _mm256_set1_epi32((int)load_u32(qd + 4 * g)), x1 = _mm256_set1_epi32((int)load_u32(qd + 16 + 4 * g));
+                for (int q = 0; q < 2; q++) {
+                    const __m256i v = _mm256_loadu_si256((const __m256i *)(u + p->nib + 64 * (4 * j + g) + 32 * q));
+                    const __m256i w0 = _mm256_or_si256(_mm256_and_si256(v, m0f), _mm256_and_si256(_mm256_slli_epi32(hb[q], 4 - g), b5));
+                    const __m256i w1 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), m0f),
+                                                       _mm256_and_si256(_mm256_srli_epi32(hb[q], g), b5));
+                    const __m256i p0 = _mm256_maddubs_epi16(w0, x0), p1 = _mm256_maddubs_epi16(w1, x1);
+                    S[q][0] = g ? _mm256_add_epi16(S[q][0], p0) : p0;   /* 4 x 2 x 31 x 127 fits in int16 */
+                    S[q][1] = g ? _mm256_add_epi16(S[q][1], p1) : p1;
+                    __asm__("" : "+x"(S[q][0]), "+x"(S[q][1]));   /* chains in registers, as in r16_iq4nl16_256 */
+                }
+            }
+            const __m256 dt = _mm256_set1_ps(((const float *)(tb + 320))[k0]), ds = _mm256_set1_ps(((const float *)(tb + 352))[k0]);
+            for (int q = 0; q < 2; q++) {
+                __m256 d, sc, mn;
+                r16_k45_scales_256(p, u, j, q, &d, &sc, &mn);
+                const __m256 s = _mm256_mul_ps(_mm256_mul_ps(sc, d), dt);
+                for (int h = 0; h < 2; h++) {
+                    __m256 *a = par ? &aO[q][h] : &aE[q][h];
+                    *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(S[q][h], ones)), s, *a);
+                }
+                __m256 *m = par ? &mO[q] : &mE[q];
+                *m = _mm256_fmadd_ps(mn, ds, *m);
+            }
+        }
+    __m256 r[2];
+    for (int q = 0; q < 2; q++) {
+        r[q] = _mm256_add_ps(_mm256_add_ps(aE[q][0], aO[q][0]), _mm256_add_ps(aE[q][1], aO[q][1]));
+        r[q] = _mm256_add_ps(r[q], _mm256_add_ps(mE[q], mO[q]));   /* nb is a multiple of 8: no padded fma (r16_store_256) */
+    }
+    r16_store16_256(r[0], r[1], out, nr);
+}
+
 /* Decode (one token): all 16 rows of a packed group, streamed once (Q4_K and Q6_K with kernels of their
  * own). */
 A256 AINL void r16_one16_256(const int t, const r16_ptrs *p, int nb, const uint8_t *tile, int k0, float *out, int nr) {
     if (t == RQ_Q4_K) r16_q4k16_256(p, nb, tile, k0, out, nr);
     else if (t == RQ_Q6_K) r16_q6k16_256(p, nb, tile, k0, out, nr);
     else if (t == RQ_IQ4_NL) r16_iq4nl16_256(p, nb, tile, k0, out, nr);
+    else if (t == RQ_Q5_K) r16_q5k16_256(p, nb, tile, k0, out, nr);
     else r16_gen16_256(t, p, nb, tile, k0, out, nr);
 }
 
