@@ -521,13 +521,14 @@ A256 AINL void r16_gen16_256(const int t, const r16_ptrs *p, int nb, const uint8
     for (int q = 0; q < 2 && 8 * q < nr; q++) r16_store_256(t, nb, 1, aE[q], aO[q], mE[q], mO[q], out + 8 * q, 0, nr - 8 * q);
 }
 
-/* IQ4_NL, one token (decode): all 16 rows of a packed group, r16_gen16_256's float sequence with
- * fewer integer steps. The sign goes on the weights' side: |q| is the same for all 16 rows, so a
- * vector of products costs sign(w, q) and vpmaddubsw(|q|, +-w), where the sign trick costs
- * sign(w, w), sign(q, w) and the vpmaddubsw; and each of the token's dwords (and its |q|) is
+/* IQ4_NL and IQ4_XS, one token (decode): all 16 rows of a packed group, r16_gen16_256's float
+ * sequence with fewer integer steps. The sign goes on the weights' side: |q| is the same for all
+ * 16 rows, so a vector of products costs sign(w, q) and vpmaddubsw(|q|, +-w), where the sign trick
+ * costs sign(w, w), sign(q, w) and the vpmaddubsw; and each of the token's dwords (and its |q|) is
  * broadcast once for both 8-row halves. Exact: |q| <= 127 and the table's |w| <= 127, so the pair
- * sums fit in int16 (Q8_0 keeps the sign trick: its w = -128 would not survive sign(w, q)). */
-A256 AINL void r16_iq4nl16_256(const r16_ptrs *p, int nb, const uint8_t *tile, int k0, float *out, int nr) {
+ * sums fit in int16 (Q8_0 keeps the sign trick: its w = -128 would not survive sign(w, q)). On Zen 4
+ * running AVX2, 1.25x (IQ4_NL) and 1.13x (IQ4_XS) r16_gen16_256's speed. */
+A256 AINL void r16_iq4_16_256(const int t, const r16_ptrs *p, int nb, const uint8_t *tile, int k0, float *out, int nr) {
     const __m256i ones = _mm256_set1_epi16(1), m0f = _mm256_set1_epi8(0x0F), tab = iq4_table_256(0);
     __m256 aE[2][2], aO[2][2];   /* [rows 8q..][half h], by block parity */
     for (int q = 0; q < 2; q++) aE[q][0] = aE[q][1] = aO[q][0] = aO[q][1] = _mm256_setzero_ps();
@@ -557,7 +558,13 @@ A256 AINL void r16_iq4nl16_256(const r16_ptrs *p, int nb, const uint8_t *tile, i
             }
             const __m256 d = _mm256_set1_ps(((const float *)(tb + 320))[k0]);
             for (int q = 0; q < 2; q++) {
-                const __m256 s = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(u + p->d + 16 * q))), d);
+                __m256 wd;   /* as r16_block_legacy_256 and r16_block_iq4xs_256 */
+                if (t == RQ_IQ4_XS)
+                    wd = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(u + p->qsc + 16 * j + 8 * q)))),
+                                       _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(u + p->qd + 16 * q))));
+                else
+                    wd = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(u + p->d + 16 * q)));
+                const __m256 s = _mm256_mul_ps(wd, d);
                 for (int h = 0; h < 2; h++) {
                     __m256 *a = par ? &aO[q][h] : &aE[q][h];
                     *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(S[q][h]), s, *a);
@@ -594,7 +601,7 @@ A256 AINL void r16_q5k16_256(const r16_ptrs *p, int nb, const uint8_t *tile, int
                     const __m256i p0 = _mm256_maddubs_epi16(w0, x0), p1 = _mm256_maddubs_epi16(w1, x1);
                     S[q][0] = g ? _mm256_add_epi16(S[q][0], p0) : p0;   /* 4 x 2 x 31 x 127 fits in int16 */
                     S[q][1] = g ? _mm256_add_epi16(S[q][1], p1) : p1;
-                    __asm__("" : "+x"(S[q][0]), "+x"(S[q][1]));   /* chains in registers, as in r16_iq4nl16_256 */
+                    __asm__("" : "+x"(S[q][0]), "+x"(S[q][1]));   /* chains in registers, as in r16_iq4_16_256 */
                 }
             }
             const __m256 dt = _mm256_set1_ps(((const float *)(tb + 320))[k0]), ds = _mm256_set1_ps(((const float *)(tb + 352))[k0]);
@@ -623,7 +630,7 @@ A256 AINL void r16_q5k16_256(const r16_ptrs *p, int nb, const uint8_t *tile, int
 A256 AINL void r16_one16_256(const int t, const r16_ptrs *p, int nb, const uint8_t *tile, int k0, float *out, int nr) {
     if (t == RQ_Q4_K) r16_q4k16_256(p, nb, tile, k0, out, nr);
     else if (t == RQ_Q6_K) r16_q6k16_256(p, nb, tile, k0, out, nr);
-    else if (t == RQ_IQ4_NL) r16_iq4nl16_256(p, nb, tile, k0, out, nr);
+    else if (t == RQ_IQ4_NL || t == RQ_IQ4_XS) r16_iq4_16_256(t, p, nb, tile, k0, out, nr);
     else if (t == RQ_Q5_K) r16_q5k16_256(p, nb, tile, k0, out, nr);
     else r16_gen16_256(t, p, nb, tile, k0, out, nr);
 }
