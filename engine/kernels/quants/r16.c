@@ -625,8 +625,8 @@ A256 AINL void r16_q5k16_256(const r16_ptrs *p, int nb, const uint8_t *tile, int
     r16_store16_256(r[0], r[1], out, nr);
 }
 
-/* Decode (one token): all 16 rows of a packed group, streamed once (Q4_K and Q6_K with kernels of their
- * own). */
+/* Decode (one token): all 16 rows of a packed group, streamed once (Q4_K, Q5_K, Q6_K and the IQ4
+ * types with kernels of their own, the legacy types through r16_gen16_256). */
 A256 AINL void r16_one16_256(const int t, const r16_ptrs *p, int nb, const uint8_t *tile, int k0, float *out, int nr) {
     if (t == RQ_Q4_K) r16_q4k16_256(p, nb, tile, k0, out, nr);
     else if (t == RQ_Q6_K) r16_q6k16_256(p, nb, tile, k0, out, nr);
