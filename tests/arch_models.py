@@ -110,7 +110,10 @@ def llama3_rope_factors(head_dim: int, base: float, factor: float, low_ff: float
                         orig: int) -> np.ndarray:
     """rope_freqs as convert_hf_to_gguf writes them for rope_type "llama3" (conversion/llama.py
     generate_extra_tensors): 1 for short wavelengths, `factor` for long ones, smooth between."""
-    freqs = 1.0 / (base ** (np.arange(0, head_dim, 2, dtype=np.float32) / head_dim))
+    # math.pow in float64, not numpy's float32 power: numpy's SIMD power differs by CPU (its AVX-512
+    # and AVX2 versions round differently), and these bytes must be the same on every machine
+    powers = np.array([math.pow(base, i / head_dim) for i in range(0, head_dim, 2)]).astype(np.float32)
+    freqs = np.float32(1.0) / powers
     lo_wl, hi_wl = orig / low_ff, orig / high_ff
     out = []
     for freq in freqs:
@@ -259,10 +262,12 @@ def write_phi3(dst: Path, tokenizer_src: Path) -> dict[str, str]:
     m.u32("phi3.rope.scaling.original_context_length", PHI3_ORIG_CTX)
     scale = PHI3_CTX / PHI3_ORIG_CTX  # conversion/phi.py, rope_type longrope
     m.f32("phi3.rope.scaling.attn_factor", math.sqrt(1 + math.log(scale) / math.log(PHI3_ORIG_CTX)))
-    i = np.arange(n_rot // 2, dtype=np.float32)
-    # long: 1 -> ~20 over the pairs, as LongRoPE's long factors grow; short: 1 -> ~3, flatter
-    m.add("rope_factors_long.weight", (1.0 + 19.0 * (i / (n_rot // 2 - 1)) ** 1.5).astype(np.float32))
-    m.add("rope_factors_short.weight", (1.0 + 2.0 * (i / (n_rot // 2 - 1))).astype(np.float32))
+    x = np.arange(n_rot // 2, dtype=np.float64) / (n_rot // 2 - 1)
+    # long: 1 -> ~20 over the pairs, as LongRoPE's long factors grow; short: 1 -> ~3, flatter.
+    # x ** 1.5 as x * sqrt(x), in float64: IEEE operations round alike on every CPU, and numpy's
+    # float32 power does not (its AVX-512 and AVX2 versions differ in the last bit)
+    m.add("rope_factors_long.weight", (1.0 + 19.0 * (x * np.sqrt(x))).astype(np.float32))
+    m.add("rope_factors_short.weight", (1.0 + 2.0 * x).astype(np.float32))
     m.add("token_embd.weight", m.rng.standard_normal((m.vocab, n_embd), dtype=np.float32) * np.float32(0.5), "F16")
     m.add("output_norm.weight", m.vec(n_embd, 1.0, 0.1))
     m.add("output.weight", m.mat(m.vocab, n_embd, 4.0), "Q6_K")
