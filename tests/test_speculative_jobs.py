@@ -84,10 +84,12 @@ def test_worker_with_a_draft_serves_every_mode(client, spawn_worker, smollm2_pat
     """A real worker started with --draft: greedy jobs asking for prompt lookup, the draft model or
     nothing (the worker's default: the draft) give plain greedy's text and report their guesses.
 
-    The worker times its own passes, and on a busy host its first timings can say that guessing does
-    not pay; it then still tries one guess after DraftPolicy.PROBE_EVERY rounds without any, so jobs
-    of PROBE_EVERY + 16 tokens check guesses whatever the timings said."""
-    from engine.speculative import DraftPolicy
+    The worker times its own passes at its first speculative requests (PassTimer), and on a busy
+    host one timing can say that even guesses always kept would not pay: guessing then stays off
+    for that request. So short warm-up jobs come first, until the costs are the median of
+    PassTimer.REPEATS timings; and the jobs run PROBE_EVERY + 16 tokens, so that a policy whose
+    costs say guessing does not pay (but could) still tries a guess."""
+    from engine.speculative import DraftPolicy, PassTimer
     from engine.engine import Engine
     from engine.params import SamplingParams
 
@@ -100,8 +102,10 @@ def test_worker_with_a_draft_serves_every_mode(client, spawn_worker, smollm2_pat
     jobs = [{"model": M, "prompt": p, "custom_id": k,
              "params": {"max_tokens": n_tokens, **({"speculative": modes[k]} if modes[k] else {})}}
             for k, p in prompts.items()]
+    warm_up = [{"model": M, "prompt": f"Warm-up {i}: a, b, c, a, b,", "custom_id": f"warm-up-{i}",
+                "params": {"max_tokens": 2, "speculative": "prompt_lookup"}} for i in range(PassTimer.REPEATS)]
     ids = {j["custom_id"]: validate_job(j).id for j in jobs}
-    client.submit_batch(jobs)
+    client.submit_batch(warm_up + jobs)
     wait_for_workers(client.connection, [w.name])
     results = {k: client.wait(jid, timeout=300) for k, jid in ids.items()}
     local = Engine(str(smollm2_path), threads=2, kv_budget="32MiB")
