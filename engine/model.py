@@ -33,6 +33,12 @@ SUPPORTED_TYPES = tuple(
               "IQ4_NL", "IQ4_XS")
 )
 MAX_UBATCH = 128  # tokens per compiled pass: larger prompts are run in passes of this size
+# A mixture of experts' pass: its tokens are shared out among the experts, so a pass of 128 tokens gives
+# each of Qwen3-30B-A3B's 128 experts (top 8) about 8, too few for the prefill tile kernels (they
+# expand an expert's weights once per pass and reuse them for every token it got). 512, llama.cpp's
+# default ubatch, gives them about 32. Only for models without sliding windows, whose ring sizes
+# (kv_layout) and speculative rounds are planned on MAX_UBATCH.
+MOE_UBATCH = 512
 
 
 def default_threads() -> int:
@@ -134,6 +140,11 @@ class Config:
     n_expert_used: int = 0
     n_ff_exp: int = 0
     expert_norm: bool = False
+
+    @property
+    def ubatch(self) -> int:
+        """Most tokens per compiled pass (MAX_UBATCH, or MOE_UBATCH for a mixture of experts)."""
+        return MOE_UBATCH if self.n_expert > 0 and self.sliding_window == 0 else MAX_UBATCH
 
     @property
     def kv_dim(self) -> int:
@@ -508,7 +519,7 @@ def kv_layout(cfg: Config, kv_budget: str | int, max_context: int | None = None
               ) -> tuple[int, int, int, list[int | None], int]:
     """KVCache.from_budget's arguments for a model: (budget bytes, n_layer, kv_dim, local slots, max capacity)."""
     limit = min(cfg.n_ctx_train, max_context or cfg.n_ctx_train)
-    local = [cfg.sliding_window + MAX_UBATCH - 1 if cfg.layer_is_local(il) else None for il in range(cfg.n_layer)]
+    local = [cfg.sliding_window + cfg.ubatch - 1 if cfg.layer_is_local(il) else None for il in range(cfg.n_layer)]
     return parse_bytes(kv_budget), cfg.n_layer, cfg.kv_dim, local, limit
 
 
@@ -555,7 +566,7 @@ class Model:
 
         freq, freq_local, mscale = weights.rope_tables(kv.capacity)
         values = {f.name: getattr(cfg, f.name) for f in fields(cfg)}
-        values.update(rope_mscale=mscale, max_ubatch=MAX_UBATCH, n_threads=threads)
+        values.update(rope_mscale=mscale, max_ubatch=cfg.ubatch, n_threads=threads)
         compiled = {name: values[name] for name in config_fields()}  # a field Python lacks: KeyError here
         self._fwd = ForwardModel(compiled, freq, freq_local, weights.globals, weights.layers, kv.k, kv.v,
                                  kv.capacity, (gguf, repacked))
@@ -616,10 +627,10 @@ class Model:
 
     def forward_layers(self, tokens) -> tuple[np.ndarray, np.ndarray]:
         """Residual stream after the embedding and after every layer ([n_layer+1, n, n_embd]) and
-        the logits of every token, for a prompt of at most MAX_UBATCH tokens at position 0."""
+        the logits of every token, for a prompt of at most one pass (cfg.ubatch tokens) at position 0."""
         n = len(tokens)
-        if n > MAX_UBATCH:
-            raise ValueError(f"forward_layers takes at most {MAX_UBATCH} tokens")
+        if n > self.cfg.ubatch:
+            raise ValueError(f"forward_layers takes at most {self.cfg.ubatch} tokens")
         buf = np.zeros((self.cfg.n_layer + 1, n, self.cfg.n_embd), dtype=np.float32)
         self._fwd.record_layers(buf, n)
         try:

@@ -160,3 +160,23 @@ def test_speculative_greedy_is_plain_greedy(arch):
         spec = eng.generate(prompt_ids=prompt, params=SamplingParams(max_tokens=24, speculative=mode))
         assert spec.ids == plain.ids, mode
     assert spec.draft_tokens > 0
+
+
+@pytest.mark.parametrize("name", ["qwen3moe", "mixtral"])
+def test_experts_run_prompts_in_passes_of_moe_ubatch(name, smollm2_path):
+    """A mixture of experts runs MOE_UBATCH tokens a pass (its experts then see more tokens each); a
+    prompt longer than that gives the logits of any other split into passes, bit for bit."""
+    from engine.model import MAX_UBATCH, MOE_UBATCH
+
+    path = A.arch_model(name, smollm2_path)
+    model = load(path, kv_budget="64MiB")
+    assert model.cfg.ubatch == MOE_UBATCH > MAX_UBATCH
+    assert load(A.arch_model("qwen3", smollm2_path)).cfg.ubatch == MAX_UBATCH
+    rng = np.random.default_rng(9)
+    ids = [int(t) for t in rng.integers(10, model.cfg.n_vocab, size=MOE_UBATCH + 40)]
+    whole = model.forward_all(ids)   # passes of 512 and 40
+    split = load(path, kv_budget="64MiB")
+    split.forward(ids[:100], 0)
+    last = split.forward(ids[100:], 100)   # passes of 100, 452
+    np.testing.assert_array_equal(last, whole[-1])
+    assert np.isfinite(whole).all()
