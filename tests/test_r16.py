@@ -145,8 +145,9 @@ def test_r16_decode_split_between_threads_is_exact(path):
 
 @pytest.mark.parametrize("path", R16_PATHS)
 def test_r16_experts_with_their_own_tokens_equal_one_by_one(path, kern):
-    """A mixture-of-experts step: 20 ops (more than a dense layer's) with R16 copies, each over its own
-    tokens - up to 8 (one job split by bytes over all ops) and 9 or 20 (one by one) - as the GGUF layout."""
+    """A mixture-of-experts pass: 20 ops (more than a dense layer's) with R16 copies, each over its own
+    tokens (1 to 20: packed groups, and expanded ones from 8 tokens on AVX2, 12 on AVX-512, in one job
+    split by cost over all ops), as the GGUF layout."""
     mod, p = kern
     rng = np.random.default_rng(400)
     n = 512

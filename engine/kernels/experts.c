@@ -119,19 +119,6 @@ static rq_matmul_op expert_op(const rq_tensor *W, int rows_per_expert, int x, fl
     return op;
 }
 
-/* Ops whose tokens fit one tile (ntok <= 8) first, as one job; then the rest (each over all threads). */
-static void run_ops(rq_matmul_op *ops, int nops, int cols, int nthreads) {
-    int light = 0;
-    for (int i = 0; i < nops; i++)
-        if (ops[i].ntok <= 8) {
-            rq_matmul_op o = ops[i];
-            ops[i] = ops[light];
-            ops[light++] = o;
-        }
-    if (light) rq_matmul_multi(ops, light, cols, NULL, 0, nthreads);
-    if (nops > light) rq_matmul_multi(ops + light, nops - light, cols, NULL, 0, nthreads);
-}
-
 int rq_experts_ffn(rq_experts *e, const rq_tensor *router, const rq_tensor *gate, const rq_tensor *up,
                    const rq_tensor *down, int norm_weights, int gelu, const rq_act *acts, int n, float *out, int ldo,
                    int nthreads) {
@@ -169,7 +156,7 @@ int rq_experts_ffn(rq_experts *e, const rq_tensor *router, const rq_tensor *gate
         e->ops[nops++] = expert_op(gate, F, x, e->gate + (size_t)p0 * F, F, e->routed + p0, c);
         e->ops[nops++] = expert_op(up, F, x, e->up + (size_t)p0 * F, F, e->routed + p0, c);
     }
-    run_ops(e->ops, nops, D, nthreads);
+    rq_matmul_multi(e->ops, nops, D, NULL, 0, nthreads);   /* one job split by (expert, rows) */
 
 #pragma omp parallel for num_threads(nthreads) schedule(static) if (n > 1)   /* decode: too little for a region */
     for (int p = 0; p < P; p++) {
@@ -183,7 +170,7 @@ int rq_experts_ffn(rq_experts *e, const rq_tensor *router, const rq_tensor *gate
         const int c = e->count[x], p0 = e->first[x];
         if (c) e->ops[nops++] = expert_op(down, D, x, e->down + (size_t)p0 * D, D, e->inner + p0, c);
     }
-    run_ops(e->ops, nops, F, nthreads);
+    rq_matmul_multi(e->ops, nops, F, NULL, 0, nthreads);
 
     /* combine: weight times output, added in slot order (llama.cpp: ggml_mul, then ggml_add from slot 0) */
 #pragma omp parallel for num_threads(nthreads) schedule(static) if (n > 1)

@@ -560,51 +560,77 @@ static int same_tile(const rq_matmul_op *a, const rq_matmul_op *b, const rq_act 
     return 1;
 }
 
-/* Decode- and speculation-sized calls (ntok <= 8: one token tile per op) whose ops all have R16 copies: one
- * parallel job over the ops' concatenated groups, split by bytes (q/k/v or gate/up of a decode step pay
- * for one region and one tile, not one per op; one by one, the small k and v matrices would each run
- * on one thread; the k experts of a decode step, or the many lightly used experts of a prefill pass,
- * likewise run as one job split by (expert, rows)). Returns -1 when it does not apply. */
+/* Calls whose ops all have R16 copies: one parallel job over the ops' concatenated groups, in chunks
+ * of equal cost (a group's bytes times its op's tokens), each thread its own chunks first, then
+ * whatever is left of the others' (r16_take_chunk). q/k/v or gate/up of a decode step pay for one
+ * region and one tile, not one per op; one by one, the small k and v matrices would each run on one
+ * thread. The experts of a pass likewise run as one job split by (expert, rows): a prefill pass's
+ * experts, some with many tokens and some with few, each once in its own region, left a thread idle at
+ * every region's end. Ops of many tokens expand their groups (the plan's expand) into buffers of the
+ * thread's own. Ops with equal token counts (every decode step) get chunks of equal bytes, as before
+ * the costs were weighted. A dense prefill's ops (the call's tokens, more than one tile) run one by
+ * one instead (r16_matmul), as they did: as one job, the 1.5B shape's prefill came out 2-12 % slower
+ * in six alternating runs (Zen 3, 2 threads; not explained: its kernels' profile was the same).
+ * Returns -1 when it does not apply. */
 static int r16_matmul_multi(const rq_matmul_op *ops, int nops, int cols, const rq_act *acts, int ntok, int nthreads) {
-    _Static_assert(8 < R16_EXPAND_MIN_TOK, "the multi-op job runs the packed kernels, never the expanding ones");
     if (nops <= 0) return 0;
     const int path = rq_kernel_path(), nb = cols / QK;
     const size_t tbytes = (size_t)nb * V16_TILE_BLOCK_BYTES;
-    /* each op's tile, kernel, and the op whose tile it reads: its own, or an earlier op's that holds the
-     * same one (the k experts of a decode step read one token, and k tiles of it would fill L2). Only the
-     * last few distinct tiles are compared, so that many experts with tokens of their own cost O(nops). */
-    struct { v16_toks tk; r16_groups_fn fn; int src, tile; } *op = malloc(sizeof(*op) * (size_t)nops);
-    size_t total = 0;
-    int fits = op != NULL, ntiles = 0, recent[4];   /* recent[n % 4]: the op that made distinct tile n */
+    /* each op's tiles, kernel, and the op whose tiles it reads: its own, or an earlier op's that holds the
+     * same one (the k experts of a decode step read one token, and k tiles of it would fill L2). Only
+     * one-tile ops share, and only the last few distinct ones are compared, so that many experts with
+     * tokens of their own cost O(nops). */
+    struct { v16_toks tk; r16_groups_fn fn; int src, tile, expand; size_t gcost; } *op = malloc(sizeof(*op) * (size_t)nops);
+    size_t total = 0, bytes = 0;
+    int fits = op != NULL, ntiles = 0, nshared = 0, any_expand = 0, recent[4];   /* recent[n % 4]: the nth one-tile op */
     for (int i = 0; fits && i < nops; i++) {
         const matmul_plan p = op_plan(path, &ops[i], ntok);
-        fits = op_ntok(&ops[i], ntok) <= 8 && p.family == PLAN_R16 && !p.expand;
+        const int n = op_ntok(&ops[i], ntok);
+        fits = p.family == PLAN_R16 && (ops[i].acts || n <= 8);
         op[i].fn = p.r16;
-        total += r16_group_bytes_t(ops[i].type, nb) * (size_t)((ops[i].rows + 15) / 16);
+        op[i].expand = p.expand;
+        any_expand |= p.expand;
+        op[i].gcost = r16_group_bytes_t(ops[i].type, nb) * (size_t)n;
+        total += op[i].gcost * (size_t)((ops[i].rows + 15) / 16);
+        bytes += r16_group_bytes_t(ops[i].type, nb) * (size_t)((ops[i].rows + 15) / 16);
         op[i].src = i;
-        for (int r = 0; r < ntiles && r < 4 && op[i].src == i; r++)
+        for (int r = 0; n <= 8 && r < nshared && r < 4 && op[i].src == i; r++)
             if (same_tile(&ops[i], &ops[recent[r]], acts, ntok)) op[i].src = recent[r];
         if (op[i].src == i) {
-            recent[ntiles % 4] = i;
-            op[i].tile = ntiles++;
+            if (n <= 8) recent[nshared++ % 4] = i;
+            op[i].tile = ntiles;
+            ntiles += (n + 7) / 8;
         }
     }
-    uint8_t *mem = fits ? aligned_alloc(64, tbytes * (size_t)ntiles) : NULL;
+    /* the tiles to prepare, as (op, tile) pairs: one op's many tiles are shared out too */
+    int *prep = fits ? malloc(sizeof(int) * 2 * (size_t)ntiles) : NULL;
+    uint8_t *mem = prep ? aligned_alloc(64, tbytes * (size_t)ntiles) : NULL;
     fits = fits && mem;
-    for (int i = 0; fits && i < nops; i++)
-        op[i].tk = (v16_toks){nb, 1, mem + tbytes * (size_t)op[op[i].src].tile};
-    if (!fits) {   /* an op the job does not run, or out of memory */
-        free(op);
-        free(mem);
-        return -1;
+    for (int i = 0; fits && i < nops; i++) {
+        const int n = op_ntok(&ops[i], ntok), src = op[i].src;
+        op[i].tk = (v16_toks){nb, (n + 7) / 8, mem + tbytes * (size_t)op[src].tile};
+        if (src == i)
+            for (int k = 0; k < op[i].tk.ntiles; k++) prep[2 * (op[i].tile + k)] = i, prep[2 * (op[i].tile + k) + 1] = k;
     }
     int nt = 1;
 #ifdef _OPENMP
     nt = nthreads > 0 ? nthreads : omp_get_max_threads();
-    if (total < RQ_SERIAL_BYTES) nt = 1;
+    if (!any_expand && bytes < RQ_SERIAL_BYTES) nt = 1;
 #endif
     r16_cursor cur[R16_MAX_THREADS];
-    nt = r16_cursors_init(cur, nt);
+    nt = fits ? r16_cursors_init(cur, nt) : 1;
+    /* the expanding ops' group buffers, gmax groups a thread (as r16_matmul's) */
+    const size_t vb = (v16_group_bytes(nb) + 63) & ~(size_t)63;
+    int gmax = (int)(V16_L2_BYTES / vb);
+    gmax = gmax < 1 ? 1 : gmax > 8 ? 8 : gmax;
+    uint8_t *grp = fits && any_expand ? aligned_alloc(64, vb * (size_t)gmax * (size_t)nt) : NULL;
+    if (!fits || (any_expand && !grp)) {   /* an op the job does not run, or out of memory */
+        free(op);
+        free(prep);
+        free(mem);
+        free(grp);
+        return -1;
+    }
 #ifdef _OPENMP
 #pragma omp parallel num_threads(nt)
 #endif
@@ -615,25 +641,30 @@ static int r16_matmul_multi(const rq_matmul_op *ops, int nops, int cols, const r
         nth = omp_get_num_threads();
 #pragma omp for schedule(static)
 #endif
-        for (int i = 0; i < nops; i++)
-            if (op[i].src == i) v16_prep_tile(ops[i].type, op_acts(&ops[i], acts), op_ntok(&ops[i], ntok), 0, &op[i].tk);
+        for (int j = 0; j < ntiles; j++) {
+            const rq_matmul_op *o = &ops[prep[2 * j]];
+            v16_prep_tile(o->type, op_acts(o, acts), op_ntok(o, ntok), prep[2 * j + 1], &op[prep[2 * j]].tk);
+        }
+        uint8_t *mine = grp ? grp + vb * (size_t)gmax * (size_t)me : NULL;
         const size_t nc = (size_t)nth * R16_CHUNKS_PER_THREAD;
-        for (int c; (c = r16_take_chunk(cur, me, nth)) >= 0;) {   /* chunks of equal bytes, own ones first */
+        for (int c; (c = r16_take_chunk(cur, me, nth)) >= 0;) {   /* chunks of equal cost, own ones first */
             const size_t lo = total * (size_t)c / nc, hi = total * ((size_t)c + 1) / nc;
             size_t base = 0;
             for (int i = 0; i < nops && base < hi; i++) {
                 const int ng = (ops[i].rows + 15) / 16;
-                const size_t gb = r16_group_bytes_t(ops[i].type, nb), end = base + gb * (size_t)ng;
+                const size_t end = base + op[i].gcost * (size_t)ng;
                 int g0, g1;
-                if (end > lo && rq_r16_multi_share(lo, hi, base, gb, ng, &g0, &g1)) {
+                if (op[i].gcost && end > lo && rq_r16_multi_share(lo, hi, base, op[i].gcost, ng, &g0, &g1)) {
                     op[i].fn(ops[i].r16, ops[i].rows, g0, g1, nb, op_ntok(&ops[i], ntok), &op[i].tk, ops[i].out,
-                             ops[i].ldo, NULL, 1);
+                             ops[i].ldo, op[i].expand ? mine : NULL, gmax);
                 }
                 base = end;
             }
         }
     }
     free(mem);
+    free(prep);
+    free(grp);
     free(op);
     return 0;
 }

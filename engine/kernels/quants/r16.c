@@ -215,20 +215,25 @@ A512 AINL void r16_tile(const int t, const r16_ptrs *p, int nb, const int T, con
 
 #define R16_TILE_T(t, p, nb, tile, k0, out, ldo, nr, T) r16_tile(t, p, nb, T, tile, k0, out, ldo, nr)
 
-/* Tokens at or above this take the expand-then-v16 route. */
+/* Calls of this many tokens or more take the expand-then-v16 route (the plan's `expand`; the loops
+ * below expand when given group buffers). AVX-512: 12, timed on Zen 4. AVX2 (r16_expand_min_tok_256):
+ * 8, except for Q8_0, whose expanded tiles run 4 tokens at a time (v8_tile_256). Zen 3, one thread,
+ * 768 x 2048, GMAC/s at 8 tokens, packed vs expanded: Q4_K 36 vs 51, Q6_K 35 vs 51, Q4_0 35 vs 41,
+ * Q5_K 32 vs 37, IQ4_XS 33 vs 37, Q8_0 34 vs 28; below 8 they were within the noise of each other. */
 #define R16_EXPAND_MIN_TOK 12
+static inline int r16_expand_min_tok_256(int t) { return t == RQ_Q8_0 ? R16_EXPAND_MIN_TOK : 8; }
 
 /* Groups [g0, g1) of a repacked matrix (rows rows) against all token tiles: the loops of r16_groups
  * (AVX-512) and r16_groups_256 (AVX2), written once over the variables of their common signature.
- * Many tokens: up to gmax groups at a time are expanded (EXPAND) into grp (gmax v16 group buffers)
+ * Given grp (gmax v16 group buffers: the plan's expand), up to gmax groups at a time are expanded (EXPAND) into it
  * and every tile runs over them: EXPANDED_HEAD declares tile i's `tile` and T (its tokens, <= 8),
- * EXPANDED_TILE runs it against expanded group g, rows r0.. (nr of them). Few tokens: straight from
+ * EXPANDED_TILE runs it against expanded group g, rows r0.. (nr of them). Else (grp NULL) straight from
  * the packed data: PACKED_TILE runs tile i against the group at p. The hooks are statements, not
  * functions: called as functions, the same code compiled to other instructions in the kernels they
  * inline, and these loops must stay exactly the code they were. */
 #define R16_GROUPS_LOOPS(EXPAND, EXPANDED_HEAD, EXPANDED_TILE, PACKED_TILE)                                \
     const size_t gbytes = r16_group_bytes_t(t, nb), vb = (v16_group_bytes(nb) + 63) & ~(size_t)63;            \
-    if (ntok >= R16_EXPAND_MIN_TOK) {                                                                          \
+    if (grp) {                                                                                                 \
         for (int c0 = g0; c0 < g1; c0 += gmax) {                                                               \
             const int c1 = c0 + gmax < g1 ? c0 + gmax : g1;                                                    \
             for (int g = c0; g < c1; g++) EXPAND(t, R + gbytes * (size_t)g, nb, grp + vb * (size_t)(g - c0)); \
