@@ -54,7 +54,7 @@ static matmul_plan plan(int path, int t, int ntok, int r16) {
         p.r16 = kpath == RQ_PATH_AVX512 ? ops(t)->r16_512 : ops(t)->r16_256;
         if (p.r16) {
             p.family = PLAN_R16;
-            p.expand = ntok >= (kpath == RQ_PATH_AVX512 ? R16_EXPAND_MIN_TOK : r16_expand_min_tok_256(t));
+            p.expand = ntok >= (kpath == RQ_PATH_AVX512 ? R16_EXPAND_MIN_TOK : R16_EXPAND_MIN_TOK_256);
             return p;
         }
     }

@@ -11,7 +11,7 @@
  *     acc_(b&1),h = fma(float(P_b,h), dl_b * d_k(b), acc_(b&1),h)     P_b,h: the exact integer sum
  *                                                                     of half h's 16 products
  *     result = (acc_0,0 + acc_1,0) + (acc_0,1 + acc_1,1)
- * so the generic v16 and R16 kernels run it (v16_pass, r16_tile, r16_half_256, v8_tile_256), its
+ * so the generic v16 and R16 kernels run it (v16_pass, r16_tile, r16_half_256, r16_tile16_halves_256), its
  * looked-up values handled as signed 8-bit ones (type_s8: the AVX2 sign trick, value + 128 and
  * offset 128 for vpdpbusd). Q4_K's sequence (the integer block scale applied in the integer domain,
  * one FMA a block) would save a conversion and an FMA a block, but rests on int16-exact block sums

@@ -216,12 +216,12 @@ A512 AINL void r16_tile(const int t, const r16_ptrs *p, int nb, const int T, con
 #define R16_TILE_T(t, p, nb, tile, k0, out, ldo, nr, T) r16_tile(t, p, nb, T, tile, k0, out, ldo, nr)
 
 /* Calls of this many tokens or more take the expand-then-v16 route (the plan's `expand`; the loops
- * below expand when given group buffers). AVX-512: 12, timed on Zen 4. AVX2 (r16_expand_min_tok_256):
- * 8, except for Q8_0, whose expanded tiles run 4 tokens at a time (v8_tile_256). Zen 3, one thread,
+ * below expand when given group buffers). AVX-512: 12, timed on Zen 4. AVX2: 8. Zen 3, one thread,
  * 768 x 2048, GMAC/s at 8 tokens, packed vs expanded: Q4_K 36 vs 51, Q6_K 35 vs 51, Q4_0 35 vs 41,
- * Q5_K 32 vs 37, IQ4_XS 33 vs 37, Q8_0 34 vs 28; below 8 they were within the noise of each other. */
+ * Q5_K 32 vs 37, IQ4_XS 33 vs 37; Q8_0 (with its whole-tile kernel, r16_tile16_halves_256) 34-35 vs
+ * 36-38 at 8-11 tokens; below 8 they were within the noise of each other. */
 #define R16_EXPAND_MIN_TOK 12
-static inline int r16_expand_min_tok_256(int t) { return t == RQ_Q8_0 ? R16_EXPAND_MIN_TOK : 8; }
+#define R16_EXPAND_MIN_TOK_256 8
 
 /* Groups [g0, g1) of a repacked matrix (rows rows) against all token tiles: the loops of r16_groups
  * (AVX-512) and r16_groups_256 (AVX2), written once over the variables of their common signature.
@@ -684,7 +684,8 @@ A256 static void r16_expand_256(const int t, const uint8_t *g, int nb, uint8_t *
  * route's one row per vector costs 8 vpshufd; on Zen 5 running AVX2, a broadcast and a vpshufd
  * each take a vector-pipe slot, and those slots bound both routes. Faster than on pf8 rows (the
  * route this replaces; 1 thread, 256 tokens, 576-14336 columns): Q4_K 1.03-1.10x, Q6_K 1.08-1.13x,
- * Q4_0 and Q5_0 1.07-1.10x, Q4_1 1.01-1.04x. Q8_0 stays on v8 tiles. Missing tokens of a tile are
+ * Q4_0 and Q5_0 1.07-1.10x, Q4_1 1.01-1.04x; the signed types (Q8_0, IQ4_NL, IQ4_XS), against 4 tokens x 8
+ * rows at a time, 1.1-1.4x (1536 x 1536, 16 and 128 tokens). Missing tokens of a tile are
  * zero; they are computed in pairs and not stored. */
 /* Dword j of an expanded block's weights (U: both 8-row halves) against a pair of tokens (x: the
  * first one's 32 bytes, the second's follow), into the running int16 sums S[token][half] (first:
@@ -699,6 +700,23 @@ A256 AINL void r16_pair_dword_256(const uint8_t *U, const uint8_t *x, const int 
                              {_mm256_maddubs_epi16(W0, x1), _mm256_maddubs_epi16(W1, x1)}};
     for (int kk = 0; kk < 2; kk++)
         for (int q = 0; q < 2; q++) S[kk][q] = first ? p[kk][q] : _mm256_add_epi16(S[kk][q], p[kk][q]);
+    __asm__("" : "+x"(S[0][0]), "+x"(S[0][1]), "+x"(S[1][0]), "+x"(S[1][1]));
+}
+
+/* r16_pair_dword_256 for the signed types (type_s8: U holds signed values): the sign trick's products,
+ * |U| times the token's bytes with U's signs, whose pair sums reach 2 x 127 x 127 and so are widened
+ * to int32 at once (vpmaddwd) and summed there, into S[token][half] (first: they start here). */
+A256 AINL void r16_pair_dword_s8_256(const uint8_t *U, const uint8_t *x, const int j, const int first, __m256i (*S)[2]) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    const __m256i W[2] = {_mm256_loadu_si256((const __m256i *)(U + 64 * j)),
+                          _mm256_loadu_si256((const __m256i *)(U + 64 * j + 32))};
+    const __m256i A[2] = {_mm256_sign_epi8(W[0], W[0]), _mm256_sign_epi8(W[1], W[1])};
+    const __m256i xs[2] = {_mm256_set1_epi32((int)load_u32(x + 4 * j)), _mm256_set1_epi32((int)load_u32(x + 32 + 4 * j))};
+    for (int kk = 0; kk < 2; kk++)
+        for (int q = 0; q < 2; q++) {
+            const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(A[q], _mm256_sign_epi8(xs[kk], W[q])), ones);
+            S[kk][q] = first ? p : _mm256_add_epi32(S[kk][q], p);
+        }
     __asm__("" : "+x"(S[0][0]), "+x"(S[0][1]), "+x"(S[1][0]), "+x"(S[1][1]));
 }
 
@@ -750,13 +768,14 @@ A256 AINL void r16_tile16_q4k_256(const uint8_t *grp, int nb, const int T, const
     }
 }
 
-/* Q6_K and the legacy types of 4- and 5-bit values (Q4_0, Q4_1, Q5_0, Q5_1): v8_tile_256's float
- * sequence (per block parity and half: fma(float(P + NQ), WD * d_k, acc); the mins by parity). A
- * half's four vpmaddubsw sums add up whole in int16 for 4- and 5-bit values (4 x 2 x 31 x 127 fits),
- * in pairs for Q6_K (U <= 63), as r16_dot_256. */
+/* Q6_K, the legacy types of 4- and 5-bit values (Q4_0, Q4_1, Q5_0, Q5_1) and the signed types (Q8_0,
+ * IQ4_NL, IQ4_XS): the legacy types' float sequence (per block parity and half: fma(float(P + NQ), WD * d_k,
+ * acc); the mins by parity). A half's four vpmaddubsw sums add up whole in int16 for 4- and 5-bit
+ * values (4 x 2 x 31 x 127 fits), in pairs for Q6_K (U <= 63), as r16_dot_256; the signed types' sums
+ * are int32 from the start (r16_pair_dword_s8_256). */
 A256 AINL void r16_tile16_halves_256(const int t, const uint8_t *grp, int nb, const int T, const uint8_t *tile,
                                      float *out, int ldo, int nr) {
-    const int q6 = t == RQ_Q6_K, offs = type_offset(t) != 0, mins = type_has_min(t);
+    const int q6 = t == RQ_Q6_K, s8 = type_s8(t), offs = type_offset(t) != 0 && !s8, mins = type_has_min(t);
     const __m256i ones = _mm256_set1_epi16(1);
     const float *WD = (const float *)(grp + 512 * (size_t)nb), *M = WD + 32 * (size_t)nb;
     __m256 acc[8][2][2][2], accM[8][2][2];   /* [token][block parity][half h][8-row half q], [token][parity][q] */
@@ -775,7 +794,8 @@ A256 AINL void r16_tile16_halves_256(const int t, const uint8_t *grp, int nb, co
             for (int h = 0; h < 2; h++) {
                 __m256i S[2][2][2];   /* [dword pair (Q6_K) or 0][token of the pair][8-row half] */
                 for (int g = 0; g < 4; g++)
-                    r16_pair_dword_256(U, x, 4 * h + g, q6 ? !(g & 1) : g == 0, S[q6 ? g / 2 : 0]);
+                    if (s8) r16_pair_dword_s8_256(U, x, 4 * h + g, g == 0, S[0]);
+                    else r16_pair_dword_256(U, x, 4 * h + g, q6 ? !(g & 1) : g == 0, S[q6 ? g / 2 : 0]);
                 if (mins && h == 0)
                     for (int kk = 0; kk < 2; kk++)
                         for (int q = 0; q < 2; q++)
@@ -784,7 +804,7 @@ A256 AINL void r16_tile16_halves_256(const int t, const uint8_t *grp, int nb, co
                 for (int kk = 0; kk < 2; kk++) {
                     const __m256 dk = _mm256_set1_ps(d[k + kk]);
                     for (int q = 0; q < 2; q++) {
-                        __m256i P = _mm256_madd_epi16(S[0][kk][q], ones);
+                        __m256i P = s8 ? S[0][kk][q] : _mm256_madd_epi16(S[0][kk][q], ones);
                         if (q6) P = _mm256_add_epi32(P, _mm256_madd_epi16(S[1][kk][q], ones));
                         if (offs) P = _mm256_add_epi32(P, _mm256_set1_epi32(nq[8 * h + k + kk]));
                         /* Q6_K has a scale per half, the legacy types one per block */
@@ -809,62 +829,27 @@ A256 AINL void r16_tile16_halves_256(const int t, const uint8_t *grp, int nb, co
     }
 }
 
-/* A type's own whole-tile kernel on an expanded group (prefill); 0: t has none (the signed types:
- * the sign trick's pair sums do not add up in int16, which r16_pair_dword_256 relies on). */
-A256 AINL int r16_tile16_256(const int t, const uint8_t *grp, int nb, int T, const uint8_t *tile, float *out, int ldo,
-                             int nr) {
-    if (type_s8(t)) return 0;
+/* An expanded group's 16 rows against a whole token tile (prefill): the type's own kernel. */
+A256 AINL void r16_tile16_256(const int t, const uint8_t *grp, int nb, int T, const uint8_t *tile, float *out, int ldo,
+                              int nr) {
     if (t == RQ_Q4_K) r16_tile16_q4k_256(grp, nb, T, tile, out, ldo, nr);
     else r16_tile16_halves_256(t, grp, nb, T, tile, out, ldo, nr);
-    return 1;
-}
-
-/* Rows 8q.. of an expanded (v16) group against T <= 4 tokens (from k0), parity by parity: the types
- * without a whole-tile kernel (r16_tile16_256: Q8_0, IQ4_NL, IQ4_XS, whose signed values take the
- * sign trick). */
-A256 AINL void v8_tile_256(const int t, const uint8_t *grp, int nb, const int T, const uint8_t *tile, int k0,
-                           const int q, float *out, int ldo, int nr) {
-    const uint8_t *U = grp;
-    const float *WD = (const float *)(grp + 512 * (size_t)nb), *M = WD + 32 * (size_t)nb;
-    __m256 a[2][4][2], m[2][4];
-    for (int par = 0; par < 2; par++) {
-        __m256 acc[4][2], accM[4];
-        for (int k = 0; k < T; k++) acc[k][0] = acc[k][1] = accM[k] = _mm256_setzero_ps();
-        for (int b = par; b < nb; b += 2) {
-            __m256i W[8];
-            for (int j = 0; j < 8; j++) W[j] = _mm256_loadu_si256((const __m256i *)(U + 512 * (size_t)b + 64 * j + 32 * q));
-            const __m256 wd0 = _mm256_loadu_ps(WD + 32 * (size_t)b + 8 * q);
-            const __m256 wd1 = wd0;   /* Q8_0, IQ4_*: one scale per block */
-            const __m256 mn = _mm256_loadu_ps(M + 16 * (size_t)b + 8 * q);
-            r16_acc_256(t, W, wd0, wd1, mn, tile + (size_t)b * V16_TILE_BLOCK_BYTES, T, k0, acc, accM);
-        }
-        for (int k = 0; k < T; k++) { a[par][k][0] = acc[k][0]; a[par][k][1] = acc[k][1]; m[par][k] = accM[k]; }
-    }
-    r16_store_256(t, nb, T, a[0], a[1], m[0], m[1], out, ldo, nr);
 }
 
 #define R16_HALF_T(t, p, nb, tile, k0, q, out, ldo, nr, T) r16_half_256(t, p, nb, T, tile, k0, q, out, ldo, nr)
-#define V8_TILE_T(t, grp, nb, tile, k0, q, out, ldo, nr, T) v8_tile_256(t, grp, nb, T, tile, k0, q, out, ldo, nr)
 #define DISPATCH_T2(IMPL, ...)                                  \
     do {                                                        \
         if (T == 1) IMPL(__VA_ARGS__, 1);                       \
         else IMPL(__VA_ARGS__, 2);                              \
     } while (0)
 
-/* AVX2: an expanded group through the type's whole-tile kernel, else 4 tokens x 8 rows at a time;
- * a packed one 2 tokens at a time (one token: all 16 rows at once). */
+/* AVX2: an expanded group through the type's whole-tile kernel; a packed one 2 tokens at a time (one
+ * token: all 16 rows at once). */
 #define R16_EXPANDED_HEAD_256                                                                                   \
     const uint8_t *tile = tk->mem + (size_t)i * nb * V16_TILE_BLOCK_BYTES;                                     \
     const int T = ntok - 8 * i < 8 ? ntok - 8 * i : 8;
 #define R16_EXPANDED_TILE_256                                                                                   \
-    if (r16_tile16_256(t, grp + vb * (size_t)(g - c0), nb, T, tile, out + (size_t)(8 * i) * ldo + r0, ldo, nr))     \
-        continue;                                                                                              \
-    for (int k0 = 0; k0 < 8 && 8 * i + k0 < ntok; k0 += 4) {                                                   \
-        const int left = ntok - 8 * i - k0, T = left < 4 ? left : 4;                                           \
-        for (int q = 0; q < 2 && 8 * q < nr; q++)                                                              \
-            DISPATCH_T4(V8_TILE_T, t, grp + vb * (size_t)(g - c0), nb, tile, k0, q,                             \
-                        out + (size_t)(8 * i + k0) * ldo + r0 + 8 * q, ldo, nr - 8 * q);                       \
-    }
+    r16_tile16_256(t, grp + vb * (size_t)(g - c0), nb, T, tile, out + (size_t)(8 * i) * ldo + r0, ldo, nr);
 #define R16_PACKED_TILE_256                                                                                     \
     for (int k0 = 0; k0 < 8 && 8 * i + k0 < ntok; k0 += 2) {                                                   \
         const int left = ntok - 8 * i - k0, T = left < 2 ? left : 2;                                           \
