@@ -703,21 +703,24 @@ A256 AINL void r16_pair_dword_256(const uint8_t *U, const uint8_t *x, const int 
     __asm__("" : "+x"(S[0][0]), "+x"(S[0][1]), "+x"(S[1][0]), "+x"(S[1][1]));
 }
 
-/* r16_pair_dword_256 for the signed types (type_s8: U holds signed values): the sign trick's products,
- * |U| times the token's bytes with U's signs, whose pair sums reach 2 x 127 x 127 and so are widened
- * to int32 at once (vpmaddwd) and summed there, into S[token][half] (first: they start here). */
-A256 AINL void r16_pair_dword_s8_256(const uint8_t *U, const uint8_t *x, const int j, const int first, __m256i (*S)[2]) {
+/* r16_pair_dword_256 for the signed types (type_s8: U holds signed values), four tokens at a time (so
+ * a dword's weights are loaded and made absolute once for four): the sign trick's products, |U| times
+ * the token's bytes with U's signs, whose pair sums reach 2 x 127 x 127 and so are widened to int32 at
+ * once (vpmaddwd) and summed there, into S[token][half] (first: they start here). */
+A256 AINL void r16_quad_dword_s8_256(const uint8_t *U, const uint8_t *x, const int j, const int first, __m256i (*S)[2]) {
     const __m256i ones = _mm256_set1_epi16(1);
     const __m256i W[2] = {_mm256_loadu_si256((const __m256i *)(U + 64 * j)),
                           _mm256_loadu_si256((const __m256i *)(U + 64 * j + 32))};
     const __m256i A[2] = {_mm256_sign_epi8(W[0], W[0]), _mm256_sign_epi8(W[1], W[1])};
-    const __m256i xs[2] = {_mm256_set1_epi32((int)load_u32(x + 4 * j)), _mm256_set1_epi32((int)load_u32(x + 32 + 4 * j))};
-    for (int kk = 0; kk < 2; kk++)
+    for (int kk = 0; kk < 4; kk++) {
+        const __m256i xs = _mm256_set1_epi32((int)load_u32(x + 32 * kk + 4 * j));
         for (int q = 0; q < 2; q++) {
-            const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(A[q], _mm256_sign_epi8(xs[kk], W[q])), ones);
+            const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(A[q], _mm256_sign_epi8(xs, W[q])), ones);
             S[kk][q] = first ? p : _mm256_add_epi32(S[kk][q], p);
         }
+    }
     __asm__("" : "+x"(S[0][0]), "+x"(S[0][1]), "+x"(S[1][0]), "+x"(S[1][1]));
+    __asm__("" : "+x"(S[2][0]), "+x"(S[2][1]), "+x"(S[3][0]), "+x"(S[3][1]));
 }
 
 /* Q4_K: pf8_q4k_256's float sequence (q4_K.c): a block's int16 sums whole, one vpmaddwd by the
@@ -772,14 +775,14 @@ A256 AINL void r16_tile16_q4k_256(const uint8_t *grp, int nb, const int T, const
  * IQ4_NL, IQ4_XS): the legacy types' float sequence (per block parity and half: fma(float(P + NQ), WD * d_k,
  * acc); the mins by parity). A half's four vpmaddubsw sums add up whole in int16 for 4- and 5-bit
  * values (4 x 2 x 31 x 127 fits), in pairs for Q6_K (U <= 63), as r16_dot_256; the signed types' sums
- * are int32 from the start (r16_pair_dword_s8_256). */
+ * are int32 from the start, four tokens a step (r16_quad_dword_s8_256). */
 A256 AINL void r16_tile16_halves_256(const int t, const uint8_t *grp, int nb, const int T, const uint8_t *tile,
                                      float *out, int ldo, int nr) {
     const int q6 = t == RQ_Q6_K, s8 = type_s8(t), offs = type_offset(t) != 0 && !s8, mins = type_has_min(t);
     const __m256i ones = _mm256_set1_epi16(1);
     const float *WD = (const float *)(grp + 512 * (size_t)nb), *M = WD + 32 * (size_t)nb;
     __m256 acc[8][2][2][2], accM[8][2][2];   /* [token][block parity][half h][8-row half q], [token][parity][q] */
-    const int T2 = (T + 1) & ~1;
+    const int TS = s8 ? 4 : 2, T2 = (T + TS - 1) / TS * TS;   /* tokens a step (the tile has 8, zero past T) */
     for (int k = 0; k < T2; k++)
         for (int par = 0; par < 2; par++)
             for (int q = 0; q < 2; q++) acc[k][par][0][q] = acc[k][par][1][q] = accM[k][par][q] = _mm256_setzero_ps();
@@ -788,20 +791,20 @@ A256 AINL void r16_tile16_halves_256(const int t, const uint8_t *grp, int nb, co
         const int32_t *nq = (const int32_t *)(tb + 256);
         const float *d = (const float *)(tb + 320), *ds = (const float *)(tb + 352);
         const int par = b & 1;
-        for (int k = 0; k < T2; k += 2) {
+        for (int k = 0; k < T2; k += TS) {
             const uint8_t *x = tb + 32 * k;
-            __asm__("" : "+r"(x));   /* one token pair at a time: GCC would otherwise unroll the pairs */
+            __asm__("" : "+r"(x));   /* one step of tokens at a time: GCC would otherwise unroll the steps */
             for (int h = 0; h < 2; h++) {
-                __m256i S[2][2][2];   /* [dword pair (Q6_K) or 0][token of the pair][8-row half] */
+                __m256i S[2][4][2];   /* [dword pair (Q6_K) or 0][token of the step][8-row half] */
                 for (int g = 0; g < 4; g++)
-                    if (s8) r16_pair_dword_s8_256(U, x, 4 * h + g, g == 0, S[0]);
+                    if (s8) r16_quad_dword_s8_256(U, x, 4 * h + g, g == 0, S[0]);
                     else r16_pair_dword_256(U, x, 4 * h + g, q6 ? !(g & 1) : g == 0, S[q6 ? g / 2 : 0]);
                 if (mins && h == 0)
-                    for (int kk = 0; kk < 2; kk++)
+                    for (int kk = 0; kk < TS; kk++)
                         for (int q = 0; q < 2; q++)
                             accM[k + kk][par][q] = _mm256_fmadd_ps(_mm256_loadu_ps(M + 16 * (size_t)b + 8 * q),
                                                                    _mm256_set1_ps(ds[k + kk]), accM[k + kk][par][q]);
-                for (int kk = 0; kk < 2; kk++) {
+                for (int kk = 0; kk < TS; kk++) {
                     const __m256 dk = _mm256_set1_ps(d[k + kk]);
                     for (int q = 0; q < 2; q++) {
                         __m256i P = s8 ? S[0][kk][q] : _mm256_madd_epi16(S[0][kk][q], ones);
