@@ -1,6 +1,7 @@
 """Shared pytest fixtures: paths to the real models (pulled into the cache when missing)."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -47,10 +48,20 @@ def gemma3_path() -> Path:
 SIMDE_PATH = "avx512-simde"
 
 
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto` (pyproject's addopts): one worker per core, at most 4. The suite alone keeps about one
+    core busy (its waits on workers, servers and subprocesses), so 2 cores run it in about half the
+    time; each worker's engines run 2 threads, so more workers than cores only crowd them."""
+    return max(1, min(4, len(os.sched_getaffinity(0))))
+
+
 def pytest_collection_modifyitems(config, items):
     """The modules with tests on the SIMDe build run last, and the build (when this source has none
     yet) starts now in a child process: the rest of the suite runs during its ~4 minutes of one core
-    instead of waiting for it (CI has 20 minutes on 2 cores)."""
+    instead of waiting for it (CI has 20 minutes on 2 cores). Under xdist every worker collects (and
+    starts the build: one builds, the others wait on its lock), then lowers its own priority: two
+    workers keep both cores busy, and the build starved among them ran 15 minutes, so both workers
+    reached the SIMDe tests before it ended and waited 9 minutes for it."""
     needs = {getattr(item, "module", None) for item in items
              if SIMDE_PATH in item.nodeid or "kernels_simde" in getattr(item, "fixturenames", ())}
     if not needs:
@@ -60,6 +71,8 @@ def pytest_collection_modifyitems(config, items):
     from tests import simde_build
 
     config._simde_build = simde_build.start_in_background()
+    if config._simde_build is not None and hasattr(config, "workerinput"):
+        os.nice(5)   # this thread and what it starts later (engine threads, servers); not the build
 
 
 def pytest_unconfigure(config):

@@ -382,7 +382,15 @@ def real_cache(tmp_path_factory) -> Iterator[Path]:
     shutil.rmtree(folder, ignore_errors=True)  # ~1 GB of repacked caches
 
 
-@pytest.mark.parametrize("which", ["smollm2", "gemma3", "Q4_0", "Q5_0", "Q8_0", "Q4_K", "Q6_K", "IQ4_NL", "IQ4_XS"])
+# Every type's R16 kernels equal its GGUF-layout kernels bit for bit in tests/test_r16.py; here the whole
+# model on the repacked cache. CI runs SmolLM2 (Q4_1), Gemma 3 (Q4_K, Q5_0, Q6_K, Q8_0) and SmolLM2 as Q8_0 and
+# IQ4_XS; the other requantizations are marked slow (-m slow runs them), for CI's 20 minutes.
+_SLOW = pytest.mark.slow
+
+
+@pytest.mark.parametrize("which", ["smollm2", "gemma3", pytest.param("Q4_0", marks=_SLOW), pytest.param("Q5_0", marks=_SLOW),
+                                   "Q8_0", pytest.param("Q4_K", marks=_SLOW), pytest.param("Q6_K", marks=_SLOW),
+                                   pytest.param("IQ4_NL", marks=_SLOW), "IQ4_XS"])
 def test_logits_on_the_repacked_cache_equal_the_gguf_layout_bit_for_bit(which, smollm2_path, gemma3_path,
                                                                         real_cache, monkeypatch):
     _real_r16_or_skip()

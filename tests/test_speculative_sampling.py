@@ -142,8 +142,17 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("guesser", ["prompt_lookup", "draft"])
-@pytest.mark.parametrize("case", list(CASES))
+def _cases():
+    """Every case with a draft model's guesses (its own distribution q), and prompt lookup's guesses
+    (certain ones: q is one token) on the plain and the penalized case; its other cases are marked slow,
+    for CI's 20 minutes (`-m slow` runs them)."""
+    for guesser in ("prompt_lookup", "draft"):
+        for case in CASES:
+            slow = guesser == "prompt_lookup" and case in ("top-k, cold", "top-p, penalty")
+            yield pytest.param(case, guesser, id=f"{case}-{guesser}", marks=[pytest.mark.slow] if slow else [])
+
+
+@pytest.mark.parametrize("case,guesser", list(_cases()))
 def test_speculative_sampling_keeps_the_target_distribution(case, guesser):
     params = CASES[case]
     expected = exact_distribution(TableModel(seed=11), params)
