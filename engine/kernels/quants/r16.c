@@ -686,7 +686,7 @@ A256 static void r16_expand_256(const int t, const uint8_t *g, int nb, uint8_t *
  * route this replaces; 1 thread, 256 tokens, 576-14336 columns): Q4_K 1.03-1.10x, Q6_K 1.08-1.13x,
  * Q4_0 and Q5_0 1.07-1.10x, Q4_1 1.01-1.04x; the signed types (Q8_0, IQ4_NL, IQ4_XS), against 4 tokens x 8
  * rows at a time, 1.1-1.4x (1536 x 1536, 16 and 128 tokens). Missing tokens of a tile are
- * zero; they are computed in pairs and not stored. */
+ * zero; they are computed in the steps (pairs, or fours for the signed types) and not stored. */
 /* Dword j of an expanded block's weights (U: both 8-row halves) against a pair of tokens (x: the
  * first one's 32 bytes, the second's follow), into the running int16 sums S[token][half] (first:
  * they start here). The empty asm keeps the sums as chains in registers: GCC otherwise turns them
