@@ -58,7 +58,7 @@ def pytest_xdist_auto_num_workers(config):
 
 def pytest_collection_modifyitems(config, items):
     """The modules with tests on the SIMDe build run last, and the build (when this source has none
-    yet) starts now in a child process: the rest of the suite runs during its ~4 minutes of one core
+    yet) starts now in a child process: the rest of the suite runs during its ~2 minutes of one core
     instead of waiting for it (CI has 20 minutes on 2 cores). Under xdist every worker collects (and
     starts the build: one builds, the others wait on its lock), then lowers its own priority: two
     workers keep both cores busy, and the build starved among them ran 15 minutes, so both workers

@@ -9,7 +9,7 @@ and on machines with it the two builds must agree bit for bit. Never imported by
 
 Built on demand by the `kernels_simde` session fixture (tests/conftest.py) into
 $RQLLM_SIMDE_CACHE (default ~/.cache/rqllm/simde-kernels)/<hash of the kernel sources, this
-file, SIMDe, the compiler and Python>, so a run builds it at most once (about four minutes, in the
+file, SIMDe, the compiler and Python>, so a run builds it at most once (about two minutes, in the
 background from the start of the session: tests/conftest.py) and later runs reuse it until a source
 changes. Prebuild: python -m tests.simde_build
 Needs SIMDe's headers (Debian: libsimde-dev; .ci/run installs it), else the tests skip; another
@@ -125,7 +125,7 @@ def build(log=None) -> Path:
 
 def start_in_background() -> subprocess.Popen | None:
     """Start the build in a child process when this key has none yet (None otherwise), so that a
-    test session runs other tests during its ~4 minutes; build() then waits for it on the lock."""
+    test session runs other tests during its ~2 minutes; build() then waits for it on the lock."""
     include = simde_include_dir()
     if platform.machine() not in ("x86_64", "AMD64") or include is None or _built(cache_root() / build_key(ROOT, include)):
         return None
@@ -170,17 +170,19 @@ def _build_into(tmp: Path, include: Path) -> None:
     pyx.write_text((kdir / "_kernels.pyx").read_text())   # its `include`s resolve to kdir
     ext = cfg["kernel_extension"](name=MODULE, pyx=str(pyx), root=str(src), define_macros=[(MACRO, "1")])
     ext.extra_compile_args.append("-Wno-psabi")   # SIMDe passes 512-bit vectors to AVX2 functions by value
-    # No debug info: quants.c with SIMDe's emulation inlined then compiles in ~225 s instead of ~300 s
-    # (most of a fresh CI run's build). Not -O2 (~100 s): the plain C loops must be vectorized as in
-    # the native -O3 build, or their float sums come out in another order than the AVX2 path's.
-    ext.extra_compile_args.append("-g0")
+    # -O1 and no debug info: quants.c with SIMDe's emulation inlined compiles in ~110 s of one core
+    # instead of ~510 s at the product's -O3 (GCC 12, Zen 3): most of a fresh CI run's CPU, beside the
+    # suite. The float results do not depend on it: the kernels' float operations are intrinsics, and
+    # GCC reorders no float sum at any level without -ffast-math. -fexpensive-optimizations keeps one
+    # thing -O2/-O3 do to plain C: contracting a * b + c into an FMA (GCC's widening-mul pass). All the
+    # avx512-simde tests (bit for bit against the AVX2 path) pass with it, as with -O3.
+    ext.extra_compile_args += ["-O1", "-fexpensive-optimizations", "-g0"]
     if include not in (Path("/usr/include"), Path("/usr/local/include")):
         ext.include_dirs.append(str(include))
     exts = cythonize([ext], language_level=3, compiler_directives=cfg["CYTHON_DIRECTIVES"],
                      include_path=[str(kdir)], build_dir=str(tmp / "cython"), quiet=True)
-    setup(name="rqllm-kernels-simde", ext_modules=exts, script_args=[
-        "-q", "build_ext", "--build-lib", str(tmp / "lib"), "--build-temp", str(tmp / "obj"),
-        "--parallel", str(max(1, os.cpu_count() or 1))])
+    setup(name="rqllm-kernels-simde", ext_modules=exts, cmdclass={"build_ext": cfg["ParallelBuildExt"]}, script_args=[
+        "-q", "build_ext", "--build-lib", str(tmp / "lib"), "--build-temp", str(tmp / "obj")])
     (tmp / "out").mkdir()
     for so in (tmp / "lib").rglob("_kernels_simde*.so"):
         shutil.copy2(so, tmp / "out" / so.name)

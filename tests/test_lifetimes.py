@@ -52,7 +52,10 @@ def start_submit_wait(tmp_path: Path, n_prompts: int = 6) -> tuple[subprocess.Po
     env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
     env["PYTHONPATH"] = str(ROOT)
     err = tmp_path / "submit.err"
-    cmd = [sys.executable, "-c", "from pipeline.cli import main; main()", "submit", "--wait", "--no-progress",
+    # SIGUSR1 dumps every thread's stack into submit.err (a test that finds the command hung says where)
+    code = "import faulthandler, signal; faulthandler.register(signal.SIGUSR1, all_threads=True); " \
+           "from pipeline.cli import main; main()"
+    cmd = [sys.executable, "-c", code, "submit", "--wait", "--no-progress",
            "--model", M, "--workers", "1", "--threads", "1", "--max-tokens", "400", "--literal",
            *[f"{COUNTING} ({i})" for i in range(n_prompts)]]
     with open(err, "wb") as f:
@@ -103,7 +106,13 @@ def test_sigterm_or_ctrl_c_of_submit_wait_stops_its_children_at_once(tmp_path, s
         kids = wait_running(proc, err)
         t0 = time.monotonic()
         proc.send_signal(sig)
-        code = proc.wait(20)
+        try:
+            code = proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGUSR1)
+            time.sleep(2)
+            pytest.fail(f"still running 20 s after {sig.name}; its children: {_describe(kids)}; its stderr, "
+                        f"ending with its threads' stacks:\n{err.read_text()[-6000:]}")
         assert time.monotonic() - t0 < 15
         assert code in (128 + sig, -sig, 1, 130), (code, err.read_text()[-2000:])
         left = wait_gone(kids, 5)
