@@ -128,12 +128,17 @@ class DraftPolicy:
 
     def draft_length(self, limit: int, kind: int = 0) -> int:
         """Guesses to check in the next round, at most `limit`."""
+        if limit <= 0:
+            # nothing to guess from this round (prompt lookup found no match): a round without guesses
+            # all the same, so a lookup whose matches come and go still gets its probe
+            self._idle[kind] = self._idle.get(kind, 0) + 1
+            return 0
         best_k, best = 0, 1.0
         for k in range(1, min(limit, self.max_draft) + 1):
             gain = self.expected_speedup(k, kind)
             if gain > best:
                 best_k, best = k, gain
-        if best_k > 0 or limit <= 0 or not self._could_pay(limit):
+        if best_k > 0 or not self._could_pay(limit):
             self._idle[kind] = 0
             if best_k > 0:
                 self._gap[kind] = self.PROBE_EVERY

@@ -27,6 +27,20 @@ def test_rejected_guesses_fall_back_to_plain_decoding_and_probe_ever_more_rarely
     assert tries == [31, 95, 223]  # after 32 rounds, then 64, then 128 more
 
 
+def test_rounds_with_nothing_to_guess_from_count_toward_the_probe():
+    """Prompt lookup offers guesses only in the rounds where it finds a match. With costs that say
+    guessing does not pay at the prior rate (but could), the probe must still come: the rounds
+    without a match are rounds without guesses too (they once reset the count, and a lookup whose
+    matches come and go never guessed at all)."""
+    costs = [0.0] + [1.0 + 0.6 * n for n in range(MAX_DRAFT + 1)]   # k guesses: (2 - 0.5 ** k) / (1 + 0.6 k) < 1
+    policy = DraftPolicy(costs)
+    assert policy.draft_length(3) == 0 and policy._could_pay(3)
+    offered = [3 if i % 3 == 0 else 0 for i in range(1, 200)]           # a match every third round
+    tries = [i for i, limit in enumerate(offered, start=2) if policy.draft_length(limit) > 0]
+    assert tries and tries[0] <= DraftPolicy.PROBE_EVERY + 3
+    assert all(offered[i - 2] > 0 for i in tries)                       # a probe only where there is a guess
+
+
 def test_a_guesser_as_costly_as_the_model_is_not_used_not_even_tried():
     costly = DraftPolicy(DEFAULT_PASS_COSTS, cost_per_guess=0.9)  # 2 tokens for 1.2 + 0.9: never pays
     assert not any(costly.draft_length(MAX_DRAFT) for _ in range(300))
