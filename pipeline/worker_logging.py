@@ -1,5 +1,5 @@
-"""A worker's log lines: rq's handlers for its own, the repack progress and the jobs' lines, with rq's routine
-per-job and per-maintenance lines at DEBUG."""
+"""A worker's log lines: rq's handlers for its own, the repack progress, the engine's and the jobs' lines, with
+rq's routine per-job and per-maintenance lines at DEBUG."""
 from __future__ import annotations
 
 import logging
@@ -29,7 +29,8 @@ def setup_worker_logging(level: str) -> None:
     jobs' lines (jobs.runtime), with rq's routine lines at DEBUG. rq installs its handlers only when
     work() starts: without this the start-up line was dropped."""
     logging.getLogger("rqllm").setLevel(level)
-    for name in ("rq.worker", log_repack.name, "rqllm.tasks"):
+    # rqllm.engine: the engine's own lines (speculative decoding's timed pass costs, a matcher's error)
+    for name in ("rq.worker", log_repack.name, "rqllm.tasks", "rqllm.engine"):
         setup_loghandlers(level, name=name)
     rq_log = logging.getLogger("rq.worker")
     if not any(isinstance(f, RoutineLinesToDebug) for f in rq_log.filters):

@@ -119,6 +119,7 @@ def test_worker_with_a_draft_serves_every_mode(client, spawn_worker, smollm2_pat
     assert results["off"].draft_tokens == 0
     log = open(w.log_path).read()
     costs = [line for line in log.splitlines() if "pass costs" in line]
+    assert len(costs) == 1, "the worker logs the pass costs it timed once, after the warm-up jobs"
     assert results["lookup"].draft_tokens > 0 and results["lookup"].accepted_tokens > 0, costs
     assert "speculative decoding: draft by default, draft model" in log
 
