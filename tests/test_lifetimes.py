@@ -52,9 +52,12 @@ def start_submit_wait(tmp_path: Path, n_prompts: int = 6) -> tuple[subprocess.Po
     env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
     env["PYTHONPATH"] = str(ROOT)
     err = tmp_path / "submit.err"
-    # SIGUSR1 dumps every thread's stack into submit.err (a test that finds the command hung says where)
+    # SIGUSR1 dumps every thread's stack into submit.err (a test that finds the command hung says where).
+    # SIGINT as in a terminal's foreground command: a test run started in the background by a script
+    # (`.ci/run &`) has SIGINT ignored, which its children inherit and Python keeps (POSIX: an async
+    # list without job control). Then the command rightly ignored the test's "Ctrl-C" (twice in CI).
     code = "import faulthandler, signal; faulthandler.register(signal.SIGUSR1, all_threads=True); " \
-           "from pipeline.cli import main; main()"
+           "signal.signal(signal.SIGINT, signal.default_int_handler); from pipeline.cli import main; main()"
     cmd = [sys.executable, "-c", code, "submit", "--wait", "--no-progress",
            "--model", M, "--workers", "1", "--threads", "1", "--max-tokens", "400", "--literal",
            *[f"{COUNTING} ({i})" for i in range(n_prompts)]]
