@@ -53,7 +53,9 @@ class ParallelBuildExt(build_ext):
 
         def compile_each(sources, **kwargs):
             longest_first = sorted(sources, key=lambda s: os.path.basename(s) != "quants.c")
-            with ThreadPoolExecutor(max(1, len(os.sched_getaffinity(0)))) as pool:
+            # the CPUs this process may use (Linux), else all of them
+            cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+            with ThreadPoolExecutor(max(1, cpus or 1)) as pool:
                 objects = dict(zip(longest_first, pool.map(lambda s: compile_sources([s], **kwargs), longest_first)))
             return [o for s in sources for o in objects[s]]   # the link order stays the sources' order
 
