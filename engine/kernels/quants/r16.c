@@ -70,10 +70,29 @@ AINL void r16_prefetch_unit(const r16_ptrs *p, const uint8_t *u) {
     else
         for (size_t o = 0; o < p->ub; o += 64) _mm_prefetch(ahead + o, _MM_HINT_T0);
 }
+/* Slice k of n of the unit at u, pf_ahead bytes further on. The AVX2 decode kernels ask for a unit
+ * a slice at a time as they go through its blocks, not all at once: on a Zen 3 (one-token matmuls,
+ * 32768 x 2048, from DRAM, 2 threads) a K-type unit's 37-53 prefetches in one burst held Q6_K to
+ * 10-12 GB/s and Q5_K to 8-12; spread out, 18-20 and 17-18, Q4_K 13-17 -> 17-21, IQ4_XS 15-16 ->
+ * 18-19 (the machine's plain streaming read: 16-21 GB/s). One thread: 1.15x-2x. (The AVX-512
+ * kernels still ask for whole units: not measured on a machine with AVX-512 yet.) */
+AINL void r16_prefetch_slice(const r16_ptrs *p, const uint8_t *u, size_t k, size_t n) {
+    if (p->pf_ahead == 0) return;
+    const char *ahead = (const char *)u + p->pf_ahead;
+    const size_t lines = (p->ub + 63) / 64, l0 = lines * k / n, l1 = lines * (k + 1) / n;
+    if (p->pf_to_l2)
+        for (size_t l = l0; l < l1; l++) _mm_prefetch(ahead + 64 * l, _MM_HINT_T1);
+    else
+        for (size_t l = l0; l < l1; l++) _mm_prefetch(ahead + 64 * l, _MM_HINT_T0);
+}
 /* Streaming a group from DRAM: at the first block of each unit, ask for the unit pf_ahead further on. */
 AINL void r16_prefetch_ahead(const r16_ptrs *p, size_t b) {
     if (r16_j(p, b) != 0) return;
     r16_prefetch_unit(p, r16_unit(p, b));
+}
+/* Block b's slice of its unit (a unit of one block: all of it), pf_ahead bytes further on. */
+AINL void r16_prefetch_block(const r16_ptrs *p, size_t b) {
+    r16_prefetch_slice(p, r16_unit(p, b), r16_j(p, b), (size_t)p->bpu);
 }
 /* A pass over blocks two at a time (b, b + 1): ask for both blocks' units (with one block per unit,
  * as the legacy types have, asking at even blocks only leaves every other unit to the hardware). */
@@ -379,7 +398,7 @@ A256 AINL void r16_q4k_256(const r16_ptrs *p, int nb, const int T, const uint8_t
             const float *d = (const float *)(tb + 320), *ds = (const float *)(tb + 352);
             __m256i W[8];
             __m256 sc, mn;
-            if (q == 0) r16_prefetch_ahead(p, (size_t)b);
+            if (q == 0) r16_prefetch_block(p, (size_t)b);
             r16_block_256(RQ_Q4_K, p, (size_t)b, q, W, &sc, &dv, &mn);
             for (int k = 0; k < T; k++) {
                 const uint8_t *qd = tb + 32 * (k0 + k);
@@ -414,6 +433,9 @@ A256 AINL void r16_q4k_unit1_256(const r16_ptrs *p, const uint8_t *u, const uint
                                      _mm256_set1_ps(-0.0f));
     __m256 A = _mm256_setzero_ps(), M = *accM;
     for (int j = 0; j < 8; j++) {
+        /* the unit (for both halves) in four slices, two per half: a slice every block cost 4-8 %
+         * on cache-resident matrices, where this kernel is compute-bound */
+        if ((j & 3) == 0) r16_prefetch_slice(p, u, (size_t)(2 * q + j / 4), 4);
         const uint8_t *tb = tile + (size_t)j * V16_TILE_BLOCK_BYTES, *qd = tb + 32 * k0;
         __m256i W[8], S = _mm256_setzero_si256();
         r16_nib_256(p, u, (size_t)j, 32 * (size_t)q, W);
@@ -437,7 +459,6 @@ A256 AINL void r16_q4k16_256(const r16_ptrs *p, int nb, const uint8_t *tile, int
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), accM0 = _mm256_setzero_ps(), accM1 = _mm256_setzero_ps();
     for (int i = 0; i < nb / 8; i++) {
         const uint8_t *u = p->g + (size_t)i * p->ub, *t8 = tile + (size_t)(8 * i) * V16_TILE_BLOCK_BYTES;
-        r16_prefetch_unit(p, u);
         r16_q4k_unit1_256(p, u, t8, k0, 0, &acc0, &accM0);
         r16_q4k_unit1_256(p, u, t8, k0, 1, &acc1, &accM1);
     }
@@ -453,6 +474,7 @@ A256 AINL void r16_q6k_unit2_256(const r16_ptrs *p, const uint8_t *u, const uint
     __m256 dr[2];
     for (int q = 0; q < 2; q++) dr[q] = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(u + p->qd + 16 * q)));
     for (int j = 0; j < 8; j++) {
+        r16_prefetch_slice(p, u, (size_t)j, 8);
         const uint8_t *tb = tile + (size_t)j * V16_TILE_BLOCK_BYTES, *qd = tb + 32 * k0;
         const int32_t *nq = (const int32_t *)(tb + 256);
         const __m256 dt = _mm256_set1_ps(((const float *)(tb + 320))[k0]);
@@ -491,7 +513,6 @@ A256 AINL void r16_q6k16_256(const r16_ptrs *p, int nb, const uint8_t *tile, int
         for (int i = 0; i < 4; i++) a[q][i] = _mm256_setzero_ps();
     for (int i = 0; i < nb / 8; i++) {
         const uint8_t *u = p->g + (size_t)i * p->ub, *t8 = tile + (size_t)(8 * i) * V16_TILE_BLOCK_BYTES;
-        r16_prefetch_unit(p, u);
         r16_q6k_unit2_256(p, u, t8, k0, a);
     }
     __m256 r[2];
@@ -519,7 +540,7 @@ A256 AINL void r16_gen16_256(const int t, const r16_ptrs *p, int nb, const uint8
     for (int b = 0; b < nb; b += 2)   /* in pairs: the sums of each parity known at compile time */
         for (int par = 0; par < 2 && b + par < nb; par++) {
             const size_t bb = (size_t)(b + par);
-            r16_prefetch_ahead(p, bb);
+            r16_prefetch_block(p, bb);
             for (int q = 0; q < 2; q++)
                 r16_step_256(t, p, bb, q, tile, 1, k0, par ? aO[q] : aE[q], par ? mO[q] : mE[q]);
         }
@@ -542,7 +563,7 @@ A256 AINL void r16_iq4_16_256(const int t, const r16_ptrs *p, int nb, const uint
         for (int par = 0; par < 2 && b + par < nb; par++) {
             const size_t bb = (size_t)(b + par), j = r16_j(p, bb);
             const uint8_t *u = r16_unit(p, bb), *tb = tile + bb * V16_TILE_BLOCK_BYTES, *qd = tb + 32 * k0;
-            r16_prefetch_ahead(p, bb);
+            r16_prefetch_block(p, bb);
             _mm256_store_si256((__m256i *)aq, _mm256_abs_epi8(_mm256_loadu_si256((const __m256i *)qd)));
             /* read |q| back from memory as broadcasts: GCC would otherwise extract its dwords from the register */
             __asm__ volatile("" ::: "memory");
@@ -593,7 +614,7 @@ A256 AINL void r16_q5k16_256(const r16_ptrs *p, int nb, const uint8_t *tile, int
         for (int par = 0; par < 2 && b + par < nb; par++) {
             const size_t bb = (size_t)(b + par), j = r16_j(p, bb);
             const uint8_t *u = r16_unit(p, bb), *tb = tile + bb * V16_TILE_BLOCK_BYTES, *qd = tb + 32 * k0;
-            r16_prefetch_ahead(p, bb);
+            r16_prefetch_block(p, bb);
             __m256i S[2][2], hb[2];   /* [q][h] */
             for (int q = 0; q < 2; q++) hb[q] = _mm256_loadu_si256((const __m256i *)(u + p->hb + 64 * j + 32 * q));
             for (int g = 0; g < 4; g++) {   /* r16_nib_256 and r16_hb5_256's vectors g (half 0) and 4 + g (half 1) */
@@ -654,7 +675,7 @@ A256 AINL void r16_half_256(const int t, const r16_ptrs *p, int nb, const int T,
     for (int b = 0; b < nb; b += 2)
         for (int par = 0; par < 2 && b + par < nb; par++) {
             const size_t bb = (size_t)(b + par);
-            if (q == 0) r16_prefetch_ahead(p, bb);
+            if (q == 0) r16_prefetch_block(p, bb);
             r16_step_256(t, p, bb, q, tile, T, k0, par ? aO : aE, par ? mO : mE);
         }
     r16_store_256(t, nb, T, aE, aO, mE, mO, out, ldo, nr);
