@@ -686,7 +686,10 @@ A256 static void r16_expand_256(const int t, const uint8_t *g, int nb, uint8_t *
     const r16_ptrs p = r16_group_ptrs(t, g, nb);
     uint8_t *U = grp;
     float *WD = (float *)(grp + 512 * (size_t)nb), *M = WD + 32 * (size_t)nb;
-    for (int b = 0; b < nb; b++)
+    for (int b = 0; b < nb; b++) {
+        /* the first read of these weights, from DRAM in a pass (Zen 3, 2 threads, 32768 x 2048 from DRAM:
+         * Q4_K 1.26x at 8 tokens, 1.06x at 64; Q6_K 1.39x, 1.09x; from cache, 0.91-0.95x at 8 tokens) */
+        r16_prefetch_block(&p, (size_t)b);
         for (int q = 0; q < 2; q++) {
             __m256i W[8];
             __m256 wd0, wd1, mn;
@@ -696,6 +699,7 @@ A256 static void r16_expand_256(const int t, const uint8_t *g, int nb, uint8_t *
             _mm256_storeu_ps(WD + 32 * (size_t)b + 16 + 8 * q, wd1);
             _mm256_storeu_ps(M + 16 * (size_t)b + 8 * q, mn);
         }
+    }
 }
 
 /* ---- AVX2 prefill, all 16 rows of an expanded (v16) group against a whole token tile ----
