@@ -90,9 +90,11 @@ AINL void r16_prefetch_ahead(const r16_ptrs *p, size_t b) {
     if (r16_j(p, b) != 0) return;
     r16_prefetch_unit(p, r16_unit(p, b));
 }
-/* Block b's slice of its unit (a unit of one block: all of it), pf_ahead bytes further on. */
+/* Block b's slice of its unit (a unit of one block: all of it), pf_ahead bytes further on. Units hold
+ * 1 or 8 blocks (r16_layout_*): a constant divides the unit's lines. */
 AINL void r16_prefetch_block(const r16_ptrs *p, size_t b) {
-    r16_prefetch_slice(p, r16_unit(p, b), r16_j(p, b), (size_t)p->bpu);
+    if (p->bpu == 1) r16_prefetch_unit(p, r16_unit(p, b));
+    else r16_prefetch_slice(p, r16_unit(p, b), r16_j(p, b), 8);
 }
 /* A pass over blocks two at a time (b, b + 1): ask for both blocks' units (with one block per unit,
  * as the legacy types have, asking at even blocks only leaves every other unit to the hardware). */
