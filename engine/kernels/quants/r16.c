@@ -61,15 +61,6 @@ static void r16_repack_groups(int t, const uint8_t *W, int rows, int cols, uint8
 
 #ifdef RQ_HAVE_X86
 
-/* Ask for the unit at u, pf_ahead bytes further on, as the group's type is set to (r16_group_ptrs). */
-AINL void r16_prefetch_unit(const r16_ptrs *p, const uint8_t *u) {
-    if (p->pf_ahead == 0) return;   /* off: no instructions spent on it */
-    const char *ahead = (const char *)u + p->pf_ahead;
-    if (p->pf_to_l2)
-        for (size_t o = 0; o < p->ub; o += 64) _mm_prefetch(ahead + o, _MM_HINT_T1);
-    else
-        for (size_t o = 0; o < p->ub; o += 64) _mm_prefetch(ahead + o, _MM_HINT_T0);
-}
 /* Slice k of n of the unit at u, pf_ahead bytes further on. The AVX2 decode kernels ask for a unit
  * a slice at a time as they go through its blocks, not all at once: on a Zen 3 (one-token matmuls,
  * 32768 x 2048, from DRAM, 2 threads) a K-type unit's 37-53 prefetches in one burst held Q6_K to
@@ -77,7 +68,7 @@ AINL void r16_prefetch_unit(const r16_ptrs *p, const uint8_t *u) {
  * 18-19 (the machine's plain streaming read: 16-21 GB/s). One thread: 1.15x-2x. (The AVX-512
  * kernels still ask for whole units: not measured on a machine with AVX-512 yet.) */
 AINL void r16_prefetch_slice(const r16_ptrs *p, const uint8_t *u, size_t k, size_t n) {
-    if (p->pf_ahead == 0) return;
+    if (p->pf_ahead == 0) return;   /* off: no instructions spent on it */
     const char *ahead = (const char *)u + p->pf_ahead;
     const size_t lines = (p->ub + 63) / 64, l0 = lines * k / n, l1 = lines * (k + 1) / n;
     if (p->pf_to_l2)
@@ -85,6 +76,8 @@ AINL void r16_prefetch_slice(const r16_ptrs *p, const uint8_t *u, size_t k, size
     else
         for (size_t l = l0; l < l1; l++) _mm_prefetch(ahead + 64 * l, _MM_HINT_T0);
 }
+/* Ask for the unit at u, pf_ahead bytes further on, as the group's type is set to (r16_group_ptrs). */
+AINL void r16_prefetch_unit(const r16_ptrs *p, const uint8_t *u) { r16_prefetch_slice(p, u, 0, 1); }
 /* Streaming a group from DRAM: at the first block of each unit, ask for the unit pf_ahead further on. */
 AINL void r16_prefetch_ahead(const r16_ptrs *p, size_t b) {
     if (r16_j(p, b) != 0) return;
