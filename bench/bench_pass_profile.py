@@ -5,7 +5,7 @@
 
 Both engines run under `perf record -e cpu-clock` (Linux perf; no hardware counters needed). Ours loads the model and
 runs one untimed pass, then perf attaches to this process for `--passes` prefill passes of the prompt. The peer's
-llama-bench runs whole (`-p N -n 0 -r PASSES`, plus its own warm-up pass); its loading and run-time repacking
+llama-bench runs whole (`-p N -n 0 -r PASSES`, its warm-up turned off); its loading and run-time repacking
 (kernel-mode samples, `repack_*`) are counted apart and left out of the per-pass figures (so are both engines'
 kernel-mode samples during the passes: page faults, a small share). Samples are summed by
 category (each weight type's matrices, our group expansion, the activations' quantization, attention, the threads'
@@ -91,11 +91,23 @@ def profile_ours(path: Path, ntok: int, threads: int, passes: int, data: Path) -
     return passes * ntok / elapsed
 
 
+def no_warmup_args(usage: str) -> tuple[str, ...]:
+    """llama-bench's flag that turns its warm-up off, from its usage text: llama.cpp's warm-up is a whole prompt pass,
+    ik_llama.cpp's one token, so neither can simply be counted as a pass."""
+    if "--no-warmup" in usage:
+        return ("--no-warmup",)
+    if re.search(r"-w, --warmup <0\|1>", usage):
+        return ("-w", "0")
+    raise click.UsageError("this llama-bench has no flag to turn its warm-up off (--no-warmup or -w 0)")
+
+
 def profile_peer(exe: str, path: Path, ntok: int, threads: int, passes: int, extra: tuple[str, ...],
                  data: Path) -> None:
+    help_run = subprocess.run([exe, "--help"], capture_output=True, text=True)
+    quiet = no_warmup_args(help_run.stdout + help_run.stderr)
     subprocess.run(["perf", "record", "-q", "-e", "cpu-clock", "-F", str(SAMPLE_HZ), "-o", str(data), "--", exe,
                     "-m", str(path), "-p", str(ntok), "-n", "0", "-t", str(threads), "-r", str(passes), "-ngl", "0",
-                    *extra], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                    *quiet, *extra], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def per_pass(samples: dict[str, int], passes: int) -> dict[str, float]:
@@ -124,7 +136,7 @@ def main(model_name: str, prefill: int, threads: int, passes: int, peer: str | N
         if peer:
             profile_peer(peer, path, prefill, threads, passes, peer_args, peer_data)
             peer_samples = perf_report(peer_data)
-            columns["peer"] = per_pass(peer_samples, passes + 1)   # llama-bench's warm-up pass is a pass too
+            columns["peer"] = per_pass(peer_samples, passes)
     click.echo(f"{path.name}, pp{prefill}, {threads} threads, {passes} passes; ours {rate:.1f} tok/s under perf")
     click.echo("CPU seconds per pass, by what the functions do:")
     names = sorted({k for c in columns.values() for k in c}, key=lambda k: -max(c.get(k, 0.0) for c in columns.values()))

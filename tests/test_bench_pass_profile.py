@@ -2,6 +2,7 @@
 our kernels and llama.cpp's / ik_llama.cpp's carry, and the loading left out of the per-pass figures."""
 from __future__ import annotations
 
+import click
 import pytest
 
 from bench import bench_pass_profile as bpp
@@ -51,3 +52,12 @@ def test_a_report_is_summed_per_category_and_per_pass_without_the_loading():
                        "group expansion (ours)": 200, "the rest": 400}
     assert bpp.per_pass(samples, 4) == {"Q4_K matrices": 0.65, "Q6_K matrices": 0.25, "attention": 0.075,
                                         "group expansion (ours)": 0.05, "the rest": 0.1}
+
+
+def test_the_peers_warmup_is_turned_off_with_its_own_flag():
+    # the usage lines as llama.cpp's and ik_llama.cpp's llama-bench print them
+    assert bpp.no_warmup_args("  --no-warmup                                 skip warmup runs before benchmarking\n") \
+        == ("--no-warmup",)
+    assert bpp.no_warmup_args("  -w, --warmup <0|1>                  (default: 1)\n") == ("-w", "0")
+    with pytest.raises(click.UsageError):
+        bpp.no_warmup_args("  -r, --repetitions <n>                     (default: 5)\n")
