@@ -65,6 +65,11 @@ def parse_report(text: str) -> dict[str, int]:
     return dict(samples)
 
 
+def perf_record(data: Path) -> list[str]:
+    """The recording command both engines run under (followed by `-p PID` or `-- COMMAND`)."""
+    return ["perf", "record", "-q", "-e", "cpu-clock", "-F", str(SAMPLE_HZ), "-o", str(data)]
+
+
 def perf_report(data: Path) -> dict[str, int]:
     out = subprocess.run(["perf", "report", "-i", str(data), "--no-children", "--sort", "symbol", "-g", "none", "-n",
                           "-F", "overhead,sample,symbol"], capture_output=True, text=True, check=True).stdout
@@ -79,8 +84,8 @@ def profile_ours(path: Path, ntok: int, threads: int, passes: int, data: Path) -
     model = Model.load(path, threads=threads, kv_budget="512MiB", max_context=ntok + 16)
     toks = prompt_tokens(ntok, model.cfg.n_vocab, model.gguf.get("tokenizer.ggml.bos_token_id"))
     model.forward(toks, 0)   # untimed: first touches of the pages and buffers
-    perf = subprocess.Popen(["perf", "record", "-q", "-e", "cpu-clock", "-F", str(SAMPLE_HZ), "-p", str(os.getpid()),
-                             "-o", str(data)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    perf = subprocess.Popen([*perf_record(data), "-p", str(os.getpid())], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
     time.sleep(1.0)   # perf attaches asynchronously
     t0 = time.perf_counter()
     for _ in range(passes):
@@ -105,9 +110,9 @@ def profile_peer(exe: str, path: Path, ntok: int, threads: int, passes: int, ext
                  data: Path) -> None:
     help_run = subprocess.run([exe, "--help"], capture_output=True, text=True)
     quiet = no_warmup_args(help_run.stdout + help_run.stderr)
-    subprocess.run(["perf", "record", "-q", "-e", "cpu-clock", "-F", str(SAMPLE_HZ), "-o", str(data), "--", exe,
-                    "-m", str(path), "-p", str(ntok), "-n", "0", "-t", str(threads), "-r", str(passes), "-ngl", "0",
-                    *quiet, *extra], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.run([*perf_record(data), "--", exe, "-m", str(path), "-p", str(ntok), "-n", "0", "-t", str(threads),
+                    "-r", str(passes), "-ngl", "0", *quiet, *extra],
+                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def per_pass(samples: dict[str, int], passes: int) -> dict[str, float]:
