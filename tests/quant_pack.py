@@ -83,11 +83,12 @@ def dequant_rows(t, data: np.ndarray, n: int) -> np.ndarray:
     return dequantize(data, t).reshape(-1, n).astype(np.float32)
 
 
-def quantize_act_np(x: np.ndarray):
-    """Independent numpy twin of the activation format: per 32, d = amax/127, q = round(x / d)
-    (half away from zero, like C roundf; computed as x * (1/d) in f32), sum16 over each 16."""
+def quantize_act_np(x: np.ndarray, span: int = 32):
+    """Independent numpy twin of the activation format: per span (32 or 256) values, d = amax/127,
+    q = round(x / d) (half away from zero, like C roundf; computed as x * (1/d) in f32), d stored
+    once per 32 values, sum16 over each 16."""
+    amax = np.abs(np.asarray(x, dtype=np.float32).reshape(-1, span)).max(axis=1).repeat(span // 32)
     x = np.asarray(x, dtype=np.float32).reshape(-1, 32)
-    amax = np.abs(x).max(axis=1)
     d = (amax / np.float32(127.0)).astype(np.float32)
     with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
         idv = np.where(d > 0, np.float32(1.0) / d, np.float32(0.0)).astype(np.float32)

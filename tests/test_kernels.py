@@ -122,6 +122,44 @@ def test_quantize_act_matches_numpy(path, kern):
     assert np.abs(qs[160:192].astype(int)).max() == 127
 
 
+@pytest.mark.parametrize("path", PATHS)
+def test_quantize_act_span_256_matches_numpy(path, kern):
+    """One scale per 256 values (Q4_K's activations, as ggml's Q8_K): each super-block's 8 blocks
+    share the scale of its largest value, zero and subnormal super-blocks included."""
+    mod, path = kern
+    rng = np.random.default_rng(4)
+    x = _x(rng, 1, 1024, "outliers")[0]
+    x[256:512] *= np.float32(1e-39)  # subnormal amax: 1/d overflows
+    x[512:768] = 0.0
+    x[800] = 300.0  # one outlier sets the scale of all 256
+    qs, d, s16 = mod.quantize_act(x, path=path, span=256)
+    wq, wd, ws = qp.quantize_act_np(x, span=256)
+    assert np.array_equal(d, wd) and np.array_equal(qs, wq) and np.array_equal(s16, ws)
+    assert np.all(d.reshape(4, 8) == d.reshape(4, 8)[:, :1])
+    assert d[24] == np.float32(300.0) / np.float32(127.0) and qs[800] == 127
+    assert np.all(d[16:24] == 0) and np.abs(qs[256:512].astype(int)).max() == 127
+    # the per-32 form of the same values is a different quantization
+    assert not np.array_equal(mod.quantize_act(x, path=path)[1], d)
+
+
+def test_q4k_kernels_refuse_activations_of_span_32():
+    """A Q4_K matmul sums a super-block's blocks in integers before one float step: given activations
+    with a scale per 32 values it would be silently wrong, so it stops the process with a message."""
+    code = (
+        "import numpy as np\n"
+        "from gguf import GGMLQuantizationType as T\n"
+        "from engine.kernels import _kernels as k\n"
+        "from tests import quant_pack as qp\n"
+        "W = qp.random_rows(T.Q4_K, 16, 256, np.random.default_rng(0))\n"
+        "print(k.matmul(int(T.Q4_K), W, 16, 256, np.ones((1, 256), np.float32), span=256).shape, flush=True)\n"
+        "k.matmul(int(T.Q4_K), W, 16, 256, np.ones((1, 256), np.float32), span=32)\n"
+    )
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=repo, timeout=120)
+    assert "(1, 16)" in r.stdout
+    assert r.returncode != 0 and "Q4_K matmul was given activations with one scale per 32 values" in r.stderr
+
+
 def test_path_selection():
     assert q.kernel_path() in NATIVE_PATHS
     assert q.cpu_supports("scalar")
@@ -489,7 +527,8 @@ def test_matmul_multi_matches_matmul(path, kern):
              for t, rows in ((T.Q4_1, 300), (T.Q8_0, 21), (T.Q6_K, 77), (T.Q5_0, 5), (T.Q4_K, 130), (T.IQ4_NL, 40))]
     for ntok in (1, 2, 5):
         X = _x(rng, ntok, n)
-        want = [mod.matmul(t, W, rows, n, X, nthreads=1, path=p) for t, W, rows in specs]
+        # the shared activations take the largest span the ops need (Q4_K's 256)
+        want = [mod.matmul(t, W, rows, n, X, nthreads=1, path=p, span=256) for t, W, rows in specs]
         for nth in (1, 2, 3):
             got = mod.matmul_multi(specs, n, X, nthreads=nth, path=p)
             for (t, _, _), g, w in zip(specs, got, want):

@@ -161,7 +161,7 @@ int rq_experts_ffn(rq_experts *e, const rq_tensor *router, const rq_tensor *gate
 #pragma omp parallel for num_threads(nthreads) schedule(static) if (n > 1)   /* decode: too little for a region */
     for (int p = 0; p < P; p++) {
         rq_gated_act(e->gate + (size_t)p * F, e->up + (size_t)p * F, (size_t)F, gelu);
-        rq_quantize_act(e->gate + (size_t)p * F, F, &e->inner[p]);
+        rq_quantize_act_span(e->gate + (size_t)p * F, F, rq_act_span(down->type), &e->inner[p]);
     }
 
     /* down of every used expert */

@@ -108,11 +108,19 @@ static const float *f32_data(const rq_tensor *t) { return (const float *)t->data
  * for one token (decode), where a parallel region costs more than the work. */
 #define FOR_TOKENS _Pragma("omp parallel for num_threads(m->n_threads) schedule(static) if (n > 1)")
 
-static void quantize_rows(rq_model *m, const float *x, int n, int cols, int ld) {
+/* The activation span (quants.h) the matrices about to multiply m->acts need (NULL ends the list). */
+static int span_for(const rq_tensor *a, const rq_tensor *b, const rq_tensor *c) {
+    int s = rq_act_span(a->type);
+    if (b && rq_act_span(b->type) > s) s = rq_act_span(b->type);
+    if (c && rq_act_span(c->type) > s) s = rq_act_span(c->type);
+    return s;
+}
+
+static void quantize_rows(rq_model *m, const float *x, int n, int cols, int ld, int span) {
     FOR_TOKENS
     for (int t = 0; t < n; t++) {
         m->acts[t].n = cols;
-        rq_quantize_act(x + (size_t)t * ld, cols, &m->acts[t]);
+        rq_quantize_act_span(x + (size_t)t * ld, cols, span, &m->acts[t]);
     }
 }
 
@@ -250,7 +258,7 @@ static void attention(rq_model *m, int il, int n, int pos0) {
     FOR_TOKENS
     for (int t = 0; t < n; t++)
         rmsnorm(m->xb + (size_t)t * d, m->x + (size_t)t * d, f32_data(&L->attn_norm), d, c->norm_eps);
-    quantize_rows(m, m->xb, n, d, d);
+    quantize_rows(m, m->xb, n, d, d, span_for(&L->wq, &L->wk, &L->wv));
     const rq_matmul_op qkv[3] = {{L->wq.type, L->wq.data, L->wq.rows, m->q, q_dim, L->wq.r16},
                                  {L->wk.type, L->wk.data, L->wk.rows, m->k, kv_dim, L->wk.r16},
                                  {L->wv.type, L->wv.data, L->wv.rows, m->v, kv_dim, L->wv.r16}};
@@ -282,7 +290,7 @@ static void attention(rq_model *m, int il, int n, int pos0) {
     rq_attend_tokens(&shape, m->q, m->kv.k[il], m->kv.v[il], m->att_out, n, pos0, 0, 0, m->n_threads, m->att_scratch,
                      m->att_scratch_floats);
 
-    quantize_rows(m, m->att_out, n, q_dim, q_dim);
+    quantize_rows(m, m->att_out, n, q_dim, q_dim, span_for(&L->wo, NULL, NULL));
     matmul(m, &L->wo, n, m->xb, d);
     if (L->post_attn_norm.data) {
         FOR_TOKENS
@@ -300,7 +308,9 @@ static void feed_forward(rq_model *m, int il, int n) {
     FOR_TOKENS
     for (int t = 0; t < n; t++)
         rmsnorm(m->xb + (size_t)t * d, m->x + (size_t)t * d, f32_data(&L->ffn_norm), d, c->norm_eps);
-    quantize_rows(m, m->xb, n, d, d);
+    quantize_rows(m, m->xb, n, d, d,
+                  L->ffn_gate_inp.data ? span_for(&L->ffn_gate_inp, &L->ffn_gate_exps, &L->ffn_up_exps)
+                                       : span_for(&L->ffn_gate, &L->ffn_up, NULL));
     if (L->ffn_gate_inp.data) {   /* a mixture of experts (experts.h) */
         rq_experts_ffn(m->experts, &L->ffn_gate_inp, &L->ffn_gate_exps, &L->ffn_up_exps, &L->ffn_down_exps,
                        c->expert_norm, c->ffn_gelu, m->acts, n, m->xb, d, m->n_threads);
@@ -310,7 +320,7 @@ static void feed_forward(rq_model *m, int il, int n) {
         rq_matmul_multi(gate_up, 2, d, m->acts, n, m->n_threads);
         FOR_TOKENS
         for (int t = 0; t < n; t++) rq_gated_act(m->hb + (size_t)t * ff, m->hb2 + (size_t)t * ff, (size_t)ff, c->ffn_gelu);
-        quantize_rows(m, m->hb, n, ff, ff);
+        quantize_rows(m, m->hb, n, ff, ff, span_for(&L->ffn_down, NULL, NULL));
         matmul(m, &L->ffn_down, n, m->xb, d);
     }
     if (L->post_ffw_norm.data) {
@@ -326,7 +336,7 @@ static void logits_for(rq_model *m, int t0, int n, float *logits) {
     const int d = c->n_embd;
     for (int t = t0; t < n; t++)
         rmsnorm(m->xb + (size_t)(t - t0) * d, m->x + (size_t)t * d, f32_data(&m->w.output_norm), d, c->norm_eps);
-    quantize_rows(m, m->xb, n - t0, d, d);
+    quantize_rows(m, m->xb, n - t0, d, d, span_for(&m->w.output, NULL, NULL));
     matmul(m, &m->w.output, n - t0, logits, c->n_vocab);
     if (c->final_softcap > 0)
         for (int t = 0; t < n - t0; t++) rq_softcap(logits + (size_t)t * c->n_vocab, c->n_vocab, c->final_softcap);

@@ -9,7 +9,9 @@
  * blocks of 32 with one f32 scale per block and the int sum of every 16 values. One format
  * serves every weight type: per-32 scales line up with the sub-blocks of the K types, and the
  * 16-sums let kernels use unsigned x signed products (vpdpbusd) and correct for weight offsets
- * and mins afterwards.
+ * and mins afterwards. The scale may span 256 values instead (the 8 blocks of a super-block
+ * share it, as in ggml's Q8_K): Q4_K's kernels need that form (rq_act_span), so that a
+ * super-block's 8 block sums add up in int32 before one float step (q4_K.c).
  */
 #ifndef RQLLM_QUANTS_H
 #define RQLLM_QUANTS_H
@@ -40,9 +42,11 @@ typedef enum {
 
 /* A quantized activation vector (or ntok of them, one after another with the same n).
  * n is a multiple of 32 (of 256 when used with K-type or IQ4_XS weights).
- * x[i] ~= d[i/32] * qs[i]; sum16[j] = sum of qs[16j .. 16j+15]. */
+ * x[i] ~= d[i/32] * qs[i]; sum16[j] = sum of qs[16j .. 16j+15]. With span 256, d[8s .. 8s+7] are
+ * one scale, from the largest |x| of the 256 values s. */
 typedef struct {
     int n;
+    int span;        /* values under one scale: 32, or 256 */
     int8_t *qs;      /* n values, 64-byte aligned */
     float *d;        /* n/32 scales */
     int32_t *sum16;  /* n/16 sums */
@@ -71,8 +75,14 @@ size_t rq_row_bytes(int t, int n);
 void rq_dequant_row(int t, const void *row, float *out, int n);
 
 /* Quantize n floats into act (buffers preallocated by the caller: qs n, d n/32, sum16 n/16).
- * Sets act->f = x. */
+ * Sets act->f = x. rq_quantize_act: a scale per 32 values; _span: per `span` (32, or 256 with n a
+ * multiple of 256). */
 void rq_quantize_act(const float *x, int n, rq_act *act);
+void rq_quantize_act_span(const float *x, int n, int span, rq_act *act);
+/* The span of activation scale weight type t needs: 256 for Q4_K, else 32 (its kernels take
+ * either). Activations shared by several matrices take the largest of theirs. Every matmul and dot
+ * of a Q4_K matrix aborts with a message when given activations of span 32: a caller's bug. */
+int rq_act_span(int t);
 
 /* Dot product of one weight row (type t, n elements) with one activation vector:
  * reference (always scalar) and dispatched (current path). */

@@ -11,6 +11,7 @@ cnp.import_array()
 cdef extern from "quants.h":
     ctypedef struct rq_act:
         int n
+        int span
         int8_t *qs
         float *d
         int32_t *sum16
@@ -28,6 +29,8 @@ cdef extern from "quants.h":
     size_t rq_row_bytes(int t, int n) nogil
     void rq_dequant_row(int t, const void *row, float *out, int n) nogil
     void rq_quantize_act(const float *x, int n, rq_act *act) nogil
+    void rq_quantize_act_span(const float *x, int n, int span, rq_act *act) nogil
+    int rq_act_span(int t) nogil
     float rq_vec_dot_ref(int t, int n, const void *row, const rq_act *x) nogil
     float rq_vec_dot(int t, int n, const void *row, const rq_act *x) nogil
     void rq_matmul_rows(int t, const void *W, int cols, int r0, int r1,
@@ -166,15 +169,16 @@ def _bytes_array(w):
 
 
 cdef class Act:
-    """Quantized activations for ntok vectors of length n (owns its buffers)."""
+    """Quantized activations for ntok vectors of length n (owns its buffers), one scale per span values
+    (32, or 256: see act_span)."""
     cdef rq_act *acts
-    cdef public int ntok, n
+    cdef public int ntok, n, span
     cdef public object x, qs, d, sum16
 
     def __cinit__(self):
         self.acts = NULL
 
-    def __init__(self, X, path=None):
+    def __init__(self, X, path=None, int span=32):
         X = np.ascontiguousarray(X, dtype=np.float32)
         if X.ndim == 1:
             X = X.reshape(1, -1)
@@ -184,6 +188,9 @@ cdef class Act:
         self.ntok, self.n = X.shape[0], X.shape[1]
         if self.n % 32:
             raise ValueError("activation length must be a multiple of 32")
+        if span not in (32, 256) or self.n % span:
+            raise ValueError(f"span must be 32 or 256 and divide the activation length ({self.n}), not {span}")
+        self.span = span
         # 64-byte aligned int8 storage
         raw = np.empty(self.ntok * self.n + 64, dtype=np.int8)
         off = (-raw.ctypes.data) % 64
@@ -205,7 +212,7 @@ cdef class Act:
                     self.acts[k].qs = <int8_t *>&qs[k, 0]
                     self.acts[k].d = &d[k, 0]
                     self.acts[k].sum16 = <int32_t *>&s16[k, 0]
-                    rq_quantize_act(&xv[k, 0], n, &self.acts[k])
+                    rq_quantize_act_span(&xv[k, 0], n, span, &self.acts[k])
         finally:
             g.restore()
 
@@ -214,9 +221,14 @@ cdef class Act:
             free(self.acts)
 
 
-def quantize_act(x, path=None):
-    """float32 vector (n multiple of 32) -> (qs int8[n], d float32[n/32], sum16 int32[n/16])."""
-    a = Act(np.asarray(x, dtype=np.float32).reshape(-1), path)
+def act_span(int t):
+    """The activation span (values under one scale) weight type t's kernels need: 256 or 32."""
+    return rq_act_span(t)
+
+
+def quantize_act(x, path=None, int span=32):
+    """float32 vector (n multiple of 32, of span) -> (qs int8[n], d float32[n/32], sum16 int32[n/16])."""
+    a = Act(np.asarray(x, dtype=np.float32).reshape(-1), path, span)
     return a.qs[0].copy(), a.d[0].copy(), a.sum16[0].copy()
 
 
@@ -243,7 +255,7 @@ def _dot(int t, w, x, path, bint ref):
     cdef cnp.uint8_t[::1] wb = _bytes_array(w)
     if wb.shape[0] < <Py_ssize_t>rq_row_bytes(t, n):
         raise ValueError("row too short")
-    cdef Act a = Act(x, path)
+    cdef Act a = Act(x, path, rq_act_span(t))
     cdef float r
     g = _PathGuard(path)
     try:
@@ -267,7 +279,8 @@ def vec_dot_ref(int t, w, x):
     return _dot(t, w, x, None, True)
 
 
-def _mm_prep(int t, W, int rows, int cols, X, path=None):
+def _mm_prep(int t, W, int rows, int cols, X, path=None, int span=0):
+    """W's bytes and X quantized with span (0: the span t needs)."""
     _check_type(t, cols)
     wb = _bytes_array(W)
     if wb.shape[0] < rows * rq_row_bytes(t, cols):
@@ -277,12 +290,13 @@ def _mm_prep(int t, W, int rows, int cols, X, path=None):
         X = X.reshape(1, -1)
     if X.shape[1] != cols:
         raise ValueError("X must be ntok x cols")
-    return wb, Act(X, path)
+    return wb, Act(X, path, span or rq_act_span(t))
 
 
-def matmul(int t, W, int rows, int cols, X, int nthreads=1, path=None):
-    """out[k, r] = dot(W row r, X[k]) via rq_matmul; returns float32 (ntok x rows)."""
-    wb, act = _mm_prep(t, W, rows, cols, X, path)
+def matmul(int t, W, int rows, int cols, X, int nthreads=1, path=None, int span=0):
+    """out[k, r] = dot(W row r, X[k]) via rq_matmul, X quantized with span (0: the one t needs); returns
+    float32 (ntok x rows)."""
+    wb, act = _mm_prep(t, W, rows, cols, X, path, span)
     cdef const cnp.uint8_t[::1] wv = wb
     cdef Act a = act
     out = np.empty((a.ntok, rows), dtype=np.float32)
@@ -309,11 +323,15 @@ def matmul_multi(list specs, int cols, X, int nthreads=2, path=None):
     keep, outs = [], []
     act = None
     own_acts = {}  # ops given the same X array read one quantized copy of it, as a decode step's experts do
+    spans = {}  # per X array: the largest span its ops need
+    for spec in specs:
+        key = id(spec[4]) if len(spec) > 4 and spec[4] is not None else None
+        spans[key] = max(spans.get(key, 32), rq_act_span(spec[0]))
     cdef const cnp.uint8_t[::1] rv
     for i, spec in enumerate(specs):
         t, W, rows = spec[:3]
         has_own = len(spec) > 4 and spec[4] is not None
-        wb, act_i = _mm_prep(t, W, rows, cols, spec[4] if has_own else X, path)
+        wb, act_i = _mm_prep(t, W, rows, cols, spec[4] if has_own else X, path, spans[id(spec[4]) if has_own else None])
         if has_own:
             act_i = own_acts.setdefault(id(spec[4]), act_i)
         if not has_own:
@@ -403,10 +421,10 @@ def matmul_ref(int t, W, int rows, int cols, X):
     return out
 
 
-def bench_quantize(X, int reps=10, path=None):
-    """Seconds per rq_quantize_act pass over all rows of X (ntok x n)."""
+def bench_quantize(X, int reps=10, path=None, int span=32):
+    """Seconds per rq_quantize_act_span pass over all rows of X (ntok x n)."""
     import time
-    cdef Act a = Act(X, path)
+    cdef Act a = Act(X, path, span)
     cdef float[:, ::1] xv = a.x
     cdef int k, i, n = a.n, ntok = a.ntok
     g = _PathGuard(path)
@@ -415,7 +433,7 @@ def bench_quantize(X, int reps=10, path=None):
         with nogil:
             for i in range(reps):
                 for k in range(ntok):
-                    rq_quantize_act(&xv[k, 0], n, &a.acts[k])
+                    rq_quantize_act_span(&xv[k, 0], n, span, &a.acts[k])
         t1 = time.perf_counter()
     finally:
         g.restore()

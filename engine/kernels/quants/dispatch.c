@@ -129,16 +129,22 @@ int rq_set_kernel_path(int path) {
 /* ------------------------------------------------------------------------------------------ */
 /* Dispatched dot and matmul                                                                   */
 
-void rq_quantize_act(const float *x, int n, rq_act *a) {
+void rq_quantize_act_span(const float *x, int n, int span, rq_act *a) {
+    span = span == 256 && n % 256 == 0 ? 256 : 32;
 #ifdef RQ_HAVE_X86
     int path = rq_kernel_path();
-    if (path == RQ_PATH_AVX512) { quantize_act_512(x, n, a); return; }
-    if (path == RQ_PATH_AVX2) { quantize_act_256(x, n, a); return; }
+    if (path == RQ_PATH_AVX512) { quantize_act_512(x, n, span, a); return; }
+    if (path == RQ_PATH_AVX2) { quantize_act_256(x, n, span, a); return; }
 #endif
-    quantize_act_ref(x, n, a);
+    quantize_act_ref(x, n, span, a);
 }
 
+void rq_quantize_act(const float *x, int n, rq_act *a) { rq_quantize_act_span(x, n, 32, a); }
+
+int rq_act_span(int t) { return t == RQ_Q4_K ? 256 : 32; }
+
 float rq_vec_dot(int t, int n, const void *row, const rq_act *x) {
+    need_act_span(t, x, 1);
     const matmul_plan p = plan(rq_kernel_path(), t, 1, 0);
     if (p.family != PLAN_TILES) return rq_vec_dot_ref(t, n, row, x);
     int nb = n / QK;

@@ -199,6 +199,7 @@ static inline int plan_has_tiles(const matmul_plan *p) { return p->k || p->rk; }
 void rq_matmul_rows(int t, const void *W, int cols, int r0, int r1,
                     const rq_act *acts, int ntok, float *out, int ldo) {
     if (r1 <= r0 || ntok <= 0) return;
+    need_act_span(t, acts, ntok);
     const matmul_plan p = plan(rq_kernel_path(), t, ntok, 0);
     if (p.family == PLAN_NONE) {
         fill_nan(r0, r1, ntok, out, ldo);
@@ -337,6 +338,7 @@ void rq_matmul(int t, const void *W, int rows, int cols,
                const rq_act *acts, int ntok, float *out, int ldo, int nthreads) {
     rq_kernels_init();
     if (rows <= 0 || ntok <= 0) return;
+    need_act_span(t, acts, ntok);
     if (!rq_type_supported(t)) {
         fill_nan(0, rows, ntok, out, ldo);
         return;
@@ -509,6 +511,7 @@ static void r16_matmul(const matmul_plan *p, int t, const uint8_t *R, int rows, 
 void rq_matmul_r16(int t, const void *W, const void *R, int rows, int cols, const rq_act *acts, int ntok,
                    float *out, int ldo, int nthreads) {
     rq_kernels_init();
+    need_act_span(t, acts, ntok);
 #ifdef RQ_HAVE_X86
     if (R && rows > 0 && ntok > 0) {
         const matmul_plan p = plan(rq_kernel_path(), t, ntok, 1);
@@ -672,6 +675,7 @@ static int r16_matmul_multi(const rq_matmul_op *ops, int nops, int cols, const r
 
 void rq_matmul_multi(const rq_matmul_op *ops, int nops, int cols, const rq_act *acts, int ntok, int nthreads) {
     rq_kernels_init();
+    for (int i = 0; i < nops; i++) need_act_span(ops[i].type, ops[i].acts ? ops[i].acts : acts, ops[i].acts ? ops[i].ntok : ntok);
     const int path = rq_kernel_path();
     int n16 = 0;   /* ops planned on their R16 copies */
     for (int i = 0; i < nops; i++) n16 += op_plan(path, &ops[i], ntok).family == PLAN_R16;
@@ -741,6 +745,7 @@ void rq_matmul_team(int t, const void *W, int rows, int cols,
                     const rq_act *acts, int ntok, float *out, int ldo) {
     rq_kernels_init();
     if (rows <= 0 || ntok <= 0) return;
+    need_act_span(t, acts, ntok);
 #ifdef _OPENMP
     if (omp_get_num_threads() > 1) {
         matmul_in_team(t, W, rows, cols, acts, ntok, out, ldo, 1);   /* ends with a barrier */

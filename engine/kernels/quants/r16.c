@@ -180,22 +180,25 @@ A512 AINL void r16_tile_q4k(const r16_ptrs *p, int nb, const int T, const uint8_
     __m512 acc[R16_TMAX], accM[R16_TMAX];
     for (int k = 0; k < T; k++) acc[k] = accM[k] = _mm512_setzero_ps();
     for (int i = 0; i < nb / 8; i++) {
-        __m512 A[R16_TMAX], dv = _mm512_setzero_ps();
-        for (int k = 0; k < T; k++) A[k] = _mm512_setzero_ps();
+        __m512i I[R16_TMAX];
+        __m512 dv = _mm512_setzero_ps();
+        for (int k = 0; k < T; k++) I[k] = _mm512_setzero_si512();
         for (int b = 8 * i; b < 8 * i + 8; b++) {
             r16_prefetch_ahead(p, (size_t)b);
             const uint8_t *tb = tile + (size_t)b * V16_TILE_BLOCK_BYTES;
-            const float *d = (const float *)(tb + 320), *ds = (const float *)(tb + 352);
+            const float *ds = (const float *)(tb + 352);
             __m512i W[8];
             __m512 sc, mn;
             r16_block(RQ_Q4_K, p, (size_t)b, W, &sc, &dv, &mn);
+            const __m512i isc = _mm512_cvttps_epi32(sc);
             for (int k = 0; k < T; k++) {
                 const __m512i P = v16_dot_q4k(W, tb + 32 * (k0 + k));
-                A[k] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(P), sc), _mm512_set1_ps(d[k0 + k]), A[k]);
+                I[k] = _mm512_add_epi32(I[k], _mm512_mullo_epi32(P, isc));
                 accM[k] = _mm512_fmadd_ps(mn, _mm512_set1_ps(ds[k0 + k]), accM[k]);
             }
         }
-        for (int k = 0; k < T; k++) acc[k] = _mm512_fmadd_ps(A[k], dv, acc[k]);
+        const float *D = (const float *)(tile + (size_t)(8 * i) * V16_TILE_BLOCK_BYTES + 320);   /* the tokens' D_k */
+        for (int k = 0; k < T; k++) acc[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I[k]), _mm512_mul_ps(dv, _mm512_set1_ps(D[k0 + k])), acc[k]);
     }
     const __mmask16 keep = nr >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << nr) - 1);
     for (int k = 0; k < T; k++) _mm512_mask_storeu_ps(out + (size_t)k * ldo, keep, _mm512_add_ps(acc[k], accM[k]));
@@ -386,23 +389,26 @@ A256 AINL void r16_q4k_256(const r16_ptrs *p, int nb, const int T, const uint8_t
     __m256 acc[4], accM[4];
     for (int k = 0; k < T; k++) acc[k] = accM[k] = _mm256_setzero_ps();
     for (int i = 0; i < nb / 8; i++) {
-        __m256 A[4], dv = _mm256_setzero_ps();
-        for (int k = 0; k < T; k++) A[k] = _mm256_setzero_ps();
+        __m256i I[4];
+        __m256 dv = _mm256_setzero_ps();
+        for (int k = 0; k < T; k++) I[k] = _mm256_setzero_si256();
         for (int b = 8 * i; b < 8 * i + 8; b++) {
             const uint8_t *tb = tile + (size_t)b * V16_TILE_BLOCK_BYTES;
-            const float *d = (const float *)(tb + 320), *ds = (const float *)(tb + 352);
+            const float *ds = (const float *)(tb + 352);
             __m256i W[8];
             __m256 sc, mn;
             if (q == 0) r16_prefetch_block(p, (size_t)b);
             r16_block_256(RQ_Q4_K, p, (size_t)b, q, W, &sc, &dv, &mn);
+            const __m256i isc = _mm256_cvttps_epi32(sc);
             for (int k = 0; k < T; k++) {
                 const uint8_t *qd = tb + 32 * (k0 + k);
                 const __m256i P = _mm256_add_epi32(r16_dot_256(RQ_Q4_K, W, qd), r16_dot_256(RQ_Q4_K, W + 4, qd + 16));
-                A[k] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(P), sc), _mm256_set1_ps(d[k0 + k]), A[k]);
+                I[k] = _mm256_add_epi32(I[k], _mm256_mullo_epi32(P, isc));
                 accM[k] = _mm256_fmadd_ps(mn, _mm256_set1_ps(ds[k0 + k]), accM[k]);
             }
         }
-        for (int k = 0; k < T; k++) acc[k] = _mm256_fmadd_ps(A[k], dv, acc[k]);
+        const float *D = (const float *)(tile + (size_t)(8 * i) * V16_TILE_BLOCK_BYTES + 320);   /* the tokens' D_k */
+        for (int k = 0; k < T; k++) acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I[k]), _mm256_mul_ps(dv, _mm256_set1_ps(D[k0 + k])), acc[k]);
     }
     _Alignas(32) float tmp[8];
     for (int k = 0; k < T; k++) {
@@ -422,11 +428,11 @@ A256 AINL void r16_q4k_256(const r16_ptrs *p, int nb, const int T, const uint8_t
  * pf8_q4k_256: one vpmaddwd a block) and the sums in registers. */
 A256 AINL void r16_q4k_unit1_256(const r16_ptrs *p, const uint8_t *u, const uint8_t *tile, int k0, const int q,
                                  __m256 *acc, __m256 *accM) {
-    const __m256i ones = _mm256_set1_epi16(1);
     const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(u + p->kd + 16 * q)));
     const __m256 ndm = _mm256_xor_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(u + p->kdm + 16 * q))),
                                      _mm256_set1_ps(-0.0f));
-    __m256 A = _mm256_setzero_ps(), M = *accM;
+    __m256i I = _mm256_setzero_si256();
+    __m256 M = *accM;
     for (int j = 0; j < 8; j++) {
         /* the unit (for both halves) in four slices, two per half: a slice every block cost 4-8 %
          * on cache-resident matrices, where this kernel is compute-bound */
@@ -436,13 +442,13 @@ A256 AINL void r16_q4k_unit1_256(const r16_ptrs *p, const uint8_t *u, const uint
         r16_nib_256(p, u, (size_t)j, 32 * (size_t)q, W);
         for (int g = 0; g < 8; g++)   /* W[4 h + g] against the token's dword g of half h */
             S = _mm256_add_epi16(S, _mm256_maddubs_epi16(W[g], _mm256_set1_epi32((int)load_u32(qd + 16 * (g / 4) + 4 * (g % 4)))));
-        const __m256i P = _mm256_madd_epi16(S, ones);
-        const __m256 sc = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(u + p->ksc + 16 * j + 8 * q))));
+        const __m256i sc = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(u + p->ksc + 16 * j + 8 * q)));
+        /* the scale in both int16 halves of each dword: one vpmaddwd gives sc_b * P_b */
+        I = _mm256_add_epi32(I, _mm256_madd_epi16(S, _mm256_or_si256(sc, _mm256_slli_epi32(sc, 16))));
         const __m256 m = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(u + p->kmn + 16 * j + 8 * q))));
-        A = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(P), sc), _mm256_set1_ps(((const float *)(tb + 320))[k0]), A);
         M = _mm256_fmadd_ps(_mm256_mul_ps(m, ndm), _mm256_set1_ps(((const float *)(tb + 352))[k0]), M);
     }
-    *acc = _mm256_fmadd_ps(A, dv, *acc);
+    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I), _mm256_mul_ps(dv, _mm256_set1_ps(((const float *)(tile + 320))[k0])), *acc);
     *accM = M;
 }
 
@@ -744,19 +750,19 @@ A256 AINL void r16_quad_dword_s8_256(const uint8_t *U, const uint8_t *x, const i
 }
 
 /* Q4_K: pf8_q4k_256's float sequence (q4_K.c): a block's int16 sums whole, one vpmaddwd by the
- * block's integer scale, A = fma(float(P), d_k, A) per super-block, acc = fma(A, d, acc); the
- * mins in their own pass, each lane's accM in block order as there. */
+ * block's integer scale, added up in int32 over the super-block, then acc = fma(float(I), d * D_k,
+ * acc); the mins in their own pass, each lane's accM in block order as there. */
 A256 AINL void r16_tile16_q4k_256(const uint8_t *grp, int nb, const int T, const uint8_t *tile, float *out, int ldo,
                                   int nr) {
     const float *WD = (const float *)(grp + 512 * (size_t)nb), *M = WD + 32 * (size_t)nb;
-    __m256 acc[8][2], A[8][2], accM[8][2];   /* [token][8-row half]; indexed by a run-time token: in memory */
+    __m256 acc[8][2], accM[8][2];   /* [token][8-row half]; indexed by a run-time token: in memory */
+    __m256i I[8][2];
     const int T2 = (T + 1) & ~1;
     for (int k = 0; k < T2; k++) acc[k][0] = acc[k][1] = accM[k][0] = accM[k][1] = _mm256_setzero_ps();
     for (int i = 0; i < nb / 8; i++) {
-        for (int k = 0; k < T2; k++) A[k][0] = A[k][1] = _mm256_setzero_ps();
+        for (int k = 0; k < T2; k++) I[k][0] = I[k][1] = _mm256_setzero_si256();
         for (int b = 8 * i; b < 8 * i + 8; b++) {
             const uint8_t *tb = tile + (size_t)b * V16_TILE_BLOCK_BYTES, *U = grp + 512 * (size_t)b;
-            const float *d = (const float *)(tb + 320);
             __m256i sc[2];   /* the block's integer scale in both int16 halves of each row's dword */
             for (int q = 0; q < 2; q++) {
                 const __m256i s = _mm256_cvttps_epi32(_mm256_loadu_ps(WD + 32 * (size_t)b + 8 * q));
@@ -769,13 +775,14 @@ A256 AINL void r16_tile16_q4k_256(const uint8_t *grp, int nb, const int T, const
                 for (int j = 0; j < 8; j++) r16_pair_dword_256(U, x, j, j == 0, S);
                 for (int kk = 0; kk < 2; kk++)
                     for (int q = 0; q < 2; q++)
-                        A[k + kk][q] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(S[kk][q], sc[q])),
-                                                       _mm256_set1_ps(d[k + kk]), A[k + kk][q]);
+                        I[k + kk][q] = _mm256_add_epi32(I[k + kk][q], _mm256_madd_epi16(S[kk][q], sc[q]));
             }
         }
+        const float *D = (const float *)(tile + (size_t)(8 * i) * V16_TILE_BLOCK_BYTES + 320);   /* the tokens' D_k */
         for (int q = 0; q < 2; q++) {
             const __m256 dv = _mm256_loadu_ps(WD + 32 * (size_t)(8 * i) + 16 + 8 * q);
-            for (int k = 0; k < T2; k++) acc[k][q] = _mm256_fmadd_ps(A[k][q], dv, acc[k][q]);
+            for (int k = 0; k < T2; k++)
+                acc[k][q] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I[k][q]), _mm256_mul_ps(dv, _mm256_set1_ps(D[k])), acc[k][q]);
         }
     }
     for (int b = 0; b < nb; b++) {

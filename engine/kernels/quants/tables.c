@@ -95,6 +95,7 @@ void rq_dequant_row(int t, const void *row, float *y, int n) {
 static dot_fn ref_dot(int t) { return ops(t)->ref_dot; }
 
 float rq_vec_dot_ref(int t, int n, const void *row, const rq_act *x) {
+    need_act_span(t, x, 1);
     dot_fn f = ref_dot(t);
     return f ? f(n, row, x) : NAN;
 }

@@ -132,11 +132,10 @@ A512 AINL void v16_tile_q4k(const uint8_t *grp, int nb, const int T, const uint8
     __m512 acc[V16_TMAX];
     for (int k = 0; k < T; k++) acc[k] = _mm512_setzero_ps();
     for (int i = 0; i < nb / 8; i++) {
-        __m512 A[V16_TMAX];
-        for (int k = 0; k < T; k++) A[k] = _mm512_setzero_ps();
+        __m512i I[V16_TMAX];
+        for (int k = 0; k < T; k++) I[k] = _mm512_setzero_si512();
         for (int b = 8 * i; b < 8 * i + 8; b++) {
             const uint8_t *tb = tile + (size_t)b * V16_TILE_BLOCK_BYTES;
-            const float *d = (const float *)(tb + 320);
             __m512i P[V16_TMAX];
             for (int k = 0; k < T; k++) P[k] = _mm512_setzero_si512();
             for (int h = 0; h < 2; h++) {
@@ -147,11 +146,12 @@ A512 AINL void v16_tile_q4k(const uint8_t *grp, int nb, const int T, const uint8
                     for (int j = 0; j < 4; j++) P[k] = _mm512_dpbusd_epi32(P[k], W[j], _mm512_set1_epi32((int)load_u32(qd + 4 * j)));
                 }
             }
-            const __m512 sc = _mm512_loadu_ps(WD + 32 * (size_t)b);
-            for (int k = 0; k < T; k++) A[k] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(P[k]), sc), _mm512_set1_ps(d[k]), A[k]);
+            const __m512i sc = _mm512_cvttps_epi32(_mm512_loadu_ps(WD + 32 * (size_t)b));
+            for (int k = 0; k < T; k++) I[k] = _mm512_add_epi32(I[k], _mm512_mullo_epi32(P[k], sc));
         }
         const __m512 dv = _mm512_loadu_ps(WD + 32 * (size_t)(8 * i) + 16);
-        for (int k = 0; k < T; k++) acc[k] = _mm512_fmadd_ps(A[k], dv, acc[k]);
+        const float *D = (const float *)(tile + (size_t)(8 * i) * V16_TILE_BLOCK_BYTES + 320);   /* the tokens' D_k */
+        for (int k = 0; k < T; k++) acc[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I[k]), _mm512_mul_ps(dv, _mm512_set1_ps(D[k])), acc[k]);
     }
     __m512 accM[V16_TMAX];
     for (int k = 0; k < T; k++) accM[k] = _mm512_setzero_ps();
