@@ -1,7 +1,8 @@
 /* Part of quants.c's single translation unit (#included there, in a fixed order; not compiled
  * alone). Activation quantization: f32 activations -> int8 blocks of 32 with scale d (one per
- * block, or one per 8 blocks: the span) and the two 16-element sums (rq_act), scalar reference and the AVX2 / AVX-512 versions (the
- * same results, bit for bit; rq_quantize_act in dispatch.c picks one). */
+ * block, or one per 8 blocks: the span) and the two 16-element sums (rq_act), scalar reference
+ * and the AVX2 / AVX-512 versions (the same results, bit for bit; rq_quantize_act_span in
+ * dispatch.c picks one). */
 
 /* Q4_K's kernels sum a super-block's blocks in int32 before applying the token's scale: they need
  * one scale per 256 values (rq_act_span). A caller that quantized for another type is a bug. */

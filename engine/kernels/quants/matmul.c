@@ -675,7 +675,8 @@ static int r16_matmul_multi(const rq_matmul_op *ops, int nops, int cols, const r
 
 void rq_matmul_multi(const rq_matmul_op *ops, int nops, int cols, const rq_act *acts, int ntok, int nthreads) {
     rq_kernels_init();
-    for (int i = 0; i < nops; i++) need_act_span(ops[i].type, ops[i].acts ? ops[i].acts : acts, ops[i].acts ? ops[i].ntok : ntok);
+    for (int i = 0; i < nops; i++)
+        need_act_span(ops[i].type, ops[i].acts ? ops[i].acts : acts, ops[i].acts ? ops[i].ntok : ntok);
     const int path = rq_kernel_path();
     int n16 = 0;   /* ops planned on their R16 copies */
     for (int i = 0; i < nops; i++) n16 += op_plan(path, &ops[i], ntok).family == PLAN_R16;
