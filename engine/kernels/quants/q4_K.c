@@ -149,6 +149,10 @@ A256 AINL void q4k_scales_256(const blk_q4_K *x, __m256 *sc, __m256 *dmn) {
                          _mm256_set1_ps(-_cvtsh_ss(x->dmin)));
 }
 
+/* Block scales (0..63, one per int32 lane) in both int16 halves of each lane: the vpmaddwd operand
+ * that turns a lane's two int16 sums into sc_b * P_b. */
+A256 AINL __m256i k4_scale_pairs_256(__m256i sc) { return _mm256_or_si256(sc, _mm256_slli_epi32(sc, 16)); }
+
 /* Lanes holding exact half-block sums (lane l and l + 4: the two halves) -> the block sums, in both. */
 A256 AINL __m256i q4k_join_halves_256(__m256i P) { return _mm256_add_epi32(P, _mm256_permute2x128_si256(P, P, 0x01)); }
 

@@ -197,7 +197,7 @@ A512 AINL void r16_tile_q4k(const r16_ptrs *p, int nb, const int T, const uint8_
                 accM[k] = _mm512_fmadd_ps(mn, _mm512_set1_ps(ds[k0 + k]), accM[k]);
             }
         }
-        const float *D = (const float *)(tile + (size_t)(8 * i) * V16_TILE_BLOCK_BYTES + 320);   /* the tokens' D_k */
+        const float *D = v16_tile_d(tile, 8 * (size_t)i);   /* the tokens' D_k */
         for (int k = 0; k < T; k++) acc[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I[k]), _mm512_mul_ps(dv, _mm512_set1_ps(D[k0 + k])), acc[k]);
     }
     const __mmask16 keep = nr >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << nr) - 1);
@@ -407,7 +407,7 @@ A256 AINL void r16_q4k_256(const r16_ptrs *p, int nb, const int T, const uint8_t
                 accM[k] = _mm256_fmadd_ps(mn, _mm256_set1_ps(ds[k0 + k]), accM[k]);
             }
         }
-        const float *D = (const float *)(tile + (size_t)(8 * i) * V16_TILE_BLOCK_BYTES + 320);   /* the tokens' D_k */
+        const float *D = v16_tile_d(tile, 8 * (size_t)i);   /* the tokens' D_k */
         for (int k = 0; k < T; k++) acc[k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I[k]), _mm256_mul_ps(dv, _mm256_set1_ps(D[k0 + k])), acc[k]);
     }
     _Alignas(32) float tmp[8];
@@ -443,12 +443,11 @@ A256 AINL void r16_q4k_unit1_256(const r16_ptrs *p, const uint8_t *u, const uint
         for (int g = 0; g < 8; g++)   /* W[4 h + g] against the token's dword g of half h */
             S = _mm256_add_epi16(S, _mm256_maddubs_epi16(W[g], _mm256_set1_epi32((int)load_u32(qd + 16 * (g / 4) + 4 * (g % 4)))));
         const __m256i sc = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(u + p->ksc + 16 * j + 8 * q)));
-        /* the scale in both int16 halves of each dword: one vpmaddwd gives sc_b * P_b */
-        I = _mm256_add_epi32(I, _mm256_madd_epi16(S, _mm256_or_si256(sc, _mm256_slli_epi32(sc, 16))));
+        I = _mm256_add_epi32(I, _mm256_madd_epi16(S, k4_scale_pairs_256(sc)));
         const __m256 m = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(u + p->kmn + 16 * j + 8 * q))));
         M = _mm256_fmadd_ps(_mm256_mul_ps(m, ndm), _mm256_set1_ps(((const float *)(tb + 352))[k0]), M);
     }
-    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I), _mm256_mul_ps(dv, _mm256_set1_ps(((const float *)(tile + 320))[k0])), *acc);
+    *acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I), _mm256_mul_ps(dv, _mm256_set1_ps(v16_tile_d(tile, 0)[k0])), *acc);
     *accM = M;
 }
 
@@ -766,7 +765,7 @@ A256 AINL void r16_tile16_q4k_256(const uint8_t *grp, int nb, const int T, const
             __m256i sc[2];   /* the block's integer scale in both int16 halves of each row's dword */
             for (int q = 0; q < 2; q++) {
                 const __m256i s = _mm256_cvttps_epi32(_mm256_loadu_ps(WD + 32 * (size_t)b + 8 * q));
-                sc[q] = _mm256_or_si256(s, _mm256_slli_epi32(s, 16));
+                sc[q] = k4_scale_pairs_256(s);
             }
             for (int k = 0; k < T2; k += 2) {
                 const uint8_t *x = tb + 32 * k;
@@ -778,7 +777,7 @@ A256 AINL void r16_tile16_q4k_256(const uint8_t *grp, int nb, const int T, const
                         I[k + kk][q] = _mm256_add_epi32(I[k + kk][q], _mm256_madd_epi16(S[kk][q], sc[q]));
             }
         }
-        const float *D = (const float *)(tile + (size_t)(8 * i) * V16_TILE_BLOCK_BYTES + 320);   /* the tokens' D_k */
+        const float *D = v16_tile_d(tile, 8 * (size_t)i);   /* the tokens' D_k */
         for (int q = 0; q < 2; q++) {
             const __m256 dv = _mm256_loadu_ps(WD + 32 * (size_t)(8 * i) + 16 + 8 * q);
             for (int k = 0; k < T2; k++)

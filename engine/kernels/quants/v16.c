@@ -46,6 +46,10 @@ static size_t v16_group_bytes(int nb) { return (size_t)nb * (512 + 128 + 64); }
  *   ds [b][8]     f32     d_k(b) * S_k(b)
  * so a kernel reaches token k of block b at a constant displacement from one pointer. */
 #define V16_TILE_BLOCK_BYTES (8 * 32 + 16 * 4 + 8 * 4 + 8 * 4)
+/* The tile's token scales d of block b (of super-block b / 8 with span-256 activations: D_k). */
+static inline const float *v16_tile_d(const uint8_t *tile, size_t b) {
+    return (const float *)(tile + b * V16_TILE_BLOCK_BYTES + 320);
+}
 typedef struct {
     int nb, ntiles;
     uint8_t *mem;   /* ntiles x nb x V16_TILE_BLOCK_BYTES */
@@ -150,7 +154,7 @@ A512 AINL void v16_tile_q4k(const uint8_t *grp, int nb, const int T, const uint8
             for (int k = 0; k < T; k++) I[k] = _mm512_add_epi32(I[k], _mm512_mullo_epi32(P[k], sc));
         }
         const __m512 dv = _mm512_loadu_ps(WD + 32 * (size_t)(8 * i) + 16);
-        const float *D = (const float *)(tile + (size_t)(8 * i) * V16_TILE_BLOCK_BYTES + 320);   /* the tokens' D_k */
+        const float *D = v16_tile_d(tile, 8 * (size_t)i);   /* the tokens' D_k */
         for (int k = 0; k < T; k++) acc[k] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(I[k]), _mm512_mul_ps(dv, _mm512_set1_ps(D[k])), acc[k]);
     }
     __m512 accM[V16_TMAX];
