@@ -142,22 +142,26 @@ def test_quantize_act_span_256_matches_numpy(path, kern):
     assert not np.array_equal(mod.quantize_act(x, path=path)[1], d)
 
 
-def test_q4k_kernels_refuse_activations_of_span_32():
-    """A Q4_K matmul sums a super-block's blocks in integers before one float step: given activations
-    with a scale per 32 values it would be silently wrong, so it stops the process with a message."""
+@pytest.mark.parametrize("t", [T.Q4_K, T.IQ4_XS], ids=_ids([T.Q4_K, T.IQ4_XS]))
+def test_super_block_kernels_refuse_activations_of_span_32(t):
+    """A Q4_K or IQ4_XS matmul sums a super-block's blocks in integers before one float step: given
+    activations with a scale per 32 values it would be silently wrong, so it stops the process with a
+    message."""
+    assert q.act_span(int(t)) == 256
+    name = T(t).name
     code = (
         "import numpy as np\n"
         "from gguf import GGMLQuantizationType as T\n"
         "from engine.kernels import _kernels as k\n"
         "from tests import quant_pack as qp\n"
-        "W = qp.random_rows(T.Q4_K, 16, 256, np.random.default_rng(0))\n"
-        "print(k.matmul(int(T.Q4_K), W, 16, 256, np.ones((1, 256), np.float32), span=256).shape, flush=True)\n"
-        "k.matmul(int(T.Q4_K), W, 16, 256, np.ones((1, 256), np.float32), span=32)\n"
+        f"W = qp.random_rows(T.{name}, 16, 256, np.random.default_rng(0))\n"
+        f"print(k.matmul(int(T.{name}), W, 16, 256, np.ones((1, 256), np.float32), span=256).shape, flush=True)\n"
+        f"k.matmul(int(T.{name}), W, 16, 256, np.ones((1, 256), np.float32), span=32)\n"
     )
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=repo, timeout=120)
     assert "(1, 16)" in r.stdout
-    assert r.returncode != 0 and "Q4_K matmul was given activations with one scale per 32 values" in r.stderr
+    assert r.returncode != 0 and f"{name} matmul was given activations with one scale per 32 values" in r.stderr
 
 
 def test_path_selection():
@@ -372,12 +376,13 @@ def test_signed_types_largest_products_are_exact(t, path, kern):
     w = qp.dequant_rows(t, W, n).astype(np.float64)
     R = np.zeros(q.r16_bytes(int(t), rows, n), dtype=np.uint8)
     q.r16_repack(int(t), W, rows, n, R, 0, (rows + 15) // 16, 1)
+    span = q.act_span(int(t))                                            # IQ4_XS: one scale per 256
     for ntok in (1, 2, 3, 9, 30):
         s = np.sign(w[rng.integers(0, rows, ntok)])                    # each token the signs of one row
-        X = (s * rng.uniform(0.5, 2.0, (ntok, n // 32)).repeat(32, axis=1)).astype(np.float32)
+        X = (s * rng.uniform(0.5, 2.0, (ntok, n // span)).repeat(span, axis=1)).astype(np.float32)
         exact = np.zeros((ntok, rows))
         for k in range(ntok):
-            qs, d, _ = qp.quantize_act_np(X[k])
+            qs, d, _ = qp.quantize_act_np(X[k], span)
             assert np.abs(qs).min() == 127                               # every activation at +-127
             exact[k] = w @ (qs.astype(np.float64) * np.repeat(d.astype(np.float64), 32))
         tol = 1e-5 * np.abs(exact).max()

@@ -10,8 +10,8 @@
  * serves every weight type: per-32 scales line up with the sub-blocks of the K types, and the
  * 16-sums let kernels use unsigned x signed products (vpdpbusd) and correct for weight offsets
  * and mins afterwards. The scale may span 256 values instead (the 8 blocks of a super-block
- * share it, as in ggml's Q8_K): Q4_K's kernels need that form (rq_act_span), so that a
- * super-block's 8 block sums add up in int32 before one float step (q4_K.c).
+ * share it, as in ggml's Q8_K): Q4_K's and IQ4_XS's kernels need that form (rq_act_span), so
+ * that a super-block's 8 block sums add up in int32 before one float step (q4_K.c, iq4_xs.c).
  */
 #ifndef RQLLM_QUANTS_H
 #define RQLLM_QUANTS_H
@@ -79,9 +79,10 @@ void rq_dequant_row(int t, const void *row, float *out, int n);
  * multiple of 256). */
 void rq_quantize_act(const float *x, int n, rq_act *act);
 void rq_quantize_act_span(const float *x, int n, int span, rq_act *act);
-/* The span of activation scale weight type t needs: 256 for Q4_K, else 32 (its kernels take
- * either). Activations shared by several matrices take the largest of theirs. Every matmul and dot
- * of a Q4_K matrix aborts with a message when given activations of span 32: a caller's bug. */
+/* The span of activation scale weight type t needs: 256 for Q4_K and IQ4_XS, else 32 (their kernels
+ * take either). Activations shared by several matrices take the largest of theirs. Every matmul and
+ * dot of a Q4_K or IQ4_XS matrix aborts with a message when given activations of span 32: a
+ * caller's bug. */
 int rq_act_span(int t);
 
 /* Dot product of one weight row (type t, n elements) with one activation vector:

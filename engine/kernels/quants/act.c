@@ -4,14 +4,15 @@
  * and the AVX2 / AVX-512 versions (the same results, bit for bit; rq_quantize_act_span in
  * dispatch.c picks one). */
 
-/* Q4_K's kernels sum a super-block's blocks in int32 before applying the token's scale: they need
- * one scale per 256 values (rq_act_span). A caller that quantized for another type is a bug. */
+/* Q4_K's and IQ4_XS's kernels sum a super-block's blocks in int32 before applying the token's scale
+ * (type_sb_int): they need one scale per 256 values (rq_act_span). A caller that quantized for
+ * another type is a bug. */
 static void need_act_span(int t, const rq_act *acts, int ntok) {
-    if (t != RQ_Q4_K) return;
+    if (!type_sb_int(t)) return;
     for (int k = 0; k < ntok; k++)
         if (acts[k].span != 256) {
-            fprintf(stderr, "rqllm kernels: a Q4_K matmul was given activations with one scale per %d values; "
-                            "it needs one per 256 (rq_act_span)\n", acts[k].span);
+            fprintf(stderr, "rqllm kernels: a %s matmul was given activations with one scale per %d values; "
+                            "it needs one per 256 (rq_act_span)\n", t == RQ_Q4_K ? "Q4_K" : "IQ4_XS", acts[k].span);
             abort();
         }
 }

@@ -33,6 +33,10 @@ static inline int type_has_min(int t) { return traits(t)->has_min; }
  * values through the sign trick (|w| x sign(q, w): pairs <= 2 x 127 x 127) and get offset-free
  * sums; vpdpbusd (AVX-512) has no int16 stage and takes value + 128 with the offset correction. */
 static inline int type_s8(int t) { return traits(t)->offset == 128; }
+/* Types whose kernels add a super-block's 8 block sums up in int32, each times its integer block
+ * scale, before one float step (Q4_K, IQ4_XS: see their files' float sequences). They need the
+ * token's activations with one scale per 256 values (rq_act_span 256, ggml's Q8_K). */
+static inline int type_sb_int(int t) { return t == RQ_Q4_K || t == RQ_IQ4_XS; }
 
 /* ------------------------------------------------------------------------------------------ */
 /* f16 / bf16                                                                                  */

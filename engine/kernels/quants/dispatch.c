@@ -141,7 +141,7 @@ void rq_quantize_act_span(const float *x, int n, int span, rq_act *a) {
 
 void rq_quantize_act(const float *x, int n, rq_act *a) { rq_quantize_act_span(x, n, 32, a); }
 
-int rq_act_span(int t) { return t == RQ_Q4_K ? 256 : 32; }
+int rq_act_span(int t) { return type_sb_int(t) ? 256 : 32; }
 
 float rq_vec_dot(int t, int n, const void *row, const rq_act *x) {
     need_act_span(t, x, 1);

@@ -174,9 +174,11 @@ A512 AINL void r16_pass(const int t, const r16_ptrs *p, int nb, const int T, con
 
 #define R16_TMAX 4
 
-/* Q4_K (its float sequence: q4_K.c): a packed group against T <= R16_TMAX tokens, one pass. */
-A512 AINL void r16_tile_q4k(const r16_ptrs *p, int nb, const int T, const uint8_t *tile, int k0, float *out, int ldo,
-                            int nr) {
+/* Q4_K and IQ4_XS (type_sb_int; their float sequences: q4_K.c, iq4_xs.c): a packed group against
+ * T <= R16_TMAX tokens, one pass. IQ4_XS's values + 128 take the tile's offset correction nq. */
+A512 AINL void r16_tile_sb(const int t, const r16_ptrs *p, int nb, const int T, const uint8_t *tile, int k0, float *out,
+                           int ldo, int nr) {
+    const int mins = type_has_min(t);
     __m512 acc[R16_TMAX], accM[R16_TMAX];
     for (int k = 0; k < T; k++) acc[k] = accM[k] = _mm512_setzero_ps();
     for (int i = 0; i < nb / 8; i++) {
@@ -186,15 +188,17 @@ A512 AINL void r16_tile_q4k(const r16_ptrs *p, int nb, const int T, const uint8_
         for (int b = 8 * i; b < 8 * i + 8; b++) {
             r16_prefetch_ahead(p, (size_t)b);
             const uint8_t *tb = tile + (size_t)b * V16_TILE_BLOCK_BYTES;
+            const int32_t *nq = (const int32_t *)(tb + 256);
             const float *ds = (const float *)(tb + 352);
             __m512i W[8];
             __m512 sc, mn;
-            r16_block(RQ_Q4_K, p, (size_t)b, W, &sc, &dv, &mn);
+            r16_block(t, p, (size_t)b, W, &sc, &dv, &mn);
             const __m512i isc = _mm512_cvttps_epi32(sc);
             for (int k = 0; k < T; k++) {
-                const __m512i P = v16_dot_q4k(W, tb + 32 * (k0 + k));
+                __m512i P = v16_dot_block(W, tb + 32 * (k0 + k));
+                if (!mins) P = _mm512_add_epi32(P, _mm512_set1_epi32(nq[k0 + k] + nq[8 + k0 + k]));   /* IQ4_XS */
                 I[k] = _mm512_add_epi32(I[k], _mm512_mullo_epi32(P, isc));
-                accM[k] = _mm512_fmadd_ps(mn, _mm512_set1_ps(ds[k0 + k]), accM[k]);
+                if (mins) accM[k] = _mm512_fmadd_ps(mn, _mm512_set1_ps(ds[k0 + k]), accM[k]);
             }
         }
         const float *D = v16_tile_d(tile, 8 * (size_t)i);   /* the tokens' D_k */
@@ -206,8 +210,8 @@ A512 AINL void r16_tile_q4k(const r16_ptrs *p, int nb, const int T, const uint8_
 
 A512 AINL void r16_tile(const int t, const r16_ptrs *p, int nb, const int T, const uint8_t *tile, int k0, float *out,
                         int ldo, int nr) {
-    if (t == RQ_Q4_K) {
-        r16_tile_q4k(p, nb, T, tile, k0, out, ldo, nr);
+    if (type_sb_int(t)) {
+        r16_tile_sb(t, p, nb, T, tile, k0, out, ldo, nr);
         return;
     }
     __m512 aE[R16_TMAX][2], aO[R16_TMAX][2], mE[R16_TMAX], mO[R16_TMAX];
@@ -382,10 +386,11 @@ A256 AINL void r16_store16_256(__m256 lo, __m256 hi, float *out, int nr) {
     for (int r = 0; r < nr; r++) out[r] = tmp[r];
 }
 
-/* Q4_K (its float sequence: q4_K.c), rows 8q.. of a packed group against T <= 2 tokens (from k0),
- * one pass. */
-A256 AINL void r16_q4k_256(const r16_ptrs *p, int nb, const int T, const uint8_t *tile, int k0, const int q,
-                           float *out, int ldo, int nr) {
+/* Q4_K and IQ4_XS (type_sb_int; their float sequences: q4_K.c, iq4_xs.c), rows 8q.. of a packed
+ * group against T <= 2 tokens (from k0), one pass. */
+A256 AINL void r16_sb_256(const int t, const r16_ptrs *p, int nb, const int T, const uint8_t *tile, int k0, const int q,
+                          float *out, int ldo, int nr) {
+    const int mins = type_has_min(t);
     __m256 acc[4], accM[4];
     for (int k = 0; k < T; k++) acc[k] = accM[k] = _mm256_setzero_ps();
     for (int i = 0; i < nb / 8; i++) {
@@ -398,13 +403,13 @@ A256 AINL void r16_q4k_256(const r16_ptrs *p, int nb, const int T, const uint8_t
             __m256i W[8];
             __m256 sc, mn;
             if (q == 0) r16_prefetch_block(p, (size_t)b);
-            r16_block_256(RQ_Q4_K, p, (size_t)b, q, W, &sc, &dv, &mn);
+            r16_block_256(t, p, (size_t)b, q, W, &sc, &dv, &mn);
             const __m256i isc = _mm256_cvttps_epi32(sc);
             for (int k = 0; k < T; k++) {
-                const uint8_t *qd = tb + 32 * (k0 + k);
-                const __m256i P = _mm256_add_epi32(r16_dot_256(RQ_Q4_K, W, qd), r16_dot_256(RQ_Q4_K, W + 4, qd + 16));
+                const uint8_t *qd = tb + 32 * (k0 + k);   /* IQ4_XS: offset-free sums (r16_dot_256) */
+                const __m256i P = _mm256_add_epi32(r16_dot_256(t, W, qd), r16_dot_256(t, W + 4, qd + 16));
                 I[k] = _mm256_add_epi32(I[k], _mm256_mullo_epi32(P, isc));
-                accM[k] = _mm256_fmadd_ps(mn, _mm256_set1_ps(ds[k0 + k]), accM[k]);
+                if (mins) accM[k] = _mm256_fmadd_ps(mn, _mm256_set1_ps(ds[k0 + k]), accM[k]);
             }
         }
         const float *D = v16_tile_d(tile, 8 * (size_t)i);   /* the tokens' D_k */
@@ -423,7 +428,7 @@ A256 AINL void r16_q4k_256(const r16_ptrs *p, int nb, const int T, const uint8_t
 }
 
 /* Q4_K, one token (decode): rows 8q.. of the super-block unit u against token k0 (tile: the
- * token's blocks), into the sums acc and accM: r16_q4k_256's float sequence, with what a unit holds
+ * token's blocks), into the sums acc and accM: r16_sb_256's float sequence, with what a unit holds
  * once (d, dmin) read once, a block's int16 sums kept whole (8 x 2 x 15 x 128 fits, as in
  * pf8_q4k_256: one vpmaddwd a block) and the sums in registers. */
 A256 AINL void r16_q4k_unit1_256(const r16_ptrs *p, const uint8_t *u, const uint8_t *tile, int k0, const int q,
@@ -454,7 +459,7 @@ A256 AINL void r16_q4k_unit1_256(const r16_ptrs *p, const uint8_t *u, const uint
 /* Q4_K, one token (decode): all 16 rows of a packed group, both 8-row halves super-block by
  * super-block, so the group streams from memory once, each unit read by the second half while it
  * is still in L1 (half by half over the whole group, the second pass found it in L2 and asked
- * memory for nothing meanwhile). Per lane the sequence of r16_q4k_256. */
+ * memory for nothing meanwhile). Per lane the sequence of r16_sb_256. */
 A256 AINL void r16_q4k16_256(const r16_ptrs *p, int nb, const uint8_t *tile, int k0, float *out, int nr) {
     __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), accM0 = _mm256_setzero_ps(), accM1 = _mm256_setzero_ps();
     for (int i = 0; i < nb / 8; i++) {
@@ -547,50 +552,56 @@ A256 AINL void r16_gen16_256(const int t, const r16_ptrs *p, int nb, const uint8
     for (int q = 0; q < 2 && 8 * q < nr; q++) r16_store_256(t, nb, 1, aE[q], aO[q], mE[q], mO[q], out + 8 * q, 0, nr - 8 * q);
 }
 
-/* IQ4_NL and IQ4_XS, one token (decode): all 16 rows of a packed group, r16_gen16_256's float
- * sequence with fewer integer steps. The sign goes on the weights' side: |q| is the same for all
- * 16 rows, so a vector of products costs sign(w, q) and vpmaddubsw(|q|, +-w), where the sign trick
- * costs sign(w, w), sign(q, w) and the vpmaddubsw; and each of the token's dwords (and its |q|) is
- * broadcast once for both 8-row halves. Exact: |q| <= 127 and the table's |w| <= 127, so the pair
- * sums fit in int16 (Q8_0 keeps the sign trick: its w = -128 would not survive sign(w, q)). On Zen 4
- * running AVX2, 1.25x (IQ4_NL) and 1.13x (IQ4_XS) r16_gen16_256's speed. */
-A256 AINL void r16_iq4_16_256(const int t, const r16_ptrs *p, int nb, const uint8_t *tile, int k0, float *out, int nr) {
-    const __m256i ones = _mm256_set1_epi16(1), m0f = _mm256_set1_epi8(0x0F), tab = iq4_table_256(0);
+/* IQ4_NL and IQ4_XS, one token (decode): the products of 16 rows' dword g of half h (v: packed nibbles,
+ * both 8-row halves q) with the token (x: its dwords, a: their |q|), widened by vpmaddwd against m[q]
+ * (IQ4_NL: ones; IQ4_XS: the block scales) and added to the int32 chains S[q][h]. The sign goes on the
+ * weights' side: |q| is the same for all 16 rows, so a vector of products costs sign(w, q) and
+ * vpmaddubsw(|q|, +-w), where the sign trick costs sign(w, w), sign(q, w) and the vpmaddubsw; and each
+ * of the token's dwords (and its |q|) is broadcast once for both 8-row halves. Exact: |q| <= 127 and
+ * the table's |w| <= 127, so the pair sums fit in int16 (Q8_0 keeps the sign trick: its w = -128 would
+ * not survive sign(w, q)). */
+A256 AINL void r16_iq4_dword16_256(const r16_ptrs *p, const uint8_t *u, size_t j, int g, const uint8_t *qd,
+                                   const uint8_t *aq, const __m256i *m, const int first, __m256i (*S)[2]) {
+    const __m256i m0f = _mm256_set1_epi8(0x0F), tab = iq4_table_256(0);
+    const __m256i x0 = _mm256_set1_epi32((int)load_u32(qd + 4 * g)), x1 = _mm256_set1_epi32((int)load_u32(qd + 16 + 4 * g));
+    const __m256i a0 = _mm256_set1_epi32((int)load_u32(aq + 4 * g)), a1 = _mm256_set1_epi32((int)load_u32(aq + 16 + 4 * g));
+    for (int q = 0; q < 2; q++) {
+        const __m256i v = _mm256_loadu_si256((const __m256i *)(u + p->nib + 64 * (4 * j + (size_t)g) + 32 * q));
+        const __m256i w0 = _mm256_shuffle_epi8(tab, _mm256_and_si256(v, m0f));
+        const __m256i w1 = _mm256_shuffle_epi8(tab, _mm256_and_si256(_mm256_srli_epi16(v, 4), m0f));
+        const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(a0, _mm256_sign_epi8(w0, x0)), m[q]);
+        const __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(a1, _mm256_sign_epi8(w1, x1)), m[q]);
+        S[q][0] = first ? p0 : _mm256_add_epi32(S[q][0], p0);
+        S[q][1] = first ? p1 : _mm256_add_epi32(S[q][1], p1);
+        __asm__("" : "+x"(S[q][0]), "+x"(S[q][1]));   /* chains in registers, not trees of spilled products */
+    }
+}
+
+/* A token's |q| of one block (qd: its 32 bytes) into aq, read back by r16_iq4_dword16_256 as broadcasts. */
+A256 AINL void r16_iq4_abs_256(const uint8_t *qd, uint8_t *aq) {
+    _mm256_store_si256((__m256i *)aq, _mm256_abs_epi8(_mm256_loadu_si256((const __m256i *)qd)));
+    /* read |q| back from memory as broadcasts: GCC would otherwise extract its dwords from the register */
+    __asm__ volatile("" ::: "memory");
+}
+
+/* IQ4_NL, one token (decode): all 16 rows of a packed group, r16_gen16_256's float sequence with fewer
+ * integer steps (r16_iq4_dword16_256). On Zen 4 running AVX2, 1.25x r16_gen16_256's speed. */
+A256 AINL void r16_iq4nl16_256(const r16_ptrs *p, int nb, const uint8_t *tile, int k0, float *out, int nr) {
+    const __m256i ones[2] = {_mm256_set1_epi16(1), _mm256_set1_epi16(1)};
     __m256 aE[2][2], aO[2][2];   /* [rows 8q..][half h], by block parity */
     for (int q = 0; q < 2; q++) aE[q][0] = aE[q][1] = aO[q][0] = aO[q][1] = _mm256_setzero_ps();
     _Alignas(32) uint8_t aq[32];
     for (int b = 0; b < nb; b += 2)   /* in pairs: the sums of each parity known at compile time */
         for (int par = 0; par < 2 && b + par < nb; par++) {
-            const size_t bb = (size_t)(b + par), j = r16_j(p, bb);
+            const size_t bb = (size_t)(b + par);
             const uint8_t *u = r16_unit(p, bb), *tb = tile + bb * V16_TILE_BLOCK_BYTES, *qd = tb + 32 * k0;
             r16_prefetch_block(p, bb);
-            _mm256_store_si256((__m256i *)aq, _mm256_abs_epi8(_mm256_loadu_si256((const __m256i *)qd)));
-            /* read |q| back from memory as broadcasts: GCC would otherwise extract its dwords from the register */
-            __asm__ volatile("" ::: "memory");
+            r16_iq4_abs_256(qd, aq);
             __m256i S[2][2];   /* [q][h] */
-            for (int g = 0; g < 4; g++) {
-                const __m256i x0 = _mm256_set1_epi32((int)load_u32(qd + 4 * g)), x1 = _mm256_set1_epi32((int)load_u32(qd + 16 + 4 * g));
-                const __m256i a0 = _mm256_set1_epi32((int)load_u32(aq + 4 * g)), a1 = _mm256_set1_epi32((int)load_u32(aq + 16 + 4 * g));
-                for (int q = 0; q < 2; q++) {
-                    const __m256i v = _mm256_loadu_si256((const __m256i *)(u + p->nib + 64 * (4 * j + g) + 32 * q));
-                    const __m256i w0 = _mm256_shuffle_epi8(tab, _mm256_and_si256(v, m0f));
-                    const __m256i w1 = _mm256_shuffle_epi8(tab, _mm256_and_si256(_mm256_srli_epi16(v, 4), m0f));
-                    const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(a0, _mm256_sign_epi8(w0, x0)), ones);
-                    const __m256i p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(a1, _mm256_sign_epi8(w1, x1)), ones);
-                    S[q][0] = g ? _mm256_add_epi32(S[q][0], p0) : p0;
-                    S[q][1] = g ? _mm256_add_epi32(S[q][1], p1) : p1;
-                    __asm__("" : "+x"(S[q][0]), "+x"(S[q][1]));   /* chains in registers, not trees of spilled products */
-                }
-            }
+            for (int g = 0; g < 4; g++) r16_iq4_dword16_256(p, u, r16_j(p, bb), g, qd, aq, ones, g == 0, S);
             const __m256 d = _mm256_set1_ps(((const float *)(tb + 320))[k0]);
             for (int q = 0; q < 2; q++) {
-                __m256 wd;   /* as r16_block_legacy_256 and r16_block_iq4xs_256 */
-                if (t == RQ_IQ4_XS)
-                    wd = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(u + p->qsc + 16 * j + 8 * q)))),
-                                       _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(u + p->qd + 16 * q))));
-                else
-                    wd = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(u + p->d + 16 * q)));
-                const __m256 s = _mm256_mul_ps(wd, d);
+                const __m256 s = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(u + p->d + 16 * q))), d);
                 for (int h = 0; h < 2; h++) {
                     __m256 *a = par ? &aO[q][h] : &aE[q][h];
                     *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(S[q][h]), s, *a);
@@ -600,6 +611,34 @@ A256 AINL void r16_iq4_16_256(const int t, const r16_ptrs *p, int nb, const uint
     __m256 r[2];
     for (int q = 0; q < 2; q++) r[q] = _mm256_add_ps(_mm256_add_ps(aE[q][0], aO[q][0]), _mm256_add_ps(aE[q][1], aO[q][1]));
     r16_store16_256(r[0], r[1], out, nr);
+}
+
+/* IQ4_XS, one token (decode): all 16 rows of a packed group, unit by unit: r16_iq4_dword16_256's
+ * products widened against the block scales, so a unit's 8 blocks add up in int32 (the chains run
+ * over the whole unit), then its float sequence (iq4_xs.c) once per super-block. */
+A256 AINL void r16_iq4xs16_256(const r16_ptrs *p, int nb, const uint8_t *tile, int k0, float *out, int nr) {
+    __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+    _Alignas(32) uint8_t aq[32];
+    for (int i = 0; i < nb / 8; i++) {
+        const uint8_t *u = p->g + (size_t)i * p->ub;
+        __m256i S[2][2];   /* [q][h] */
+        for (int j = 0; j < 8; j++) {
+            const size_t bb = 8 * (size_t)i + j;
+            const uint8_t *qd = tile + bb * V16_TILE_BLOCK_BYTES + 32 * k0;
+            r16_prefetch_block(p, bb);
+            r16_iq4_abs_256(qd, aq);
+            __m256i sc[2];
+            for (int q = 0; q < 2; q++)
+                sc[q] = iq4xs_scale_pairs_256(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(u + p->qsc + 16 * j + 8 * q))));
+            for (int g = 0; g < 4; g++) r16_iq4_dword16_256(p, u, (size_t)j, g, qd, aq, sc, j == 0 && g == 0, S);
+        }
+        const __m256 D = _mm256_set1_ps(v16_tile_d(tile, 8 * (size_t)i)[k0]);   /* the token's D_k */
+        for (int q = 0; q < 2; q++) {
+            const __m256 dv = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(u + p->qd + 16 * q)));
+            acc[q] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(S[q][0], S[q][1])), _mm256_mul_ps(dv, D), acc[q]);
+        }
+    }
+    r16_store16_256(acc[0], acc[1], out, nr);
 }
 
 /* Q5_K, one token (decode): all 16 rows of a packed group, r16_gen16_256's float sequence, with
@@ -656,7 +695,8 @@ A256 AINL void r16_q5k16_256(const r16_ptrs *p, int nb, const uint8_t *tile, int
 A256 AINL void r16_one16_256(const int t, const r16_ptrs *p, int nb, const uint8_t *tile, int k0, float *out, int nr) {
     if (t == RQ_Q4_K) r16_q4k16_256(p, nb, tile, k0, out, nr);
     else if (t == RQ_Q6_K) r16_q6k16_256(p, nb, tile, k0, out, nr);
-    else if (t == RQ_IQ4_NL || t == RQ_IQ4_XS) r16_iq4_16_256(t, p, nb, tile, k0, out, nr);
+    else if (t == RQ_IQ4_NL) r16_iq4nl16_256(p, nb, tile, k0, out, nr);
+    else if (t == RQ_IQ4_XS) r16_iq4xs16_256(p, nb, tile, k0, out, nr);
     else if (t == RQ_Q5_K) r16_q5k16_256(p, nb, tile, k0, out, nr);
     else r16_gen16_256(t, p, nb, tile, k0, out, nr);
 }
@@ -664,8 +704,8 @@ A256 AINL void r16_one16_256(const int t, const r16_ptrs *p, int nb, const uint8
 /* Rows 8q.. of a packed group against T <= 2 tokens, every block read once (decode). */
 A256 AINL void r16_half_256(const int t, const r16_ptrs *p, int nb, const int T, const uint8_t *tile, int k0,
                             const int q, float *out, int ldo, int nr) {
-    if (t == RQ_Q4_K) {
-        r16_q4k_256(p, nb, T, tile, k0, q, out, ldo, nr);
+    if (type_sb_int(t)) {
+        r16_sb_256(t, p, nb, T, tile, k0, q, out, ldo, nr);
         return;
     }
     __m256 aE[2][2], aO[2][2], mE[2], mO[2];
@@ -731,16 +771,17 @@ A256 AINL void r16_pair_dword_256(const uint8_t *U, const uint8_t *x, const int 
 /* r16_pair_dword_256 for the signed types (type_s8: U holds signed values), four tokens at a time (so
  * a dword's weights are loaded and made absolute once for four): the sign trick's products, |U| times
  * the token's bytes with U's signs, whose pair sums reach 2 x 127 x 127 and so are widened to int32 at
- * once (vpmaddwd) and summed there, into S[token][half] (first: they start here). */
-A256 AINL void r16_quad_dword_s8_256(const uint8_t *U, const uint8_t *x, const int j, const int first, __m256i (*S)[2]) {
-    const __m256i ones = _mm256_set1_epi16(1);
+ * once (vpmaddwd against m[half]: ones, or IQ4_XS's block scales) and summed there, into
+ * S[token][half] (first: they start here). */
+A256 AINL void r16_quad_dword_s8_256(const uint8_t *U, const uint8_t *x, const int j, const int first, const __m256i *m,
+                                     __m256i (*S)[2]) {
     const __m256i W[2] = {_mm256_loadu_si256((const __m256i *)(U + 64 * j)),
                           _mm256_loadu_si256((const __m256i *)(U + 64 * j + 32))};
     const __m256i A[2] = {_mm256_sign_epi8(W[0], W[0]), _mm256_sign_epi8(W[1], W[1])};
     for (int kk = 0; kk < 4; kk++) {
         const __m256i xs = _mm256_set1_epi32((int)load_u32(x + 32 * kk + 4 * j));
         for (int q = 0; q < 2; q++) {
-            const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(A[q], _mm256_sign_epi8(xs, W[q])), ones);
+            const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(A[q], _mm256_sign_epi8(xs, W[q])), m[q]);
             S[kk][q] = first ? p : _mm256_add_epi32(S[kk][q], p);
         }
     }
@@ -797,15 +838,47 @@ A256 AINL void r16_tile16_q4k_256(const uint8_t *grp, int nb, const int T, const
     }
 }
 
+/* IQ4_XS (its float sequence: iq4_xs.c): the signed types' four-token steps (r16_quad_dword_s8_256),
+ * each pair sum widened against the block's scale, so the chains I run over a super-block's 8 blocks
+ * and the float step comes once per super-block (tokens in fours: a super-block's weights, 4 KB
+ * expanded, stay in L1 while the tile's fours pass). */
+A256 AINL void r16_tile16_iq4xs_256(const uint8_t *grp, int nb, const int T, const uint8_t *tile, float *out, int ldo,
+                                    int nr) {
+    const float *WD = (const float *)(grp + 512 * (size_t)nb);
+    __m256 acc[8][2];   /* [token][8-row half]; indexed by a run-time token: in memory */
+    const int T4 = (T + 3) & ~3;
+    for (int k = 0; k < T4; k++) acc[k][0] = acc[k][1] = _mm256_setzero_ps();
+    for (int i = 0; i < nb / 8; i++) {
+        const float *D = v16_tile_d(tile, 8 * (size_t)i);   /* the tokens' D_k */
+        for (int k = 0; k < T4; k += 4) {
+            __m256i I[4][2];   /* [token of the step][half] */
+            for (int b = 8 * i; b < 8 * i + 8; b++) {
+                const uint8_t *x = tile + (size_t)b * V16_TILE_BLOCK_BYTES + 32 * k, *U = grp + 512 * (size_t)b;
+                __asm__("" : "+r"(x));   /* one step of tokens at a time: GCC would otherwise unroll the steps */
+                __m256i sc[2];
+                for (int q = 0; q < 2; q++) sc[q] = iq4xs_scale_pairs_256(_mm256_cvttps_epi32(_mm256_loadu_ps(WD + 32 * (size_t)b + 8 * q)));
+                for (int j = 0; j < 8; j++) r16_quad_dword_s8_256(U, x, j, b == 8 * i && j == 0, sc, I);
+            }
+            for (int q = 0; q < 2; q++) {
+                const __m256 dv = _mm256_loadu_ps(WD + 32 * (size_t)(8 * i) + 16 + 8 * q);
+                for (int kk = 0; kk < 4; kk++)
+                    acc[k + kk][q] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I[kk][q]), _mm256_mul_ps(dv, _mm256_set1_ps(D[k + kk])),
+                                                     acc[k + kk][q]);
+            }
+        }
+    }
+    for (int k = 0; k < T; k++) r16_store16_256(acc[k][0], acc[k][1], out + (size_t)k * ldo, nr);
+}
+
 /* Q6_K, the legacy types of 4- and 5-bit values (Q4_0, Q4_1, Q5_0, Q5_1) and the signed types (Q8_0,
- * IQ4_NL, IQ4_XS): the legacy types' float sequence (per block parity and half: fma(float(P + NQ), WD * d_k,
+ * IQ4_NL): the legacy types' float sequence (per block parity and half: fma(float(P + NQ), WD * d_k,
  * acc); the mins by parity). A half's four vpmaddubsw sums add up whole in int16 for 4- and 5-bit
  * values (4 x 2 x 31 x 127 fits), in pairs for Q6_K (U <= 63), as r16_dot_256; the signed types' sums
  * are int32 from the start, four tokens a step (r16_quad_dword_s8_256). */
 A256 AINL void r16_tile16_halves_256(const int t, const uint8_t *grp, int nb, const int T, const uint8_t *tile,
                                      float *out, int ldo, int nr) {
     const int q6 = t == RQ_Q6_K, s8 = type_s8(t), offs = type_offset(t) != 0 && !s8, mins = type_has_min(t);
-    const __m256i ones = _mm256_set1_epi16(1);
+    const __m256i ones = _mm256_set1_epi16(1), ones2[2] = {ones, ones};
     const float *WD = (const float *)(grp + 512 * (size_t)nb), *M = WD + 32 * (size_t)nb;
     __m256 acc[8][2][2][2], accM[8][2][2];   /* [token][block parity][half h][8-row half q], [token][parity][q] */
     const int TS = s8 ? 4 : 2, T2 = (T + TS - 1) / TS * TS;   /* tokens a step (the tile has 8, zero past T) */
@@ -823,7 +896,7 @@ A256 AINL void r16_tile16_halves_256(const int t, const uint8_t *grp, int nb, co
             for (int h = 0; h < 2; h++) {
                 __m256i S[2][4][2];   /* [dword pair (Q6_K) or 0][token of the step][8-row half] */
                 for (int g = 0; g < 4; g++)
-                    if (s8) r16_quad_dword_s8_256(U, x, 4 * h + g, g == 0, S[0]);
+                    if (s8) r16_quad_dword_s8_256(U, x, 4 * h + g, g == 0, ones2, S[0]);
                     else r16_pair_dword_256(U, x, 4 * h + g, q6 ? !(g & 1) : g == 0, S[q6 ? g / 2 : 0]);
                 if (mins && h == 0)
                     for (int kk = 0; kk < TS; kk++)
@@ -862,6 +935,7 @@ A256 AINL void r16_tile16_halves_256(const int t, const uint8_t *grp, int nb, co
 A256 AINL void r16_tile16_256(const int t, const uint8_t *grp, int nb, int T, const uint8_t *tile, float *out, int ldo,
                               int nr) {
     if (t == RQ_Q4_K) r16_tile16_q4k_256(grp, nb, T, tile, out, ldo, nr);
+    else if (t == RQ_IQ4_XS) r16_tile16_iq4xs_256(grp, nb, T, tile, out, ldo, nr);
     else r16_tile16_halves_256(t, grp, nb, T, tile, out, ldo, nr);
 }
 

@@ -112,8 +112,9 @@ A512 static void v16_unpack(const int t, const uint8_t *W, size_t rb, int r0, in
     }
 }
 
-/* Q4_K: the exact sum P_b of a block's 32 products with one token (qd: its 32 bytes). */
-A512 AINL __m512i v16_dot_q4k(const __m512i *W, const uint8_t *qd) {
+/* The sum P_b of a block's 32 products of unsigned weights with one token (qd: its 32 bytes): exact for
+ * Q4_K; IQ4_XS's values + 128 still need the offset correction. */
+A512 AINL __m512i v16_dot_block(const __m512i *W, const uint8_t *qd) {
     __m512i P0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), W[0], _mm512_set1_epi32((int)load_u32(qd)));
     __m512i P1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), W[4], _mm512_set1_epi32((int)load_u32(qd + 16)));
     P0 = _mm512_dpbusd_epi32(P0, W[1], _mm512_set1_epi32((int)load_u32(qd + 4)));
@@ -125,14 +126,15 @@ A512 AINL __m512i v16_dot_q4k(const __m512i *W, const uint8_t *qd) {
     return _mm512_add_epi32(P0, P1);
 }
 
-/* Q4_K (its float sequence: q4_K.c): a group against a tile of T tokens, blocks in one pass and
- * the mins in a second (both in block order: each chain is the sequence's). The block is taken
+/* Q4_K and IQ4_XS (type_sb_int; their float sequences: q4_K.c, iq4_xs.c): a group against a tile of T
+ * tokens, blocks in one pass and Q4_K's mins in a second (both in block order: each chain is the sequence's). The block is taken
  * half by half (4 weight vectors live) with one vpdpbusd chain per token, so the block and super-
  * block sums of the tile's 8 tokens and the weights fit the 32 registers: the weights are read
  * once per tile (all 8 weight vectors live spilled them: 209 against 286 GMAC/s). */
-A512 AINL void v16_tile_q4k(const uint8_t *grp, int nb, const int T, const uint8_t *tile, float *out, int ldo, int nr) {
+A512 AINL void v16_tile_sb(const int t, const uint8_t *grp, int nb, const int T, const uint8_t *tile, float *out, int ldo, int nr) {
     const __m512i *U = (const __m512i *)grp;
     const float *WD = (const float *)(grp + 512 * (size_t)nb), *M = WD + 32 * (size_t)nb;
+    const int mins = type_has_min(t);
     __m512 acc[V16_TMAX];
     for (int k = 0; k < T; k++) acc[k] = _mm512_setzero_ps();
     for (int i = 0; i < nb / 8; i++) {
@@ -140,8 +142,9 @@ A512 AINL void v16_tile_q4k(const uint8_t *grp, int nb, const int T, const uint8
         for (int k = 0; k < T; k++) I[k] = _mm512_setzero_si512();
         for (int b = 8 * i; b < 8 * i + 8; b++) {
             const uint8_t *tb = tile + (size_t)b * V16_TILE_BLOCK_BYTES;
-            __m512i P[V16_TMAX];
-            for (int k = 0; k < T; k++) P[k] = _mm512_setzero_si512();
+            const int32_t *nq = (const int32_t *)(tb + 256);
+            __m512i P[V16_TMAX];   /* IQ4_XS's values + 128: starting from the offset correction */
+            for (int k = 0; k < T; k++) P[k] = mins ? _mm512_setzero_si512() : _mm512_set1_epi32(nq[k] + nq[8 + k]);
             for (int h = 0; h < 2; h++) {
                 __m512i W[4];
                 for (int j = 0; j < 4; j++) W[j] = _mm512_loadu_si512(U + 8 * (size_t)b + 4 * h + j);
@@ -159,7 +162,7 @@ A512 AINL void v16_tile_q4k(const uint8_t *grp, int nb, const int T, const uint8
     }
     __m512 accM[V16_TMAX];
     for (int k = 0; k < T; k++) accM[k] = _mm512_setzero_ps();
-    for (int b = 0; b < nb; b++) {
+    for (int b = 0; b < nb && mins; b++) {
         const float *ds = (const float *)(tile + (size_t)b * V16_TILE_BLOCK_BYTES + 352);
         const __m512 mv = _mm512_loadu_ps(M + 16 * (size_t)b);
         for (int k = 0; k < T; k++) accM[k] = _mm512_fmadd_ps(mv, _mm512_set1_ps(ds[k]), accM[k]);
@@ -217,8 +220,8 @@ A512 AINL void v16_pass_mins(const uint8_t *grp, int nb, const int T, const uint
  * T accumulators live (all 32 zmm registers would not hold a tile's 3 x 8 at once). */
 A512 AINL void v16_tile(const int t, const uint8_t *grp, int nb, const int T, const uint8_t *tile, float *out,
                          int ldo, int nr) {
-    if (t == RQ_Q4_K) {
-        v16_tile_q4k(grp, nb, T, tile, out, ldo, nr);
+    if (type_sb_int(t)) {
+        v16_tile_sb(t, grp, nb, T, tile, out, ldo, nr);
         return;
     }
     __m512 a[4][V16_TMAX], m[2][V16_TMAX];
