@@ -37,6 +37,9 @@ static inline int type_s8(int t) { return traits(t)->offset == 128; }
  * scale, before one float step (Q4_K, IQ4_XS: see their files' float sequences). They need the
  * token's activations with one scale per 256 values (rq_act_span 256, ggml's Q8_K). */
 static inline int type_sb_int(int t) { return t == RQ_Q4_K || t == RQ_IQ4_XS; }
+/* The signed types of 32-value blocks (Q8_0, IQ4_NL): their kernels join a block's two exact half
+ * sums in int32 and take one float step per block (legacy.c's slot sequence, the halves joined). */
+static inline int type_s8_block(int t) { return type_s8(t) && !type_sb_int(t); }
 
 /* ------------------------------------------------------------------------------------------ */
 /* f16 / bf16                                                                                  */

@@ -124,7 +124,7 @@ A256 AINL void iq4xs_slots_256(const uint8_t *row, int n, const tile *tv, float 
             I = _mm256_add_epi32(I, _mm256_mullo_epi32(P, _mm256_permutevar8x32_epi32(ls, _mm256_set1_epi32(j))));
         }
         const __m256 w = _mm256_mul_ps(_mm256_set1_ps(_cvtsh_ss(x->d)), _mm256_loadu_ps(tv->td4 + 8 * (8 * (size_t)i)));
-        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q4k_join_halves_256(I)), w, acc);
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(join_halves_256(I)), w, acc);
     }
     float r[8];
     _mm256_storeu_ps(r, acc);
@@ -157,7 +157,7 @@ A256 static void iq4xs_rows4_256(const uint8_t *const *rows, int n, const tile *
         }
         const float d0 = _cvtsh_ss(x[0]->d), d1 = _cvtsh_ss(x[1]->d), d2 = _cvtsh_ss(x[2]->d), d3 = _cvtsh_ss(x[3]->d);
         const __m256 w = _mm256_mul_ps(_mm256_setr_ps(d0, d1, d2, d3, d0, d1, d2, d3), _mm256_set1_ps(tv->td4[8 * (8 * (size_t)i)]));
-        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q4k_join_halves_256(I)), w, acc);
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(join_halves_256(I)), w, acc);
     }
     _mm_storeu_ps(res, _mm256_castps256_ps128(acc));
 }

@@ -153,9 +153,6 @@ A256 AINL void q4k_scales_256(const blk_q4_K *x, __m256 *sc, __m256 *dmn) {
  * that turns a lane's two int16 sums into sc_b * P_b. */
 A256 AINL __m256i k4_scale_pairs_256(__m256i sc) { return _mm256_or_si256(sc, _mm256_slli_epi32(sc, 16)); }
 
-/* Lanes holding exact half-block sums (lane l and l + 4: the two halves) -> the block sums, in both. */
-A256 AINL __m256i q4k_join_halves_256(__m256i P) { return _mm256_add_epi32(P, _mm256_permute2x128_si256(P, P, 0x01)); }
-
 /* One row against T <= 4 tokens: lane 4h + k holds token k (both h the same after joining halves). */
 A256 AINL void q4k_slots_256(const uint8_t *row, int n, const tile *tv, float *res, const int T) {
     const int nsb = n / QK_K;
@@ -173,7 +170,7 @@ A256 AINL void q4k_slots_256(const uint8_t *row, int n, const tile *tv, float *r
                 const int j = 2 * c + e;
                 const size_t b = 8 * (size_t)i + j;
                 const __m256i U = _mm256_and_si256(e ? _mm256_srli_epi16(xq, 4) : xq, m0f);
-                const __m256i P = q4k_join_halves_256(slot_pack_tok(U, tv, b, T, 0));
+                const __m256i P = join_halves_256(slot_pack_tok(U, tv, b, T, 0));
                 const __m256i jj = _mm256_set1_epi32(j);
                 I = _mm256_add_epi32(I, _mm256_mullo_epi32(P, _mm256_permutevar8x32_epi32(isc, jj)));
                 accM = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(dmn, jj), _mm256_broadcast_ps((const __m128 *)(tv->ds4 + 4 * b)), accM);
@@ -214,7 +211,7 @@ A256 static void q4k_rows4_256(const uint8_t *const *rows, int n, const tile *tv
                 const size_t b = 8 * (size_t)i + j;
                 __m256i U[4];
                 for (int r = 0; r < 4; r++) U[r] = _mm256_and_si256(e ? _mm256_srli_epi16(xq[r], 4) : xq[r], m0f);
-                const __m256i P = q4k_join_halves_256(rows4_pack(U, _mm256_loadu_si256((const __m256i *)(tv->qs + 32 * b)), 0));
+                const __m256i P = join_halves_256(rows4_pack(U, _mm256_loadu_si256((const __m256i *)(tv->qs + 32 * b)), 0));
                 I = _mm256_add_epi32(I, _mm256_mullo_epi32(P, _mm256_cvttps_epi32(rows4_pair(SC, j, j))));
                 accM = _mm256_fmadd_ps(rows4_pair(MN, j, j), _mm256_set1_ps(tv->ds4[4 * b]), accM);
             }

@@ -137,6 +137,15 @@ A512 AINL void r16_block_acc(const int t, const r16_ptrs *p, size_t b, const int
     __m512i W[8];
     __m512 wd0, wd1, mn;
     r16_block(t, p, b, W, &wd0, &wd1, &mn);
+    if (type_s8_block(t)) {   /* both halves' sums joined in int32, one float step (v16_pass) */
+        for (int k = 0; k < T; k++) {
+            const uint8_t *qd = tb + 32 * (k0 + k);
+            __m512i P = _mm512_set1_epi32(nq[k0 + k] + nq[8 + k0 + k]);
+            for (int j = 0; j < 8; j++) P = _mm512_dpbusd_epi32(P, W[j], _mm512_set1_epi32((int)load_u32(qd + 4 * j)));
+            acc[k][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(P), _mm512_mul_ps(wd0, _mm512_set1_ps(d[k0 + k])), acc[k][0]);
+        }
+        return;
+    }
     for (int h = 0; h < 2; h++)
         for (int k = 0; k < T; k++) {
             const uint8_t *qd = tb + 32 * (k0 + k) + 16 * h;
@@ -224,7 +233,8 @@ A512 AINL void r16_tile(const int t, const r16_ptrs *p, int nb, const int T, con
     }
     const __mmask16 keep = nr >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << nr) - 1);
     for (int k = 0; k < T; k++) {
-        __m512 r = _mm512_add_ps(_mm512_add_ps(aE[k][0], aO[k][0]), _mm512_add_ps(aE[k][1], aO[k][1]));
+        __m512 r = type_s8_block(t) ? _mm512_add_ps(aE[k][0], aO[k][0])
+                                    : _mm512_add_ps(_mm512_add_ps(aE[k][0], aO[k][0]), _mm512_add_ps(aE[k][1], aO[k][1]));
         if (type_has_min(t)) {
             __m512 mo = mO[k];
             if (nb & 1) mo = _mm512_add_ps(mo, _mm512_setzero_ps());   /* the slot kernels' padded fma(0, 0, .) */
@@ -342,6 +352,14 @@ A256 AINL void r16_acc_256(const int t, const __m256i *W, __m256 wd0, __m256 wd1
     const int offs = type_offset(t) != 0 && !type_s8(t), mins = type_has_min(t);
     const int32_t *nq = (const int32_t *)(tb + 256);
     const float *d = (const float *)(tb + 320), *ds = (const float *)(tb + 352);
+    if (type_s8_block(t)) {   /* both halves' offset-free sums joined in int32, one float step */
+        for (int k = 0; k < T; k++) {
+            const uint8_t *qd = tb + 32 * (k0 + k);
+            const __m256i P = _mm256_add_epi32(r16_dot_256(t, W, qd), r16_dot_256(t, W + 4, qd + 16));
+            acc[k][0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(P), _mm256_mul_ps(wd0, _mm256_set1_ps(d[k0 + k])), acc[k][0]);
+        }
+        return;
+    }
     for (int h = 0; h < 2; h++)
         for (int k = 0; k < T; k++) {
             __m256i P = r16_dot_256(t, W + 4 * h, tb + 32 * (k0 + k) + 16 * h);
@@ -357,7 +375,8 @@ A256 AINL void r16_store_256(const int t, int nb, const int T, __m256 (*aE)[2], 
                              __m256 *mO, float *out, int ldo, int nr) {
     _Alignas(32) float tmp[8];
     for (int k = 0; k < T; k++) {
-        __m256 r = _mm256_add_ps(_mm256_add_ps(aE[k][0], aO[k][0]), _mm256_add_ps(aE[k][1], aO[k][1]));
+        __m256 r = type_s8_block(t) ? _mm256_add_ps(aE[k][0], aO[k][0])
+                                    : _mm256_add_ps(_mm256_add_ps(aE[k][0], aO[k][0]), _mm256_add_ps(aE[k][1], aO[k][1]));
         if (type_has_min(t)) {
             __m256 mo = mO[k];
             if (nb & 1) mo = _mm256_add_ps(mo, _mm256_setzero_ps());   /* the slot kernels' padded fma(0, 0, .) */
@@ -584,12 +603,12 @@ A256 AINL void r16_iq4_abs_256(const uint8_t *qd, uint8_t *aq) {
     __asm__ volatile("" ::: "memory");
 }
 
-/* IQ4_NL, one token (decode): all 16 rows of a packed group, r16_gen16_256's float sequence with fewer
- * integer steps (r16_iq4_dword16_256). On Zen 4 running AVX2, 1.25x r16_gen16_256's speed. */
+/* IQ4_NL, one token (decode): all 16 rows of a packed group, r16_gen16_256's float sequence (one float
+ * step a block: type_s8_block) with fewer integer steps (r16_iq4_dword16_256). On Zen 4 running AVX2, 1.25x r16_gen16_256's speed. */
 A256 AINL void r16_iq4nl16_256(const r16_ptrs *p, int nb, const uint8_t *tile, int k0, float *out, int nr) {
     const __m256i ones[2] = {_mm256_set1_epi16(1), _mm256_set1_epi16(1)};
-    __m256 aE[2][2], aO[2][2];   /* [rows 8q..][half h], by block parity */
-    for (int q = 0; q < 2; q++) aE[q][0] = aE[q][1] = aO[q][0] = aO[q][1] = _mm256_setzero_ps();
+    __m256 aE[2], aO[2];   /* [rows 8q..], by block parity */
+    for (int q = 0; q < 2; q++) aE[q] = aO[q] = _mm256_setzero_ps();
     _Alignas(32) uint8_t aq[32];
     for (int b = 0; b < nb; b += 2)   /* in pairs: the sums of each parity known at compile time */
         for (int par = 0; par < 2 && b + par < nb; par++) {
@@ -600,17 +619,13 @@ A256 AINL void r16_iq4nl16_256(const r16_ptrs *p, int nb, const uint8_t *tile, i
             __m256i S[2][2];   /* [q][h] */
             for (int g = 0; g < 4; g++) r16_iq4_dword16_256(p, u, r16_j(p, bb), g, qd, aq, ones, g == 0, S);
             const __m256 d = _mm256_set1_ps(((const float *)(tb + 320))[k0]);
-            for (int q = 0; q < 2; q++) {
+            for (int q = 0; q < 2; q++) {   /* the halves joined: the block's one float step */
                 const __m256 s = _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(u + p->d + 16 * q))), d);
-                for (int h = 0; h < 2; h++) {
-                    __m256 *a = par ? &aO[q][h] : &aE[q][h];
-                    *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(S[q][h]), s, *a);
-                }
+                __m256 *a = par ? &aO[q] : &aE[q];
+                *a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(S[q][0], S[q][1])), s, *a);
             }
         }
-    __m256 r[2];
-    for (int q = 0; q < 2; q++) r[q] = _mm256_add_ps(_mm256_add_ps(aE[q][0], aO[q][0]), _mm256_add_ps(aE[q][1], aO[q][1]));
-    r16_store16_256(r[0], r[1], out, nr);
+    r16_store16_256(_mm256_add_ps(aE[0], aO[0]), _mm256_add_ps(aE[1], aO[1]), out, nr);
 }
 
 /* IQ4_XS, one token (decode): all 16 rows of a packed group, unit by unit: r16_iq4_dword16_256's
@@ -874,10 +889,12 @@ A256 AINL void r16_tile16_iq4xs_256(const uint8_t *grp, int nb, const int T, con
  * IQ4_NL): the legacy types' float sequence (per block parity and half: fma(float(P + NQ), WD * d_k,
  * acc); the mins by parity). A half's four vpmaddubsw sums add up whole in int16 for 4- and 5-bit
  * values (4 x 2 x 31 x 127 fits), in pairs for Q6_K (U <= 63), as r16_dot_256; the signed types' sums
- * are int32 from the start, four tokens a step (r16_quad_dword_s8_256). */
+ * are int32 from the start, four tokens a step (r16_quad_dword_s8_256), the block's 8 dwords in one
+ * chain and one float step a block (type_s8_block: 1.13-1.26x the step per half; Zen 3, 1 thread,
+ * 768 x 2048, 16-256 tokens). */
 A256 AINL void r16_tile16_halves_256(const int t, const uint8_t *grp, int nb, const int T, const uint8_t *tile,
                                      float *out, int ldo, int nr) {
-    const int q6 = t == RQ_Q6_K, s8 = type_s8(t), offs = type_offset(t) != 0 && !s8, mins = type_has_min(t);
+    const int q6 = t == RQ_Q6_K, s8 = type_s8_block(t), offs = type_offset(t) != 0 && !s8, mins = type_has_min(t);
     const __m256i ones = _mm256_set1_epi16(1), ones2[2] = {ones, ones};
     const float *WD = (const float *)(grp + 512 * (size_t)nb), *M = WD + 32 * (size_t)nb;
     __m256 acc[8][2][2][2], accM[8][2][2];   /* [token][block parity][half h][8-row half q], [token][parity][q] */
@@ -893,11 +910,21 @@ A256 AINL void r16_tile16_halves_256(const int t, const uint8_t *grp, int nb, co
         for (int k = 0; k < T2; k += TS) {
             const uint8_t *x = tb + 32 * k;
             __asm__("" : "+r"(x));   /* one step of tokens at a time: GCC would otherwise unroll the steps */
+            if (s8) {   /* the block's 8 dwords in one int32 chain per token, one float step */
+                __m256i S[4][2];
+                for (int j = 0; j < 8; j++) r16_quad_dword_s8_256(U, x, j, j == 0, ones2, S);
+                for (int kk = 0; kk < 4; kk++) {
+                    const __m256 dk = _mm256_set1_ps(d[k + kk]);
+                    for (int q = 0; q < 2; q++) {
+                        const __m256 s = _mm256_mul_ps(_mm256_loadu_ps(WD + 32 * (size_t)b + 8 * q), dk);
+                        acc[k + kk][par][0][q] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(S[kk][q]), s, acc[k + kk][par][0][q]);
+                    }
+                }
+                continue;
+            }
             for (int h = 0; h < 2; h++) {
                 __m256i S[2][4][2];   /* [dword pair (Q6_K) or 0][token of the step][8-row half] */
-                for (int g = 0; g < 4; g++)
-                    if (s8) r16_quad_dword_s8_256(U, x, 4 * h + g, g == 0, ones2, S[0]);
-                    else r16_pair_dword_256(U, x, 4 * h + g, q6 ? !(g & 1) : g == 0, S[q6 ? g / 2 : 0]);
+                for (int g = 0; g < 4; g++) r16_pair_dword_256(U, x, 4 * h + g, q6 ? !(g & 1) : g == 0, S[q6 ? g / 2 : 0]);
                 if (mins && h == 0)
                     for (int kk = 0; kk < TS; kk++)
                         for (int q = 0; q < 2; q++)
@@ -906,7 +933,7 @@ A256 AINL void r16_tile16_halves_256(const int t, const uint8_t *grp, int nb, co
                 for (int kk = 0; kk < TS; kk++) {
                     const __m256 dk = _mm256_set1_ps(d[k + kk]);
                     for (int q = 0; q < 2; q++) {
-                        __m256i P = s8 ? S[0][kk][q] : _mm256_madd_epi16(S[0][kk][q], ones);
+                        __m256i P = _mm256_madd_epi16(S[0][kk][q], ones);
                         if (q6) P = _mm256_add_epi32(P, _mm256_madd_epi16(S[1][kk][q], ones));
                         if (offs) P = _mm256_add_epi32(P, _mm256_set1_epi32(nq[8 * h + k + kk]));
                         /* Q6_K has a scale per half, the legacy types one per block */
@@ -920,7 +947,8 @@ A256 AINL void r16_tile16_halves_256(const int t, const uint8_t *grp, int nb, co
     for (int k = 0; k < T; k++) {
         __m256 r[2];
         for (int q = 0; q < 2; q++) {
-            r[q] = _mm256_add_ps(_mm256_add_ps(acc[k][0][0][q], acc[k][1][0][q]), _mm256_add_ps(acc[k][0][1][q], acc[k][1][1][q]));
+            r[q] = s8 ? _mm256_add_ps(acc[k][0][0][q], acc[k][1][0][q])
+                      : _mm256_add_ps(_mm256_add_ps(acc[k][0][0][q], acc[k][1][0][q]), _mm256_add_ps(acc[k][0][1][q], acc[k][1][1][q]));
             if (mins) {
                 __m256 mo = accM[k][1][q];
                 if (nb & 1) mo = _mm256_add_ps(mo, _mm256_setzero_ps());   /* the slot kernels' padded fma(0, 0, .) */

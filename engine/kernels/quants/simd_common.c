@@ -59,6 +59,9 @@ A256 AINL __m256 pair4_256(__m256 lo, __m256 hi, int g) {
 /* --- K types in the slot scheme: 32-element blocks, 4 token slots of one row; slots past the
  * tile's T are dead (zero) and skipped, so T = 1 costs one slot (same lanes, same results). */
 
+/* Lanes holding exact half-block sums (lane l and l + 4: the two halves) -> the block sums, in both. */
+A256 AINL __m256i join_halves_256(__m256i P) { return _mm256_add_epi32(P, _mm256_permute2x128_si256(P, P, 0x01)); }
+
 /* The exact sums of each dword's 4 products of 32 weights with 32 activations q: U unsigned
  * (vpmaddubsw: U <= 127, so the pairs fit in int16), or signed (s8: type_s8's sign trick). */
 A256 AINL __m256i dot_dwords_256(__m256i U, __m256i q, const int s8) {

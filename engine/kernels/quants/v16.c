@@ -171,10 +171,11 @@ A512 AINL void v16_tile_sb(const int t, const uint8_t *grp, int nb, const int T,
     for (int k = 0; k < T; k++) _mm512_mask_storeu_ps(out + (size_t)k * ldo, keep, _mm512_add_ps(acc[k], accM[k]));
 }
 
-/* Blocks par, par + 2, ... of a group against the T tokens of a tile: acc[k][h] per half. */
+/* Blocks par, par + 2, ... of a group against the T tokens of a tile: acc[k][h] per half (the signed
+ * types, type_s8_block: per block, in acc[k][0]). */
 A512 AINL void v16_pass(const int t, const uint8_t *grp, int nb, const int T, const uint8_t *tile, const int par,
                          __m512 (*acc)[2]) {
-    const int offs = type_offset(t) != 0, q6 = (t == RQ_Q6_K);
+    const int offs = type_offset(t) != 0, q6 = (t == RQ_Q6_K), s8b = type_s8_block(t);
     const __m512i *U = (const __m512i *)grp;
     const float *WD = (const float *)(grp + 512 * (size_t)nb);
     for (int b = par; b < nb; b += 2) {
@@ -186,6 +187,15 @@ A512 AINL void v16_pass(const int t, const uint8_t *grp, int nb, const int T, co
         __m512 sc[V16_TMAX];
         if (!q6)
             for (int k = 0; k < T; k++) sc[k] = _mm512_mul_ps(wd0, _mm512_set1_ps(d[k]));
+        if (s8b) {   /* both halves' sums joined in int32, one float step */
+            for (int k = 0; k < T; k++) {
+                __m512i P = _mm512_set1_epi32(nq[k] + nq[8 + k]);
+                for (int j = 0; j < 8; j++)
+                    P = _mm512_dpbusd_epi32(P, _mm512_loadu_si512(U + 8 * (size_t)b + j), _mm512_set1_epi32((int)load_u32(tb + 32 * k + 4 * j)));
+                acc[k][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(P), sc[k], acc[k][0]);
+            }
+            continue;
+        }
         for (int h = 0; h < 2; h++) {
             const __m512i W0 = _mm512_loadu_si512(U + 8 * (size_t)b + 4 * h);
             const __m512i W1 = _mm512_loadu_si512(U + 8 * (size_t)b + 4 * h + 1);
@@ -240,7 +250,8 @@ A512 AINL void v16_tile(const int t, const uint8_t *grp, int nb, const int T, co
         }
     const __mmask16 keep = nr >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << nr) - 1);
     for (int k = 0; k < T; k++) {
-        __m512 r = _mm512_add_ps(_mm512_add_ps(a[0][k], a[1][k]), _mm512_add_ps(a[2][k], a[3][k]));
+        __m512 r = type_s8_block(t) ? _mm512_add_ps(a[0][k], a[1][k])
+                                    : _mm512_add_ps(_mm512_add_ps(a[0][k], a[1][k]), _mm512_add_ps(a[2][k], a[3][k]));
         if (type_has_min(t)) {
             __m512 mo = m[1][k];
             if (nb & 1) mo = _mm512_add_ps(mo, _mm512_setzero_ps());   /* the slot kernels' padded fma(0, 0, .) */
