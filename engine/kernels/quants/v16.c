@@ -188,10 +188,11 @@ A512 AINL void v16_pass(const int t, const uint8_t *grp, int nb, const int T, co
         if (!q6)
             for (int k = 0; k < T; k++) sc[k] = _mm512_mul_ps(wd0, _mm512_set1_ps(d[k]));
         if (s8b) {   /* both halves' sums joined in int32, one float step */
+            __m512i W[8];   /* in registers for the tile's tokens (acc's stores could alias U for the compiler) */
+            for (int j = 0; j < 8; j++) W[j] = _mm512_loadu_si512(U + 8 * (size_t)b + j);
             for (int k = 0; k < T; k++) {
                 __m512i P = _mm512_set1_epi32(nq[k] + nq[8 + k]);
-                for (int j = 0; j < 8; j++)
-                    P = _mm512_dpbusd_epi32(P, _mm512_loadu_si512(U + 8 * (size_t)b + j), _mm512_set1_epi32((int)load_u32(tb + 32 * k + 4 * j)));
+                for (int j = 0; j < 8; j++) P = _mm512_dpbusd_epi32(P, W[j], _mm512_set1_epi32((int)load_u32(tb + 32 * k + 4 * j)));
                 acc[k][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(P), sc[k], acc[k][0]);
             }
             continue;
