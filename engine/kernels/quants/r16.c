@@ -604,7 +604,8 @@ A256 AINL void r16_iq4_abs_256(const uint8_t *qd, uint8_t *aq) {
 }
 
 /* IQ4_NL, one token (decode): all 16 rows of a packed group, r16_gen16_256's float sequence (one float
- * step a block: type_s8_block) with fewer integer steps (r16_iq4_dword16_256). On Zen 4 running AVX2, 1.25x r16_gen16_256's speed. */
+ * step a block: type_s8_block) with fewer integer steps (r16_iq4_dword16_256). On Zen 4 running AVX2,
+ * 1.25x r16_gen16_256's speed. */
 A256 AINL void r16_iq4nl16_256(const r16_ptrs *p, int nb, const uint8_t *tile, int k0, float *out, int nr) {
     const __m256i ones[2] = {_mm256_set1_epi16(1), _mm256_set1_epi16(1)};
     __m256 aE[2], aO[2];   /* [rows 8q..], by block parity */

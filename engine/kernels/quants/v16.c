@@ -18,10 +18,12 @@
  * not over tokens. A group of 16 rows is unpacked and interleaved (per block b, half h and
  * 4-element group g, one dword per row), so one vpdpbusd multiplies 16 rows' 4 weights by one
  * token's 4 activations (a broadcast dword), with no shuffles and no int16 stage. The float
- * sequence of every (row, token) lane is pf8_pass's exactly (Q4_K: its own, q4_K.c):
+ * sequence of every (row, token) lane is pf8_pass's exactly:
  *     acc_(b&1),h = fma(float(P_b,h + NQ_b,h), WD_b,h * d_b, acc_(b&1),h)
  *     accM_(b&1)  = fma(M_b, d_b * S_b, accM_(b&1))
  *     result = ((acc_0,0 + acc_1,0) + (acc_0,1 + acc_1,1)) + (accM_0 + accM_1)
+ * (the signed types, type_s8_block: acc_(b&1) = fma(float(P_b,0 + NQ_b,0 + P_b,1 + NQ_b,1), WD_b * d_b,
+ * acc_(b&1)), result acc_0 + acc_1; Q4_K and IQ4_XS: their own, q4_K.c and iq4_xs.c),
  * so this path gives bit for bit the AVX2 path's results (which decode keeps using), in any
  * tile, thread count or mode.
  *
