@@ -637,7 +637,7 @@ A256 AINL void r16_iq4xs16_256(const r16_ptrs *p, int nb, const uint8_t *tile, i
     _Alignas(32) uint8_t aq[32];
     for (int i = 0; i < nb / 8; i++) {
         const uint8_t *u = p->g + (size_t)i * p->ub;
-        __m256i S[2][2];   /* [q][h] */
+        __m256i S[2][2] = {{_mm256_setzero_si256(), _mm256_setzero_si256()}, {_mm256_setzero_si256(), _mm256_setzero_si256()}};
         for (int j = 0; j < 8; j++) {
             const size_t bb = 8 * (size_t)i + j;
             const uint8_t *qd = tile + bb * V16_TILE_BLOCK_BYTES + 32 * k0;
@@ -646,7 +646,7 @@ A256 AINL void r16_iq4xs16_256(const r16_ptrs *p, int nb, const uint8_t *tile, i
             __m256i sc[2];
             for (int q = 0; q < 2; q++)
                 sc[q] = iq4xs_scale_pairs_256(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(u + p->qsc + 16 * j + 8 * q))));
-            for (int g = 0; g < 4; g++) r16_iq4_dword16_256(p, u, (size_t)j, g, qd, aq, sc, j == 0 && g == 0, S);
+            for (int g = 0; g < 4; g++) r16_iq4_dword16_256(p, u, (size_t)j, g, qd, aq, sc, 0, S);
         }
         const __m256 D = _mm256_set1_ps(v16_tile_d(tile, 8 * (size_t)i)[k0]);   /* the token's D_k */
         for (int q = 0; q < 2; q++) {
@@ -868,12 +868,13 @@ A256 AINL void r16_tile16_iq4xs_256(const uint8_t *grp, int nb, const int T, con
         const float *D = v16_tile_d(tile, 8 * (size_t)i);   /* the tokens' D_k */
         for (int k = 0; k < T4; k += 4) {
             __m256i I[4][2];   /* [token of the step][half] */
+            for (int kk = 0; kk < 4; kk++) I[kk][0] = I[kk][1] = _mm256_setzero_si256();
             for (int b = 8 * i; b < 8 * i + 8; b++) {
                 const uint8_t *x = tile + (size_t)b * V16_TILE_BLOCK_BYTES + 32 * k, *U = grp + 512 * (size_t)b;
                 __asm__("" : "+r"(x));   /* one step of tokens at a time: GCC would otherwise unroll the steps */
                 __m256i sc[2];
                 for (int q = 0; q < 2; q++) sc[q] = iq4xs_scale_pairs_256(_mm256_cvttps_epi32(_mm256_loadu_ps(WD + 32 * (size_t)b + 8 * q)));
-                for (int j = 0; j < 8; j++) r16_quad_dword_s8_256(U, x, j, b == 8 * i && j == 0, sc, I);
+                for (int j = 0; j < 8; j++) r16_quad_dword_s8_256(U, x, j, 0, sc, I);
             }
             for (int q = 0; q < 2; q++) {
                 const __m256 dv = _mm256_loadu_ps(WD + 32 * (size_t)(8 * i) + 16 + 8 * q);
