@@ -868,7 +868,7 @@ A256 AINL void r16_tile16_iq4xs_256(const uint8_t *grp, int nb, const int T, con
         const float *D = v16_tile_d(tile, 8 * (size_t)i);   /* the tokens' D_k */
         for (int k = 0; k < T4; k += 4) {
             __m256i I[4][2];   /* [token of the step][half] */
-            /* zero-started: a run-time "first product" flag here made GCC version the loop and spill (1.35-1.58x) */
+            /* zero-started: a run-time "first product" flag here made GCC version the loop and spill (1.08-1.23x) */
             for (int kk = 0; kk < 4; kk++) I[kk][0] = I[kk][1] = _mm256_setzero_si256();
             for (int b = 8 * i; b < 8 * i + 8; b++) {
                 const uint8_t *x = tile + (size_t)b * V16_TILE_BLOCK_BYTES + 32 * k, *U = grp + 512 * (size_t)b;
