@@ -14,9 +14,14 @@ So at load the engine times one-token matmuls of the model's own repacked matric
 type under each candidate (in rounds, after a warm-up that pages them in), with the worker's
 threads, and keeps the fastest for that type: what suits the Q6_K output matrix need not suit the
 Q4_K or IQ4_XS layers. A type's timing runs over its largest matrices until they add up to
-STREAM_BYTES, more than a CPU's last-level cache holds, so that they stream from memory as a decode
-pass does (one 7 MB layer matrix would be timed from the cache). Results are the same bit for bit
-whichever it is; only the speed differs.
+stream_bytes(): 1.5x this CPU's last-level cache (its size read from sysfs), at least 96 MB, so that
+they stream from memory as a decode pass does (one 7 MB layer matrix would be timed from the cache).
+A type with fewer bytes than that is swept together with other types' matrices, read untimed, so
+that its own are evicted between sweeps as in a pass. (A fixed 96 MB sweep ran from the cache on a
+Xeon whose last-level cache is 480 MB, at 37-40 GB/s against 16 streaming; there the prefetch into L1
+often won, which streams Q4_K at 11.6-12.5 GB/s against 15.5-16.2 for the prefetches into L2, and a
+1.5B model decoded at 9.8 tok/s in runs where the peers' decode had not moved.) Results are the same
+bit for bit whichever it is; only the speed differs.
 
 RQLLM_DECODE_KERNELS ("r16", "r16-256", "gguf") and RQLLM_DECODE_PREFETCH ("off", "<bytes>" into
 L1, "<bytes>:l2") each fix their half of the choice; the other half is still measured.
@@ -25,13 +30,17 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
 ENV = "RQLLM_DECODE_PREFETCH"
 ENV_KERNELS = "RQLLM_DECODE_KERNELS"
 ROUNDS = 5  # with 3, the choice between close candidates flipped from load to load on a busy host
-STREAM_BYTES = 96 << 20  # per type timed: past the last-level cache of the CPUs we know (32 MB on Zen 4)
+KEEP_WITHIN = 1.25  # after the first round, only candidates this close to its best are timed on
+MIN_STREAM_BYTES = 96 << 20  # per type timed, at least: past the last-level cache of most CPUs (32 MB on Zen 4)
+LLC_MARGIN = 1.5  # a sweep of 1.5x the last-level cache: its matrices leave it between sweeps
+SYSFS_CPU = Path("/sys/devices/system/cpu")
 KERNELS = ("r16", "r16-256", "gguf")  # _kernels.DECODE_MODES
 EVERY_TYPE = -1
 
@@ -139,15 +148,48 @@ def _type_name(t: int) -> str:
     return GGMLQuantizationType(t).name
 
 
-def streamed(matrices: list[Matrix]) -> list[Matrix]:
-    """The largest of a type's matrices, until they add up to STREAM_BYTES (or all of them)."""
-    chosen, total = [], 0
+def last_level_cache_bytes(sysfs_cpu: Path = SYSFS_CPU) -> int:
+    """The largest data or unified cache of cpu0 in sysfs (its last level), in bytes; 0 if unknown."""
+    largest = 0
+    for index in sorted((sysfs_cpu / "cpu0" / "cache").glob("index*")):
+        try:
+            kind = (index / "type").read_text().strip()
+            size = (index / "size").read_text().strip().upper()
+        except OSError:
+            continue
+        units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+        number, unit = (size[:-1], units[size[-1]]) if size[-1:] in units else (size, 1)
+        if kind != "Instruction" and number.isdigit():
+            largest = max(largest, int(number) * unit)
+    return largest
+
+
+def stream_bytes(llc: int | None = None) -> int:
+    """How many bytes a type's timing sweeps: past the last-level cache, so that they come from memory."""
+    llc = last_level_cache_bytes() if llc is None else llc
+    return max(MIN_STREAM_BYTES, int(LLC_MARGIN * llc))
+
+
+def streamed(matrices: list[Matrix], others: list[tuple[int, Matrix]] = (),
+             limit: int | None = None) -> tuple[list[Matrix], list[tuple[int, Matrix]]]:
+    """(timed, filler): the largest of a type's matrices until they add up to `limit` (stream_bytes()),
+    or all of them; when those fall short, other types' (type, matrix) pairs, largest first, to sweep
+    with them untimed, up to the limit or all of them."""
+    limit = stream_bytes() if limit is None else limit
+    timed: list[Matrix] = []
+    filler: list[tuple[int, Matrix]] = []
+    total = 0
     for m in sorted(matrices, key=lambda m: -m[1].nbytes):
-        if total >= STREAM_BYTES:
+        if total >= limit:
             break
-        chosen.append(m)
+        timed.append(m)
         total += m[1].nbytes
-    return chosen
+    for u, m in sorted(others, key=lambda um: -um[1][1].nbytes):
+        if total >= limit:
+            break
+        filler.append((u, m))
+        total += m[1].nbytes
+    return timed, filler
 
 
 def choose(by_type: dict[int, list[Matrix]], threads: int, environ=None) -> DecodeChoice:
@@ -162,43 +204,53 @@ def choose(by_type: dict[int, list[Matrix]], threads: int, environ=None) -> Deco
     elif len(cands) == 1:
         choice = DecodeChoice({EVERY_TYPE: cands[0]}, ", ".join(forced))
     else:
-        chosen, rates = {}, []
+        chosen, rates, limit = {}, [], stream_bytes()
         for t, matrices in sorted(by_type.items(), key=lambda kv: -sum(m[1].nbytes for m in kv[1])):
-            timed = streamed(matrices)
+            others = [(u, m) for u, ms in by_type.items() if u != t for m in ms]
+            timed, filler = streamed(matrices, others, limit)
             nbytes = sum(m[1].nbytes for m in timed)
-            best = _time_candidates(cands, t, timed, threads)
+            best = _time_candidates(cands, t, timed, threads, filler)
             chosen[t] = min(cands, key=lambda c: best[c])
             cells = " ".join(f"{c.short()} {nbytes / best[c] / 1e9:.1f}" for c in cands)
             rates.append(f"{_type_name(t)} {nbytes / 1e6:.0f} MB: {cells}")
         by = f"; {', '.join(forced)} set" if forced else ""
-        choice = DecodeChoice(chosen, f"measured per type on up to {STREAM_BYTES >> 20} MB of its matrices, "
-                                      f"{threads} threads, GB/s {'; '.join(rates)}{by}")
+        choice = DecodeChoice(chosen, f"measured per type on up to {limit >> 20} MB of its matrices "
+                                      f"(and others', read untimed), {threads} threads, GB/s {'; '.join(rates)}{by}")
     for t, decode in choice.by_type.items():
         decode.apply(t)
     return choice
 
 
-def _time_candidates(cands: list[Decode], t: int, matrices: list[Matrix], threads: int) -> dict[Decode, float]:
-    """Each candidate's best seconds for one one-token matmul of each matrix, over ROUNDS rounds."""
+def _time_candidates(cands: list[Decode], t: int, matrices: list[Matrix], threads: int,
+                     filler: list[tuple[int, Matrix]] = ()) -> dict[Decode, float]:
+    """Each candidate's best seconds for one one-token matmul of each matrix, over ROUNDS rounds; each
+    sweep also reads the filler matrices (other types', with their own settings), untimed. Candidates
+    over KEEP_WITHIN x the first round's best sit out the other rounds: a sweep past a 480 MB cache
+    takes ~50 ms, and timing all ten candidates five times made a 1.5B model's load 6 s instead of 1."""
     from engine.kernels import _kernels as q
 
     rng = np.random.default_rng(0)
     xs = [rng.standard_normal((1, cols)).astype(np.float32) for _, _, _, cols in matrices]
+    fill_xs = [rng.standard_normal((1, cols)).astype(np.float32) for _, (_, _, _, cols) in filler]
 
     def seconds(c: Decode) -> float:
         c.apply(t)
         total = 0.0
         for (w, r, rows, cols), x in zip(matrices, xs):
             # one call's seconds, no untimed call first: each matrix was last read a whole sweep
-            # (>= STREAM_BYTES) ago, so it comes from memory as in a pass. After an untimed call, a
+            # (>= stream_bytes()) ago, so it comes from memory as in a pass. After an untimed call, a
             # matrix that fits the last-level cache is read from there (Q4_K of a 1.5B model showed
             # 42 GB/s on one Zen 4 thread, 25 in a pass), which favours the fastest-computing kernels.
             total += q.matmul_r16(t, w, r, rows, cols, x, threads, None, 1, warm_up=False)
+        for (u, (w, r, rows, cols)), x in zip(filler, fill_xs):  # evicts the timed ones, as a pass would
+            q.matmul_r16(u, w, r, rows, cols, x, threads)
         return total
 
     seconds(cands[0])  # warm-up: pages the matrices in
-    times: dict[Decode, list[float]] = {c: [] for c in cands}
-    for _ in range(ROUNDS):
-        for c in cands:
+    times: dict[Decode, list[float]] = {c: [seconds(c)] for c in cands}
+    first_best = min(s[0] for s in times.values())
+    kept = [c for c in cands if times[c][0] <= KEEP_WITHIN * first_best]
+    for _ in range(ROUNDS - 1):
+        for c in kept:
             times[c].append(seconds(c))
     return {c: min(s) for c, s in times.items()}

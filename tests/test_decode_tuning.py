@@ -126,10 +126,71 @@ def test_the_timing_reads_each_matrix_cold_once_per_candidate(monkeypatch):
         return real(t_, w, r, rows_, cols_, x, threads, path, reps, warm_up)
 
     monkeypatch.setattr(q, "matmul_r16", counting)
+    monkeypatch.setattr(decode_tuning, "KEEP_WITHIN", float("inf"))  # every candidate timed every round
     cands = decode_tuning.candidates(q.kernel_path())[:2]
     decode_tuning._time_candidates(cands, t, [(W, R, rows, cols)], 1)
     assert len(reads) == 1 + decode_tuning.ROUNDS * len(cands)  # the paging-in sweep, then one per candidate and round
     assert reads == [1] * len(reads)  # each call multiplies once: the timed call is the only read
+
+
+def _one_q4k_matrix(rows=32, cols=256, seed=3):
+    t = 12  # Q4_K
+    W = qp.random_rows(t, rows, cols, np.random.default_rng(seed))
+    R = np.zeros(q.r16_bytes(t, rows, cols), np.uint8)
+    q.r16_repack(t, W, rows, cols, R, 0, rows // 16)
+    return t, (W, R, rows, cols)
+
+
+def test_a_candidate_far_behind_after_the_first_round_sits_out_the_rest(monkeypatch):
+    """Sweeps past a large last-level cache are long: a candidate over KEEP_WITHIN x the first round's
+    best is not timed again, the others are timed every round."""
+    t, m = _one_q4k_matrix()
+    fake = iter([9.0, 1.0, 2.0] + [1.0] * 20)  # warm-up, round one (cands[0], cands[1]), then cands[0] only
+    calls = []
+
+    def timed(*args, **kwargs):
+        calls.append(1)
+        return next(fake)
+
+    monkeypatch.setattr(q, "matmul_r16", timed)
+    cands = decode_tuning.candidates(q.kernel_path())[:2]
+    best = decode_tuning._time_candidates(cands, t, [m], 1)
+    assert len(calls) == 1 + len(cands) + (decode_tuning.ROUNDS - 1)
+    assert best == {cands[0]: 1.0, cands[1]: 2.0}
+
+
+def test_last_level_cache_size_from_sysfs(tmp_path):
+    """The largest data/unified cache of cpu0 (instruction caches do not count); nothing readable: 0."""
+    for index, (level, kind, size) in enumerate([(1, "Data", "48K"), (1, "Instruction", "64K"),
+                                                 (2, "Unified", "2048K"), (3, "Unified", "491520K")]):
+        d = tmp_path / "cpu0" / "cache" / f"index{index}"
+        d.mkdir(parents=True)
+        (d / "level").write_text(f"{level}\n")
+        (d / "type").write_text(f"{kind}\n")
+        (d / "size").write_text(f"{size}\n")
+    assert decode_tuning.last_level_cache_bytes(tmp_path) == 491520 << 10
+    assert decode_tuning.last_level_cache_bytes(tmp_path / "missing") == 0
+    # a 480 MB cache: sweeps of 1.5x it; a 32 MB one (or none known): the 96 MB floor
+    assert decode_tuning.stream_bytes(491520 << 10) == int(1.5 * (491520 << 10))
+    assert decode_tuning.stream_bytes(32 << 20) == decode_tuning.MIN_STREAM_BYTES
+    assert decode_tuning.stream_bytes(0) == decode_tuning.MIN_STREAM_BYTES
+
+
+def test_a_type_short_of_the_sweep_is_swept_with_other_types_untimed():
+    """A type whose matrices fit the cache is timed in sweeps filled up with other types' matrices
+    (largest first, to the limit), so that its own come from memory as in a decode pass."""
+    def fake(nbytes):
+        return (np.zeros(1, np.uint8), np.zeros(nbytes, np.uint8), 16, 256)
+
+    own = [fake(10), fake(30)]
+    others = [(14, fake(50)), (14, fake(5)), (18, fake(40))]
+    timed, filler = decode_tuning.streamed(own, others, limit=100)
+    assert [m[1].nbytes for m in timed] == [30, 10]
+    assert [(u, m[1].nbytes) for u, m in filler] == [(14, 50), (18, 40)]  # 30 + 10 + 50 + 40 >= 100: stop
+    timed, filler = decode_tuning.streamed(own, others, limit=35)
+    assert [m[1].nbytes for m in timed] == [30, 10] and filler == []
+    timed, filler = decode_tuning.streamed(own + [fake(200)], others, limit=100)
+    assert [m[1].nbytes for m in timed] == [200] and filler == []
 
 
 def test_environment_narrows_the_candidates():
