@@ -59,9 +59,10 @@ static void *alloc_aligned(size_t bytes) {
 /* ---------------------------------------------------------------- small float ops */
 
 /* out = x / sqrt(mean(x^2) + eps) * weight. Compiled once for the portable target, as every plain float
- * op here: per-CPU clones (target_clones) were chosen by the CPU, not by the kernel path, and an
- * AVX-512 CPU's clone contracted the sum of squares into FMAs, so its norms differed from an AVX2
- * CPU's and from the SIMDe test build's. */
+ * op here. It had per-CPU clones (target_clones), chosen by the CPU rather than the kernel path: on an
+ * AVX-512 CPU every path ran the avx512f clone, whose sum of squares GCC contracts into FMAs (the avx2
+ * clone's it does not) and which the SIMDe test build (-O1) compiled differently from the product
+ * (-O3); that build's logits then differed from the avx2 path's on a Xeon. */
 static void rmsnorm(float *out, const float *x, const float *weight, int n, float eps) {
     float ss = 0.0f;
     for (int i = 0; i < n; i++) ss += x[i] * x[i];
