@@ -41,6 +41,7 @@ KEEP_WITHIN = 1.25  # after the first round, only candidates this close to its b
 MIN_STREAM_BYTES = 96 << 20  # per type timed, at least: past the last-level cache of most CPUs (32 MB on Zen 4)
 LLC_MARGIN = 1.5  # a sweep of 1.5x the last-level cache: its matrices leave it between sweeps
 SYSFS_CPU = Path("/sys/devices/system/cpu")
+SIZE_UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}  # sysfs cache sizes: "48K", "491520K"
 KERNELS = ("r16", "r16-256", "gguf")  # _kernels.DECODE_MODES
 EVERY_TYPE = -1
 
@@ -157,8 +158,7 @@ def last_level_cache_bytes(sysfs_cpu: Path = SYSFS_CPU) -> int:
             size = (index / "size").read_text().strip().upper()
         except OSError:
             continue
-        units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-        number, unit = (size[:-1], units[size[-1]]) if size[-1:] in units else (size, 1)
+        number, unit = (size[:-1], SIZE_UNITS[size[-1]]) if size[-1:] in SIZE_UNITS else (size, 1)
         if kind != "Instruction" and number.isdigit():
             largest = max(largest, int(number) * unit)
     return largest
@@ -176,20 +176,15 @@ def streamed(matrices: list[Matrix], others: list[tuple[int, Matrix]] = (),
     or all of them; when those fall short, other types' (type, matrix) pairs, largest first, to sweep
     with them untimed, up to the limit or all of them."""
     limit = stream_bytes() if limit is None else limit
-    timed: list[Matrix] = []
-    filler: list[tuple[int, Matrix]] = []
-    total = 0
-    for m in sorted(matrices, key=lambda m: -m[1].nbytes):
+    largest_first = ([(None, m) for m in sorted(matrices, key=lambda m: -m[1].nbytes)] +
+                     sorted(others, key=lambda um: -um[1][1].nbytes))
+    picked, total = [], 0
+    for u, m in largest_first:
         if total >= limit:
             break
-        timed.append(m)
+        picked.append((u, m))
         total += m[1].nbytes
-    for u, m in sorted(others, key=lambda um: -um[1][1].nbytes):
-        if total >= limit:
-            break
-        filler.append((u, m))
-        total += m[1].nbytes
-    return timed, filler
+    return [m for u, m in picked if u is None], [(u, m) for u, m in picked if u is not None]
 
 
 def choose(by_type: dict[int, list[Matrix]], threads: int, environ=None) -> DecodeChoice:
