@@ -239,10 +239,12 @@ def peak_rss_mb() -> float:
 
 
 def kernel_path() -> str:
-    """The kernel path our engine runs on (engine.kernels._kernels.kernel_path())."""
+    """The kernel path our engine runs on (engine.kernels._kernels.kernel_path()), "avx2/vnni" when the
+    avx2 path runs its AVX-VNNI prefill kernels."""
     from engine.kernels import _kernels
 
-    return str(_kernels.kernel_path())
+    path = str(_kernels.kernel_path())
+    return path + "/vnni" if path == "avx2" and _kernels.avxvnni() else path
 
 
 def paired_ratio(ours: list[tuple[float, float]], theirs: list[tuple[float, float]], i: int) -> float:

@@ -46,6 +46,10 @@ def gemma3_path() -> Path:
 
 # A kernel path name for tests parametrized over `path`: the avx512 path of the SIMDe build.
 SIMDE_PATH = "avx512-simde"
+# the AVX2 path with its AVX-VNNI kernels (R16 prefill): the product build where the CPU has AVX-VNNI,
+# and the SIMDe build (emulating vpdpbusd) on any AVX2 CPU; plain "avx2" runs with them off
+VNNI_PATH = "avx2-vnni"
+VNNI_SIMDE_PATH = "avx2-vnni-simde"
 
 
 def pytest_xdist_auto_num_workers(config):
@@ -101,10 +105,24 @@ def kernels_simde(request):
 def kern(request, path):
     """(kernels module, path name in it) for a test parametrized over kernel `path`: the product
     kernels (engine.kernels._kernels) on that path, or for "avx512-simde" the SIMDe build on its
-    avx512 path. Skips when this machine cannot run it."""
-    if path == SIMDE_PATH:
-        return request.getfixturevalue("kernels_simde"), "avx512"
-    q = pytest.importorskip("engine.kernels._kernels", reason="build the kernels: python setup.py build_ext --inplace")
-    if not q.cpu_supports(path):
-        pytest.skip(f"this CPU cannot run the {path} path")
-    return q, path
+    avx512 path; "avx2" has the AVX-VNNI kernels off, "avx2-vnni" (product build) and
+    "avx2-vnni-simde" (SIMDe build) on. Skips when this machine cannot run it."""
+    if path in (SIMDE_PATH, VNNI_SIMDE_PATH):
+        mod = request.getfixturevalue("kernels_simde")
+    else:
+        mod = pytest.importorskip("engine.kernels._kernels", reason="build the kernels: python setup.py build_ext --inplace")
+    name = {SIMDE_PATH: "avx512", VNNI_PATH: "avx2", VNNI_SIMDE_PATH: "avx2"}.get(path, path)
+    if not mod.cpu_supports(name):
+        pytest.skip(f"this CPU cannot run the {name} path")
+    if name != "avx2":
+        yield mod, name
+        return
+    before = mod.avxvnni()
+    try:
+        mod.set_avxvnni(path != "avx2")
+    except ValueError:
+        pytest.skip("this CPU has no AVX-VNNI")
+    try:
+        yield mod, name
+    finally:
+        mod.set_avxvnni(before)

@@ -196,6 +196,32 @@ def test_default_path_is_best():
     assert out.stdout.strip() == best
 
 
+def _cpuinfo_flags() -> set[str]:
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("flags"):
+                return set(line.split(":", 1)[1].split())
+    return set()
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/cpuinfo"), reason="reads the CPU's flags from /proc/cpuinfo")
+def test_avxvnni_kernels_on_where_the_cpu_has_them_unless_turned_off():
+    """The AVX2 path's AVX-VNNI kernels: on by default exactly where the kernel reports avx_vnni, off
+    with RQLLM_AVXVNNI=0, and refused where the CPU lacks the instructions."""
+    has = {"avx_vnni", "avx2", "fma", "f16c"} <= _cpuinfo_flags()
+    code = "from engine.kernels import _kernels as q; print(q.avxvnni())"
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for value, want in ((None, has), ("0", False), ("1", has)):
+        env = {k: v for k, v in os.environ.items() if k != "RQLLM_AVXVNNI"}
+        if value is not None:
+            env["RQLLM_AVXVNNI"] = value
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=repo, check=True)
+        assert out.stdout.strip() == str(want), value
+    if not has:
+        with pytest.raises(ValueError, match="AVX-VNNI"):
+            q.set_avxvnni(True)
+
+
 # --------------------------------------------------------------------------------------------
 # dequantization vs gguf
 

@@ -11,7 +11,7 @@ import pytest
 from gguf import GGMLQuantizationType as T
 
 from tests import quant_pack as qp
-from tests.conftest import SIMDE_PATH
+from tests.conftest import SIMDE_PATH, VNNI_PATH, VNNI_SIMDE_PATH
 
 q = pytest.importorskip("engine.kernels._kernels", reason="build the kernels: python setup.py build_ext --inplace")
 
@@ -57,8 +57,8 @@ def test_repack_is_deterministic_and_chunkable(t):
 
 
 # avx512-simde: the AVX-512 R16 kernels built with SIMDe for AVX2 (conftest's `kern`), so they run
-# on CPUs without AVX-512 too
-R16_PATHS = ["avx2", "avx512", SIMDE_PATH]
+# on CPUs without AVX-512 too; the same for the AVX2 path's AVX-VNNI kernels (avx2-vnni-simde)
+R16_PATHS = ["avx2", VNNI_PATH, "avx512", SIMDE_PATH, VNNI_SIMDE_PATH]
 
 
 @pytest.mark.parametrize("path", R16_PATHS)

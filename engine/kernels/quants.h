@@ -62,6 +62,10 @@ int rq_kernel_path(void);
 /* Force a path; returns 0, or -1 if this CPU cannot run it. */
 int rq_set_kernel_path(int path);
 int rq_cpu_supports_path(int path);
+/* AVX-VNNI under the AVX2 path (Q4_K and the signed types' prefill; the same results): 1 when on. On
+ * by default where the CPU has it (RQLLM_AVXVNNI=0: off); rq_set_avxvnni returns -1 if the CPU lacks it. */
+int rq_avxvnni(void);
+int rq_set_avxvnni(int on);
 
 /* 1 if type t is supported. */
 int rq_type_supported(int t);

@@ -23,6 +23,8 @@ cdef extern from "quants.h":
     int rq_kernel_path() nogil
     int rq_set_kernel_path(int path) nogil
     int rq_cpu_supports_path(int path) nogil
+    int rq_avxvnni() nogil
+    int rq_set_avxvnni(int on) nogil
     int rq_type_supported(int t) nogil
     int rq_block_elems(int t) nogil
     int rq_block_bytes(int t) nogil
@@ -106,6 +108,18 @@ def set_path(path):
 
 def cpu_supports(path):
     return bool(rq_cpu_supports_path(path_id(path)))
+
+
+def avxvnni():
+    """Whether the AVX2 path uses its AVX-VNNI kernels (Q4_K and the signed types' prefill)."""
+    return bool(rq_avxvnni())
+
+
+def set_avxvnni(on):
+    """Switch the AVX2 path's AVX-VNNI kernels on or off (tests, benchmarks); ValueError if this CPU
+    has no AVX-VNNI. Results are the same either way."""
+    if rq_set_avxvnni(1 if on else 0) != 0:
+        raise ValueError("this CPU has no AVX-VNNI")
 
 
 def supported_types():

@@ -12,6 +12,10 @@
  * gives the same results bit for bit. */
 static signed char decode_mode[RQ_BF16 + 1];   /* per type; 0: RQ_DECODE_R16 */
 
+/* AVX-VNNI under the AVX2 path (the r16_vnni kernels): on where the CPU has it, unless RQLLM_AVXVNNI=0
+ * (set by rq_kernels_init; tests switch it with rq_set_avxvnni). The same results either way. */
+static int g_avxvnni = -1;
+
 enum {
     PLAN_NONE,    /* the type is not supported: the drivers write NaN */
     PLAN_REF,     /* the scalar reference, row by row */
@@ -51,7 +55,9 @@ static matmul_plan plan(int path, int t, int ntok, int r16) {
     const int decode = ntok <= 8, mode = decode ? decode_mode[t] : RQ_DECODE_R16;
     if (r16 && r16_type(t) && mode != RQ_DECODE_GGUF) {
         const int kpath = mode == RQ_DECODE_R16_256 ? RQ_PATH_AVX2 : path;
-        p.r16 = kpath == RQ_PATH_AVX512 ? ops(t)->r16_512 : ops(t)->r16_256;
+        p.r16 = kpath == RQ_PATH_AVX512                                          ? ops(t)->r16_512
+                : __atomic_load_n(&g_avxvnni, __ATOMIC_RELAXED) > 0 && ops(t)->r16_vnni ? ops(t)->r16_vnni
+                                                                                   : ops(t)->r16_256;
         if (p.r16) {
             p.family = PLAN_R16;
             p.expand = ntok >= (kpath == RQ_PATH_AVX512 ? R16_EXPAND_MIN_TOK : R16_EXPAND_MIN_TOK_256);
@@ -110,8 +116,24 @@ void rq_kernels_init(void) {
         else if (!strcmp(env, "avx512")) want = RQ_PATH_AVX512;
         if (want >= 0 && rq_cpu_supports_path(want)) p = want;
     }
+    const char *vnni = getenv("RQLLM_AVXVNNI");
     int expected = -1;
+    __atomic_compare_exchange_n(&g_avxvnni, &expected, rq_cpu_has_avxvnni() && !(vnni && !strcmp(vnni, "0")), 0,
+                                __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+    expected = -1;
     __atomic_compare_exchange_n(&g_path, &expected, p, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+}
+
+int rq_avxvnni(void) {
+    rq_kernels_init();
+    return __atomic_load_n(&g_avxvnni, __ATOMIC_ACQUIRE);
+}
+
+int rq_set_avxvnni(int on) {
+    rq_kernels_init();
+    if (on && !rq_cpu_has_avxvnni()) return -1;
+    __atomic_store_n(&g_avxvnni, on ? 1 : 0, __ATOMIC_RELEASE);
+    return 0;
 }
 
 int rq_kernel_path(void) {

@@ -888,6 +888,24 @@ A256 AINL void r16_tile16_iq4xs_256(const uint8_t *grp, int nb, const int T, con
     for (int k = 0; k < T; k++) r16_store16_256(acc[k][0], acc[k][1], out + (size_t)k * ldo, nr);
 }
 
+/* The halves kernels' results: per token the parities' and halves' sums, then the mins'. */
+A256 AINL void r16_store_halves_256(const int T, const int s8, const int mins, int nb, __m256 (*acc)[2][2][2],
+                                    __m256 (*accM)[2][2], float *out, int ldo, int nr) {
+    for (int k = 0; k < T; k++) {
+        __m256 r[2];
+        for (int q = 0; q < 2; q++) {
+            r[q] = s8 ? _mm256_add_ps(acc[k][0][0][q], acc[k][1][0][q])
+                      : _mm256_add_ps(_mm256_add_ps(acc[k][0][0][q], acc[k][1][0][q]), _mm256_add_ps(acc[k][0][1][q], acc[k][1][1][q]));
+            if (mins) {
+                __m256 mo = accM[k][1][q];
+                if (nb & 1) mo = _mm256_add_ps(mo, _mm256_setzero_ps());   /* the slot kernels' padded fma(0, 0, .) */
+                r[q] = _mm256_add_ps(r[q], _mm256_add_ps(accM[k][0][q], mo));
+            }
+        }
+        r16_store16_256(r[0], r[1], out + (size_t)k * ldo, nr);
+    }
+}
+
 /* Q6_K, the legacy types of 4- and 5-bit values (Q4_0, Q4_1, Q5_0, Q5_1) and the signed types (Q8_0,
  * IQ4_NL): the legacy types' float sequence (per block parity and half: fma(float(P + NQ), WD * d_k,
  * acc); the mins by parity). A half's four vpmaddubsw sums add up whole in int16 for 4- and 5-bit
@@ -947,19 +965,146 @@ A256 AINL void r16_tile16_halves_256(const int t, const uint8_t *grp, int nb, co
             }
         }
     }
-    for (int k = 0; k < T; k++) {
-        __m256 r[2];
-        for (int q = 0; q < 2; q++) {
-            r[q] = s8 ? _mm256_add_ps(acc[k][0][0][q], acc[k][1][0][q])
-                      : _mm256_add_ps(_mm256_add_ps(acc[k][0][0][q], acc[k][1][0][q]), _mm256_add_ps(acc[k][0][1][q], acc[k][1][1][q]));
-            if (mins) {
-                __m256 mo = accM[k][1][q];
-                if (nb & 1) mo = _mm256_add_ps(mo, _mm256_setzero_ps());   /* the slot kernels' padded fma(0, 0, .) */
-                r[q] = _mm256_add_ps(r[q], _mm256_add_ps(accM[k][0][q], mo));
+    r16_store_halves_256(T, s8, mins, nb, acc, accM, out, ldo, nr);
+}
+
+/* ---- AVX2 prefill with AVX-VNNI (the VEX vpdpbusd on 256 bits) ----
+ * The expanded group's kernels above with each dword's products summed by one vpdpbusd into int32
+ * (unsigned weights x signed activations, four products a lane): the plain kernels need vpmaddubsw +
+ * vpaddw and a vpmaddwd a block (Q4_K, Q6_K, Q5_K, the legacy types) or the sign trick's vpsignb +
+ * vpmaddubsw + vpmaddwd + vpaddd (the signed types) for the same. The signed types' values go in as value + 128
+ * (one vpxor per loaded vector, shared by a step's four tokens) and the tile's nq (-128 x the token's
+ * sum over the block) starts each block's chain, as on the AVX-512 path. The block's integer sums
+ * are the plain kernels' exactly and the float sequences are theirs (block scales through vpmulld
+ * where those use vpmaddwd), so the results are equal bit for bit. Chosen on CPUs with AVX-VNNI and
+ * no AVX-512 (rq_avxvnni). */
+
+/* Block b's products against four tokens (tb: the tile's block, k: the step's first token): each
+ * row's exact sum in S[token][8-row half], the signed types' (s8) from the tile's nq. */
+AVNNI AINL void r16_quad_block_vnni_256(const uint8_t *U, const uint8_t *tb, const int k, const int s8, __m256i (*S)[2]) {
+    const int32_t *nq = (const int32_t *)(tb + 256);
+    for (int kk = 0; kk < 4; kk++)
+        S[kk][0] = S[kk][1] = s8 ? _mm256_set1_epi32(nq[k + kk] + nq[8 + k + kk]) : _mm256_setzero_si256();
+    const uint8_t *x = tb + 32 * k;
+    for (int j = 0; j < 8; j++) {
+        __m256i W[2] = {_mm256_loadu_si256((const __m256i *)(U + 64 * j)),
+                        _mm256_loadu_si256((const __m256i *)(U + 64 * j + 32))};
+        if (s8)
+            for (int q = 0; q < 2; q++) W[q] = _mm256_xor_si256(W[q], _mm256_set1_epi8((char)0x80));
+        for (int kk = 0; kk < 4; kk++) {
+            const __m256i xs = _mm256_set1_epi32((int)load_u32(x + 32 * kk + 4 * j));
+            for (int q = 0; q < 2; q++) S[kk][q] = _mm256_dpbusd_avx_epi32(S[kk][q], W[q], xs);
+        }
+    }
+}
+
+/* Q4_K and IQ4_XS (type_sb_int): r16_tile16_q4k_256's and r16_tile16_iq4xs_256's float sequences,
+ * tokens in fours as the latter (a super-block's expanded weights stay in L1 while they pass). */
+AVNNI AINL void r16_tile16_sb_vnni_256(const int t, const uint8_t *grp, int nb, const int T, const uint8_t *tile,
+                                       float *out, int ldo, int nr) {
+    const int q4k = t == RQ_Q4_K;
+    const float *WD = (const float *)(grp + 512 * (size_t)nb), *M = WD + 32 * (size_t)nb;
+    __m256 acc[8][2], accM[8][2];   /* [token][8-row half] */
+    const int T4 = (T + 3) & ~3;
+    for (int k = 0; k < T4; k++) acc[k][0] = acc[k][1] = accM[k][0] = accM[k][1] = _mm256_setzero_ps();
+    for (int i = 0; i < nb / 8; i++) {
+        const float *D = v16_tile_d(tile, 8 * (size_t)i);   /* the tokens' D_k */
+        for (int k = 0; k < T4; k += 4) {
+            __m256i I[4][2];
+            for (int kk = 0; kk < 4; kk++) I[kk][0] = I[kk][1] = _mm256_setzero_si256();
+            for (int b = 8 * i; b < 8 * i + 8; b++) {
+                const uint8_t *tb = tile + (size_t)b * V16_TILE_BLOCK_BYTES, *U = grp + 512 * (size_t)b;
+                __asm__("" : "+r"(tb));   /* one step of tokens at a time: GCC would otherwise unroll the steps */
+                __m256i S[4][2];
+                r16_quad_block_vnni_256(U, tb, k, !q4k, S);
+                for (int q = 0; q < 2; q++) {
+                    const __m256i sc = _mm256_cvttps_epi32(_mm256_loadu_ps(WD + 32 * (size_t)b + 8 * q));
+                    for (int kk = 0; kk < 4; kk++) I[kk][q] = _mm256_add_epi32(I[kk][q], _mm256_mullo_epi32(S[kk][q], sc));
+                }
+            }
+            for (int q = 0; q < 2; q++) {
+                const __m256 dv = _mm256_loadu_ps(WD + 32 * (size_t)(8 * i) + 16 + 8 * q);
+                for (int kk = 0; kk < 4; kk++)
+                    acc[k + kk][q] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(I[kk][q]), _mm256_mul_ps(dv, _mm256_set1_ps(D[k + kk])),
+                                                     acc[k + kk][q]);
             }
         }
-        r16_store16_256(r[0], r[1], out + (size_t)k * ldo, nr);
     }
+    if (q4k) {
+        for (int b = 0; b < nb; b++) {
+            const float *ds = (const float *)(tile + (size_t)b * V16_TILE_BLOCK_BYTES + 352);
+            for (int q = 0; q < 2; q++) {
+                const __m256 mn = _mm256_loadu_ps(M + 16 * (size_t)b + 8 * q);
+                for (int k = 0; k < T4; k++) accM[k][q] = _mm256_fmadd_ps(mn, _mm256_set1_ps(ds[k]), accM[k][q]);
+            }
+        }
+        for (int k = 0; k < T; k++)
+            r16_store16_256(_mm256_add_ps(acc[k][0], accM[k][0]), _mm256_add_ps(acc[k][1], accM[k][1]), out + (size_t)k * ldo, nr);
+        return;
+    }
+    for (int k = 0; k < T; k++) r16_store16_256(acc[k][0], acc[k][1], out + (size_t)k * ldo, nr);
+}
+
+/* The other R16 types (Q6_K, Q5_K, the legacy types, and the signed Q8_0 and IQ4_NL):
+ * r16_tile16_halves_256's float sequence, its int32 sums P (+ NQ) by vpdpbusd from the tile's nq. */
+AVNNI AINL void r16_tile16_halves_vnni_256(const int t, const uint8_t *grp, int nb, const int T, const uint8_t *tile,
+                                           float *out, int ldo, int nr) {
+    const int q6 = t == RQ_Q6_K, s8 = type_s8_block(t), offs = type_offset(t) != 0 && !s8, mins = type_has_min(t);
+    const float *WD = (const float *)(grp + 512 * (size_t)nb), *M = WD + 32 * (size_t)nb;
+    __m256 acc[8][2][2][2], accM[8][2][2];   /* [token][block parity][half h][8-row half q], [token][parity][q] */
+    const int T4 = (T + 3) & ~3;
+    for (int k = 0; k < T4; k++)
+        for (int par = 0; par < 2; par++)
+            for (int q = 0; q < 2; q++) acc[k][par][0][q] = acc[k][par][1][q] = accM[k][par][q] = _mm256_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *tb = tile + (size_t)b * V16_TILE_BLOCK_BYTES, *U = grp + 512 * (size_t)b;
+        const int32_t *nq = (const int32_t *)(tb + 256);
+        const float *d = (const float *)(tb + 320), *ds = (const float *)(tb + 352);
+        const int par = b & 1;
+        for (int k = 0; k < T4; k += 4) {
+            __asm__("" : "+r"(tb));   /* one step of tokens at a time: GCC would otherwise unroll the steps */
+            if (s8) {   /* both halves in one chain, one float step */
+                __m256i S[4][2];
+                r16_quad_block_vnni_256(U, tb, k, 1, S);
+                for (int kk = 0; kk < 4; kk++) {
+                    const __m256 dk = _mm256_set1_ps(d[k + kk]);
+                    for (int q = 0; q < 2; q++) {
+                        const __m256 s = _mm256_mul_ps(_mm256_loadu_ps(WD + 32 * (size_t)b + 8 * q), dk);
+                        acc[k + kk][par][0][q] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(S[kk][q]), s, acc[k + kk][par][0][q]);
+                    }
+                }
+                continue;
+            }
+            const uint8_t *x = tb + 32 * k;
+            for (int h = 0; h < 2; h++) {
+                __m256i P[4][2];
+                for (int kk = 0; kk < 4; kk++) P[kk][0] = P[kk][1] = offs ? _mm256_set1_epi32(nq[8 * h + k + kk]) : _mm256_setzero_si256();
+                for (int g = 0; g < 4; g++) {
+                    const int j = 4 * h + g;
+                    const __m256i W0 = _mm256_loadu_si256((const __m256i *)(U + 64 * j));
+                    const __m256i W1 = _mm256_loadu_si256((const __m256i *)(U + 64 * j + 32));
+                    for (int kk = 0; kk < 4; kk++) {
+                        const __m256i xs = _mm256_set1_epi32((int)load_u32(x + 32 * kk + 4 * j));
+                        P[kk][0] = _mm256_dpbusd_avx_epi32(P[kk][0], W0, xs);
+                        P[kk][1] = _mm256_dpbusd_avx_epi32(P[kk][1], W1, xs);
+                    }
+                }
+                if (mins && h == 0)
+                    for (int kk = 0; kk < 4; kk++)
+                        for (int q = 0; q < 2; q++)
+                            accM[k + kk][par][q] = _mm256_fmadd_ps(_mm256_loadu_ps(M + 16 * (size_t)b + 8 * q),
+                                                                   _mm256_set1_ps(ds[k + kk]), accM[k + kk][par][q]);
+                for (int kk = 0; kk < 4; kk++) {
+                    const __m256 dk = _mm256_set1_ps(d[k + kk]);
+                    for (int q = 0; q < 2; q++) {
+                        const __m256 s = _mm256_mul_ps(_mm256_loadu_ps(WD + 32 * (size_t)b + (q6 ? 16 * h : 0) + 8 * q), dk);
+                        acc[k + kk][par][h][q] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(P[kk][q]), s, acc[k + kk][par][h][q]);
+                    }
+                }
+            }
+        }
+    }
+    r16_store_halves_256(T, s8, mins, nb, acc, accM, out, ldo, nr);
 }
 
 /* An expanded group's 16 rows against a whole token tile (prefill): the type's own kernel. */
@@ -1001,6 +1146,32 @@ A256 AINL void r16_groups_256(const int t, const uint8_t *R, int rows, int g0, i
                               const v16_toks *tk, float *out, int ldo, uint8_t *grp, int gmax) {
     R16_GROUPS_LOOPS(r16_expand_256, R16_EXPANDED_HEAD_256, R16_EXPANDED_TILE_256, R16_PACKED_TILE_256)
 }
+
+/* AVX2 with AVX-VNNI: the AVX2 routes, the expanded tiles through the VNNI kernels above (1 thread,
+ * 1536 x 8960, 16-256 tokens, against the plain AVX2 kernels on an AVX-512 Xeon's AVX2 path: IQ4_XS,
+ * IQ4_NL and Q8_0 1.7-2.0x, Q6_K 1.3-1.4x, Q4_0 and Q5_0 1.2-1.25x, Q4_K, Q5_K, Q4_1, Q5_1 1.1-1.2x). */
+#define R16_EXPANDED_TILE_VNNI                                                                                  \
+    if (type_sb_int(t)) r16_tile16_sb_vnni_256(t, grp + vb * (size_t)(g - c0), nb, T, tile, out + (size_t)(8 * i) * ldo + r0, ldo, nr); \
+    else r16_tile16_halves_vnni_256(t, grp + vb * (size_t)(g - c0), nb, T, tile, out + (size_t)(8 * i) * ldo + r0, ldo, nr);
+AVNNI AINL void r16_groups_vnni_256(const int t, const uint8_t *R, int rows, int g0, int g1, int nb, int ntok,
+                                    const v16_toks *tk, float *out, int ldo, uint8_t *grp, int gmax) {
+    R16_GROUPS_LOOPS(r16_expand_256, R16_EXPANDED_HEAD_256, R16_EXPANDED_TILE_VNNI, R16_PACKED_TILE_256)
+}
+#define R16_GROUPS_VNNI(suffix, t)                                                                              \
+    AVNNI static void r16gv_##suffix(const uint8_t *R, int rows, int g0, int g1, int nb, int ntok,              \
+                                     const v16_toks *tk, float *out, int ldo, uint8_t *grp, int gmax) {         \
+        r16_groups_vnni_256(t, R, rows, g0, g1, nb, ntok, tk, out, ldo, grp, gmax);                             \
+    }
+R16_GROUPS_VNNI(q4_0, RQ_Q4_0)
+R16_GROUPS_VNNI(q4_1, RQ_Q4_1)
+R16_GROUPS_VNNI(q5_0, RQ_Q5_0)
+R16_GROUPS_VNNI(q5_1, RQ_Q5_1)
+R16_GROUPS_VNNI(q8_0, RQ_Q8_0)
+R16_GROUPS_VNNI(q4_K, RQ_Q4_K)
+R16_GROUPS_VNNI(q5_K, RQ_Q5_K)
+R16_GROUPS_VNNI(q6_K, RQ_Q6_K)
+R16_GROUPS_VNNI(iq4_nl, RQ_IQ4_NL)
+R16_GROUPS_VNNI(iq4_xs, RQ_IQ4_XS)
 
 /* Each R16 type's kernels of the OPS table (tables.c): r16g_* (AVX-512) and r16g256_* (AVX2). */
 #define R16_GROUPS(suffix, t)                                                                                   \

@@ -19,6 +19,7 @@ typedef struct {
     v16_rows_fn v16;           /* AVX-512 16-row prefill (packed types) */
     r16_groups_fn r16_512;     /* R16 layout (packed types) */
     r16_groups_fn r16_256;
+    r16_groups_fn r16_vnni;    /* R16 on AVX2 with AVX-VNNI (rq_avxvnni) */
 #endif
 } type_ops;
 
@@ -34,7 +35,8 @@ typedef struct {
     .layout = {elems, bytes, qs_at, offset, has_min, is_float}, .dequant = dequant_##sfx, .ref_dot = dot_##sfx##_ref
 #define TILE_KERNEL(sfx) X86_OPS(.k256 = k256_##sfx)
 #define PACKED_KERNELS(sfx) \
-    , .layout.packed = 1 X86_OPS(.r256 = r256_##sfx, .v16 = v16r_##sfx, .r16_512 = r16g_##sfx, .r16_256 = r16g256_##sfx)
+    , .layout.packed = 1 X86_OPS(.r256 = r256_##sfx, .v16 = v16r_##sfx, .r16_512 = r16g_##sfx, .r16_256 = r16g256_##sfx, \
+                                        .r16_vnni = r16gv_##sfx)
 #define PF8_KERNELS(sfx) , .layout.pf8 = 1 X86_OPS(.pf8u = pf8u_##sfx, .pf8r = pf8r_##sfx)
 
 static const type_ops OPS[RQ_BF16 + 1] = {
