@@ -201,3 +201,29 @@ def test_r16_multi_op_matmul_equals_one_by_one(ntok, path, kern):
         got = mod.matmul_multi(specs, n, X, nthreads=threads, path=p)
         for (t, W, rows, R), out in zip(specs, got):
             np.testing.assert_array_equal(out, q.matmul(t, W, rows, n, X, path="avx2", span=256), err_msg=f"{T(t).name}")
+
+
+@pytest.mark.parametrize("build", ["product", "simde"])
+def test_avx2_prefill_runs_the_vnni_kernels_when_they_are_on(build, request):
+    """The avx2 path's expanded (prefill) route takes the AVX-VNNI kernels exactly when they are on (the
+    bit-for-bit tests above cannot tell the two apart); one-token calls and the avx512 path never do."""
+    mod = q if build == "product" else request.getfixturevalue("kernels_simde")
+    if not mod.cpu_supports("avx2"):
+        pytest.skip("this CPU cannot run the avx2 path")
+    before = mod.avxvnni()
+    try:
+        try:
+            mod.set_avxvnni(True)
+        except ValueError:
+            pytest.skip("this CPU has no AVX-VNNI")
+        for t in R16_TYPES:
+            assert mod.matmul_route(int(t), 64, path="avx2") == "r16-expanded-vnni", T(t).name
+            assert mod.matmul_route(int(t), 1, path="avx2") == "r16", T(t).name
+            assert mod.matmul_route(int(t), 64, r16=False, path="avx2") != "r16-expanded-vnni", T(t).name
+            if mod.cpu_supports("avx512"):
+                assert mod.matmul_route(int(t), 64, path="avx512") == "r16-expanded", T(t).name
+        mod.set_avxvnni(False)
+        for t in R16_TYPES:
+            assert mod.matmul_route(int(t), 64, path="avx2") == "r16-expanded", T(t).name
+    finally:
+        mod.set_avxvnni(before)

@@ -66,6 +66,9 @@ int rq_cpu_supports_path(int path);
  * by default where the CPU has it (RQLLM_AVXVNNI=0: off); rq_set_avxvnni returns -1 if the CPU lacks it. */
 int rq_avxvnni(void);
 int rq_set_avxvnni(int on);
+/* The kernel route a matmul of ntok tokens of type t takes on a path ("r16-expanded-vnni", "r16",
+ * "v16", "pf8", "tiles", "reference", "none"); r16: with R16 copies. */
+const char *rq_matmul_route(int path, int t, int ntok, int r16);
 
 /* 1 if type t is supported. */
 int rq_type_supported(int t);

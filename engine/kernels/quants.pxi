@@ -25,6 +25,7 @@ cdef extern from "quants.h":
     int rq_cpu_supports_path(int path) nogil
     int rq_avxvnni() nogil
     int rq_set_avxvnni(int on) nogil
+    const char *rq_matmul_route(int path, int t, int ntok, int r16) nogil
     int rq_type_supported(int t) nogil
     int rq_block_elems(int t) nogil
     int rq_block_bytes(int t) nogil
@@ -120,6 +121,14 @@ def set_avxvnni(on):
     has no AVX-VNNI. Results are the same either way."""
     if rq_set_avxvnni(1 if on else 0) != 0:
         raise ValueError("this CPU has no AVX-VNNI")
+
+
+def matmul_route(int t, int ntok, bint r16=True, path=None):
+    """The kernel route a matmul of ntok tokens of type t takes (on path, default the current one):
+    "r16-expanded-vnni", "r16-expanded", "r16", "v16", "pf8", "tiles", "reference" or "none"."""
+    rq_kernels_init()
+    cdef int p = rq_kernel_path() if path is None else path_id(path)
+    return rq_matmul_route(p, t, ntok, 1 if r16 else 0).decode()
 
 
 def supported_types():

@@ -82,6 +82,23 @@ static matmul_plan plan(int path, int t, int ntok, int r16) {
     return p;
 }
 
+/* The route plan() gives a call, named (tests, and for reading what a matmul runs). */
+const char *rq_matmul_route(int path, int t, int ntok, int r16) {
+    const matmul_plan p = plan(path, t, ntok, r16);
+    switch (p.family) {
+    case PLAN_R16:
+#ifdef RQ_HAVE_X86
+        /* the VNNI groups' packed route is the plain AVX2 one: only their expanded tiles differ */
+        if (p.expand && p.r16 == ops(t)->r16_vnni) return "r16-expanded-vnni";
+#endif
+        return p.expand ? "r16-expanded" : "r16";
+    case PLAN_V16: return "v16";
+    case PLAN_TILES: return p.pf8r ? "pf8" : "tiles";
+    case PLAN_REF: return "reference";
+    default: return "none";
+    }
+}
+
 /* ------------------------------------------------------------------------------------------ */
 /* Path selection                                                                              */
 
