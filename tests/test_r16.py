@@ -227,3 +227,40 @@ def test_avx2_prefill_runs_the_vnni_kernels_when_they_are_on(build, request):
             assert mod.matmul_route(int(t), 64, path="avx2") == "r16-expanded", T(t).name
     finally:
         mod.set_avxvnni(before)
+
+
+def _gated_want(mod, p, gate, up, kind):
+    return np.stack([mod.gated_act_f32(gate[k], up[k], kind == "gelu", path=p) for k in range(gate.shape[0])])
+
+
+@pytest.mark.parametrize("path", R16_PATHS)
+@pytest.mark.parametrize("ntok", [1, 3, 8, 20])
+def test_gated_pairs_give_the_activation_of_gate_and_up(ntok, path, kern):
+    """Gated pairs (gate, then up) in one job: the gate's result is act(gate) * up, bit for bit as the two
+    matmuls and then the activation over whole rows. Experts with their own tokens (1 to 20) and a dense
+    pair on the call's tokens; with R16 copies the pairs of jobs up to 8 tokens (and all experts) are
+    activated row range by row range as the job computes them, the others after."""
+    mod, p = kern
+    rng = np.random.default_rng(500 + ntok)
+    n = 512
+    X = rng.standard_normal((ntok, n)).astype(np.float32)
+    experts, gated = [], {}
+    for e, (t, rows, own) in enumerate(((T.Q4_K, 48, 1), (T.Q6_K, 40, 9), (T.IQ4_XS, 32, 20), (T.Q8_0, 64, 3))):
+        Xe = rng.standard_normal((own, n)).astype(np.float32)
+        for _ in range(2):   # gate, up: same type, rows and tokens
+            W = qp.random_rows(t, rows, n, rng)
+            experts.append((int(t), W, rows, _repack(t, W, rows, n), Xe))
+        gated[2 * e] = ("silu", "gelu")[e % 2]
+    dense = []
+    for _ in range(2):
+        W = qp.random_rows(T.Q4_K, 80, n, rng)
+        dense.append((int(T.Q4_K), W, 80, _repack(T.Q4_K, W, 80, n)))
+    for specs, gates in ((experts, gated), (dense, {0: "gelu"})):
+        for threads in (1, 2):
+            plain = mod.matmul_multi(specs, n, X, nthreads=threads, path=p)
+            got = mod.matmul_multi(specs, n, X, nthreads=threads, path=p, gated=gates)
+            for i in range(len(specs)):
+                want = _gated_want(mod, p, plain[i], plain[i + 1], gates[i]) if i in gates else plain[i]
+                np.testing.assert_array_equal(got[i], want, err_msg=f"op {i} threads={threads}")
+    with pytest.raises(ValueError, match="gated"):
+        mod.matmul_multi(dense, n, X, path=p, gated={1: "silu"})   # the last op has no up after it

@@ -1,6 +1,6 @@
 /* A mixture-of-experts feed-forward layer: route, group by expert, multiply, combine (experts.h). */
 #include "experts.h"
-#include "attention.h"   /* rq_exp, rq_gated_act */
+#include "attention.h"   /* rq_exp */
 
 #include <math.h>
 #include <omp.h>
@@ -153,16 +153,16 @@ int rq_experts_ffn(rq_experts *e, const rq_tensor *router, const rq_tensor *gate
     for (int x = 0; x < E; x++) {
         const int c = e->count[x], p0 = e->first[x];
         if (!c) continue;
-        e->ops[nops++] = expert_op(gate, F, x, e->gate + (size_t)p0 * F, F, e->routed + p0, c);
+        e->ops[nops] = expert_op(gate, F, x, e->gate + (size_t)p0 * F, F, e->routed + p0, c);
+        e->ops[nops++].gated = gelu ? RQ_GATED_GELU : RQ_GATED_SILU;
         e->ops[nops++] = expert_op(up, F, x, e->up + (size_t)p0 * F, F, e->routed + p0, c);
     }
-    rq_matmul_multi(e->ops, nops, D, NULL, 0, nthreads);   /* one job split by (expert, rows) */
+    /* one job split by (expert, rows); each expert's gate and up rows of a share run together and are
+     * activated while in cache (ik_llama.cpp's fused MoE op): e->gate gets act(gate) * up */
+    rq_matmul_multi(e->ops, nops, D, NULL, 0, nthreads);
 
 #pragma omp parallel for num_threads(nthreads) schedule(static) if (n > 1)   /* decode: too little for a region */
-    for (int p = 0; p < P; p++) {
-        rq_gated_act(e->gate + (size_t)p * F, e->up + (size_t)p * F, (size_t)F, gelu);
-        rq_quantize_act_span(e->gate + (size_t)p * F, F, rq_act_span(down->type), &e->inner[p]);
-    }
+    for (int p = 0; p < P; p++) rq_quantize_act_span(e->gate + (size_t)p * F, F, rq_act_span(down->type), &e->inner[p]);
 
     /* down of every used expert */
     nops = 0;

@@ -316,11 +316,11 @@ static void feed_forward(rq_model *m, int il, int n) {
         rq_experts_ffn(m->experts, &L->ffn_gate_inp, &L->ffn_gate_exps, &L->ffn_up_exps, &L->ffn_down_exps,
                        c->expert_norm, c->ffn_gelu, m->acts, n, m->xb, d, m->n_threads);
     } else {
-        const rq_matmul_op gate_up[2] = {{L->ffn_gate.type, L->ffn_gate.data, L->ffn_gate.rows, m->hb, ff, L->ffn_gate.r16},
+        /* a gated pair: hb gets act(gate) * up (with R16 copies and up to 8 tokens, row range by row range) */
+        const rq_matmul_op gate_up[2] = {{L->ffn_gate.type, L->ffn_gate.data, L->ffn_gate.rows, m->hb, ff, L->ffn_gate.r16,
+                                          .gated = c->ffn_gelu ? RQ_GATED_GELU : RQ_GATED_SILU},
                                          {L->ffn_up.type, L->ffn_up.data, L->ffn_up.rows, m->hb2, ff, L->ffn_up.r16}};
         rq_matmul_multi(gate_up, 2, d, m->acts, n, m->n_threads);
-        FOR_TOKENS
-        for (int t = 0; t < n; t++) rq_gated_act(m->hb + (size_t)t * ff, m->hb2 + (size_t)t * ff, (size_t)ff, c->ffn_gelu);
         quantize_rows(m, m->hb, n, ff, ff, span_for(&L->ffn_down, NULL, NULL));
         matmul(m, &L->ffn_down, n, m->xb, d);
     }

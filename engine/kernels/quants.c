@@ -32,6 +32,7 @@
  *   matmul.c       matmul drivers and threading, R16 matmuls, rq_matmul_ref
  */
 #include "quants.h"
+#include "attention.h"   /* rq_gated_act (gated pairs of rq_matmul_multi) */
 
 #include <math.h>
 #include <stdio.h>

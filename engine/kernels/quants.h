@@ -121,7 +121,8 @@ void rq_matmul_team(int t, const void *W, int rows, int cols,
  * ntok <= 8) split the concatenated rows by bytes across one team, so small matrices do not each
  * pay for a region and a join; larger calls run each op through rq_matmul. Results equal
  * rq_matmul's for each op. An op multiplies the call's activations, or its own when acts is set
- * (an expert and the tokens routed to it). */
+ * (an expert and the tokens routed to it). A gated pair (gated: gate, then up) gives gate's out
+ * act(gate) * up, as rq_gated_act after both would (bit for bit); up's out is scratch then. */
 typedef struct {
     int type;
     const void *W;
@@ -131,7 +132,11 @@ typedef struct {
     const void *r16;      /* the R16 copy of W, or NULL (see rq_matmul_r16) */
     const rq_act *acts;   /* NULL: the call's acts and ntok */
     int ntok;
+    int gated;            /* RQ_GATED_SILU or RQ_GATED_GELU: this op is a gate and the next op its up (the same
+                           * rows and tokens); out gets act(gate) * up (rq_gated_act), each range of rows as
+                           * soon as both are computed where the job runs them together. 0: a plain op */
 } rq_matmul_op;
+enum { RQ_GATED_SILU = 1, RQ_GATED_GELU = 2 };
 void rq_matmul_multi(const rq_matmul_op *ops, int nops, int cols, const rq_act *acts, int ntok, int nthreads);
 
 /* Reference twin of rq_matmul: dequantizes rows and multiplies in f32 with the float

@@ -51,6 +51,8 @@ cdef extern from "quants.h":
         const void *r16
         const rq_act *acts
         int ntok
+        int gated
+    int RQ_GATED_SILU, RQ_GATED_GELU
     void rq_matmul_multi(const rq_matmul_op *ops, int nops, int cols, const rq_act *acts, int ntok,
                          int nthreads) nogil
     void rq_matmul_ref(int t, const void *W, int rows, int cols,
@@ -334,11 +336,17 @@ def matmul(int t, W, int rows, int cols, X, int nthreads=1, path=None, int span=
     return out
 
 
-def matmul_multi(list specs, int cols, X, int nthreads=2, path=None):
+def matmul_multi(list specs, int cols, X, int nthreads=2, path=None, gated=None):
     """rq_matmul_multi over specs [(t, W, rows[, R16 copy[, own X]]), ...]: an op with its own X (ntok_i x cols)
-    multiplies that (as an expert its routed tokens), the others share X; returns one (ntok x rows) array each."""
+    multiplies that (as an expert its routed tokens), the others share X; returns one (ntok x rows) array each.
+    gated: {op index: "silu" | "gelu"}, each such op a gate whose up is the next op (its result: act(gate) * up)."""
     if not 0 < len(specs) <= 32:
         raise ValueError("1 to 32 ops")
+    gated = gated or {}
+    kinds = {"silu": RQ_GATED_SILU, "gelu": RQ_GATED_GELU}
+    for i, kind in gated.items():
+        if kind not in kinds or not 0 <= i < len(specs) - 1:
+            raise ValueError(f"gated: op {i} {kind!r}")
     cdef rq_matmul_op ops[32]
     cdef cnp.uint8_t[::1] wv
     cdef float[:, ::1] ov
@@ -370,6 +378,7 @@ def matmul_multi(list specs, int cols, X, int nthreads=2, path=None):
         ops[i].r16 = NULL
         ops[i].acts = NULL
         ops[i].ntok = 0
+        ops[i].gated = kinds[gated[i]] if i in gated else 0
         if has_own:
             own = act_i
             ops[i].acts = own.acts

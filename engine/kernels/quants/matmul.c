@@ -551,6 +551,42 @@ static inline matmul_plan op_plan(int path, const rq_matmul_op *op, int ntok) {
     return plan(path, op->type, op_ntok(op, ntok), op->r16 != NULL);
 }
 
+/* Whether ops[i] is the gate of a gated pair that can be run: an up follows with its rows and tokens. */
+static inline int gated_pair(const rq_matmul_op *ops, int nops, int i, int ntok) {
+    return ops[i].gated && i + 1 < nops && ops[i + 1].rows == ops[i].rows && op_ntok(&ops[i + 1], ntok) == op_ntok(&ops[i], ntok);
+}
+
+/* A gated pair's rows [r0, r1) for each of its tokens: gate's out becomes act(gate) * up. Row ranges
+ * start at multiples of 16, so rq_gated_act's vectors cover the same elements as over whole rows. */
+static void gate_rows(const rq_matmul_op *gate, int n, int r0, int r1) {
+    const rq_matmul_op *up = gate + 1;
+    for (int k = 0; k < n; k++)
+        rq_gated_act(gate->out + (size_t)k * gate->ldo + r0, up->out + (size_t)k * up->ldo + r0, (size_t)(r1 - r0),
+                     gate->gated == RQ_GATED_GELU);
+}
+
+/* Every gated pair's activation over all its rows, its tokens split across the threads, after the
+ * routes that do not run the pairs together. */
+static void gate_all(const rq_matmul_op *ops, int nops, int ntok, int nthreads) {
+    int nt = 1;
+#ifdef _OPENMP
+    nt = nthreads > 0 ? nthreads : omp_get_max_threads();
+#endif
+    (void)nt;
+    for (int i = 0; i < nops; i++) {
+        if (!gated_pair(ops, nops, i, ntok)) continue;
+        const int n = op_ntok(&ops[i], ntok);
+        rq_matmul_op g = ops[i], u = ops[i + 1];
+#pragma omp parallel for num_threads(nt) schedule(static) firstprivate(g, u) if (n > 1)
+        for (int k = 0; k < n; k++) {
+            rq_matmul_op pair[2] = {g, u};
+            pair[0].out += (size_t)k * g.ldo;
+            pair[1].out += (size_t)k * u.ldo;
+            gate_rows(pair, 1, 0, g.rows);
+        }
+    }
+}
+
 #ifdef RQ_HAVE_X86
 /* Whether ops a and b get the same token tile: the same tokens (their acts hold the same values, as
  * the routed copies of one token's do) and types with the same offset (the tile's nq). */
@@ -583,7 +619,9 @@ static int r16_matmul_multi(const rq_matmul_op *ops, int nops, int cols, const r
      * same one (the k experts of a decode step read one token, and k tiles of it would fill L2). Only
      * one-tile ops share, and only the last few distinct ones are compared, so that many experts with
      * tokens of their own cost O(nops). */
-    struct { v16_toks tk; r16_groups_fn fn; int src, tile, expand; size_t gcost; } *op = malloc(sizeof(*op) * (size_t)nops);
+    /* gcost: a group's cost; ccost: what the chunks count for it (a gated pair's gate: both ops' groups,
+     * its up: none, as the gate's share runs both) */
+    struct { v16_toks tk; r16_groups_fn fn; int src, tile, expand, gated; size_t gcost, ccost; } *op = malloc(sizeof(*op) * (size_t)nops);
     size_t total = 0, bytes = 0;
     int fits = op != NULL, ntiles = 0, nshared = 0, any_expand = 0, recent[4];   /* recent[n % 4]: the nth one-tile op */
     for (int i = 0; fits && i < nops; i++) {
@@ -593,8 +631,8 @@ static int r16_matmul_multi(const rq_matmul_op *ops, int nops, int cols, const r
         op[i].fn = p.r16;
         op[i].expand = p.expand;
         any_expand |= p.expand;
-        op[i].gcost = r16_group_bytes_t(ops[i].type, nb) * (size_t)n;
-        total += op[i].gcost * (size_t)((ops[i].rows + 15) / 16);
+        op[i].gcost = op[i].ccost = r16_group_bytes_t(ops[i].type, nb) * (size_t)n;
+        op[i].gated = 0;
         bytes += r16_group_bytes_t(ops[i].type, nb) * (size_t)((ops[i].rows + 15) / 16);
         op[i].src = i;
         for (int r = 0; n <= 8 && r < nshared && r < 4 && op[i].src == i; r++)
@@ -604,6 +642,14 @@ static int r16_matmul_multi(const rq_matmul_op *ops, int nops, int cols, const r
             op[i].tile = ntiles;
             ntiles += (n + 7) / 8;
         }
+    }
+    for (int i = 0; fits && i < nops; i++) {
+        if (gated_pair(ops, nops, i, ntok)) {
+            op[i].gated = 1;
+            op[i].ccost += op[i + 1].gcost;
+            op[i + 1].ccost = 0;
+        }
+        total += op[i].ccost * (size_t)((ops[i].rows + 15) / 16);
     }
     /* the tiles to prepare, as (op, tile) pairs: one op's many tiles are shared out too */
     int *prep = fits ? malloc(sizeof(int) * 2 * (size_t)ntiles) : NULL;
@@ -655,11 +701,15 @@ static int r16_matmul_multi(const rq_matmul_op *ops, int nops, int cols, const r
             size_t base = 0;
             for (int i = 0; i < nops && base < hi; i++) {
                 const int ng = (ops[i].rows + 15) / 16;
-                const size_t end = base + op[i].gcost * (size_t)ng;
+                const size_t end = base + op[i].ccost * (size_t)ng;
                 int g0, g1;
-                if (op[i].gcost && end > lo && rq_r16_multi_share(lo, hi, base, op[i].gcost, ng, &g0, &g1)) {
-                    op[i].fn(ops[i].r16, ops[i].rows, g0, g1, nb, op_ntok(&ops[i], ntok), &op[i].tk, ops[i].out,
-                             ops[i].ldo, op[i].expand ? mine : NULL, gmax);
+                if (op[i].ccost && end > lo && rq_r16_multi_share(lo, hi, base, op[i].ccost, ng, &g0, &g1)) {
+                    const int n = op_ntok(&ops[i], ntok);
+                    for (int j = i; j <= i + op[i].gated; j++)   /* a gated pair: the gate's rows, then the up's */
+                        op[j].fn(ops[j].r16, ops[j].rows, g0, g1, nb, n, &op[j].tk, ops[j].out, ops[j].ldo,
+                                 op[j].expand ? mine : NULL, gmax);
+                    if (op[i].gated)   /* fused: the activation while these rows are in cache */
+                        gate_rows(&ops[i], n, 16 * g0, 16 * g1 < ops[i].rows ? 16 * g1 : ops[i].rows);
                 }
                 base = end;
             }
@@ -688,10 +738,12 @@ void rq_matmul_multi(const rq_matmul_op *ops, int nops, int cols, const rq_act *
                 const int on16 = op_plan(path, &ops[i], ntok).family == PLAN_R16;
                 split[on16 ? a++ : b++] = ops[i];
                 if (!on16) split[b - 1].r16 = NULL;
+                split[(on16 ? a : b) - 1].gated = 0;   /* a pair may be split: activated at the end */
             }
             rq_matmul_multi(split, n16, cols, acts, ntok, nthreads);
             rq_matmul_multi(split + n16, nops - n16, cols, acts, ntok, nthreads);
             free(split);
+            gate_all(ops, nops, ntok, nthreads);
             return;
         }
     }
@@ -703,6 +755,7 @@ void rq_matmul_multi(const rq_matmul_op *ops, int nops, int cols, const rq_act *
         for (int i = 0; i < nops; i++)
             rq_matmul_r16(ops[i].type, ops[i].W, ops[i].r16, ops[i].rows, cols, op_acts(&ops[i], acts),
                           op_ntok(&ops[i], ntok), ops[i].out, ops[i].ldo, nthreads);
+        gate_all(ops, nops, ntok, nthreads);
         return;
     }
     size_t total = 0;
@@ -721,6 +774,7 @@ void rq_matmul_multi(const rq_matmul_op *ops, int nops, int cols, const rq_act *
         for (int i = 0; i < nops; i++)
             rq_matmul(ops[i].type, ops[i].W, ops[i].rows, cols, op_acts(&ops[i], acts), op_ntok(&ops[i], ntok),
                       ops[i].out, ops[i].ldo, nthreads);
+        gate_all(ops, nops, ntok, nthreads);
         return;
     }
 #ifdef _OPENMP
@@ -739,6 +793,7 @@ void rq_matmul_multi(const rq_matmul_op *ops, int nops, int cols, const rq_act *
             base += rb * (size_t)ops[i].rows;
         }
     }
+    gate_all(ops, nops, ntok, nthreads);
 #endif
 }
 
