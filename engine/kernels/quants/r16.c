@@ -977,7 +977,8 @@ A256 AINL void r16_tile16_halves_256(const int t, const uint8_t *grp, int nb, co
  * sum over the block) starts each block's chain, as on the AVX-512 path. The block's integer sums
  * are the plain kernels' exactly and the float sequences are theirs (block scales through vpmulld
  * where those use vpmaddwd), so the results are equal bit for bit. Chosen on CPUs with AVX-VNNI and
- * no AVX-512 (rq_avxvnni). */
+ * no AVX-512 (rq_avxvnni). Deliberate twins of the plain kernels, as the AVX-512 ones are: a body
+ * with vpdpbusd cannot be inlined into a function built for AVX2 alone, so they cannot share one. */
 
 /* Block b's products against four tokens (tb: the tile's block, k: the step's first token): each
  * row's exact sum in S[token][8-row half], the signed types' (s8) from the tile's nq. */
